@@ -1,0 +1,88 @@
+"""What survives: model, optimizer and the data position, in a checkpoint.
+
+`TrainingCheckpoint` wraps ``tf.train.CheckpointManager`` over the model, its
+optimizer and three counters: the global ``step``, the ``epoch`` and the
+``step_in_epoch`` (global batches of that epoch already trained on). The
+counters let `Trainer.fit` resume where it stopped, mid-epoch included, by
+skipping the consumed batches of a deterministic data order.
+
+``tf.train.Checkpoint`` stores one copy of each mirrored variable, so a
+checkpoint written under 4 replicas restores under 1 or 2, or another
+strategy.
+
+A checkpoint from an incompatible model raises `CheckpointMismatchError`
+before anything is written; the checkpoint directory is left as it was.
+"""
+
+import os
+from typing import Optional
+
+import keras
+import tensorflow as tf
+
+from tfdist.errors import CheckpointMismatchError, ConfigurationError
+
+
+class TrainingCheckpoint:
+    """Saves and restores training state under ``directory``."""
+
+    def __init__(
+        self,
+        model: keras.Model,
+        directory: str,
+        *,
+        max_to_keep: int = 3,
+    ):
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ConfigurationError(
+                f"`max_to_keep` ({max_to_keep}) must be a positive integer."
+            )
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.step_in_epoch = tf.Variable(
+            0, dtype=tf.int64, trainable=False, name="step_in_epoch"
+        )
+        self.directory = directory
+        self._checkpoint = tf.train.Checkpoint(
+            model=model,
+            optimizer=model.optimizer,
+            step=self.step,
+            epoch=self.epoch,
+            step_in_epoch=self.step_in_epoch,
+        )
+        self._manager = tf.train.CheckpointManager(
+            self._checkpoint, directory, max_to_keep=max_to_keep
+        )
+
+    @property
+    def latest(self) -> Optional[str]:
+        """Path prefix of the newest checkpoint, or None."""
+        return self._manager.latest_checkpoint
+
+    def restore_latest(self) -> Optional[str]:
+        """Restores the newest checkpoint, if any; returns its path.
+
+        Raises:
+          CheckpointMismatchError: its variables do not match the model.
+        """
+        path = self.latest
+        if path is None:
+            return None
+        try:
+            status = self._checkpoint.restore(path)
+            status.assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as error:
+            raise CheckpointMismatchError(
+                f"The checkpoint {path} does not match this model and "
+                f"optimizer: {str(error)[:500]}\nUse a new `checkpoint_dir` "
+                "for this model, or rebuild the model that wrote the "
+                f"checkpoint. Nothing in {os.path.dirname(path)} was changed."
+            ) from error
+        return path
+
+    def save(self, step: int, epoch: int, step_in_epoch: int) -> str:
+        """Records the position and writes a checkpoint numbered ``step``."""
+        self.step.assign(step)
+        self.epoch.assign(epoch)
+        self.step_in_epoch.assign(step_in_epoch)
+        return self._manager.save(checkpoint_number=step)

@@ -1,0 +1,227 @@
+"""What each replica adds: losses scaled by the true global example count.
+
+On one device Keras computes a batch loss as
+``sum(sample_weight * per_example_loss) / number_of_loss_elements`` plus the
+model's regularization losses. Under a synchronous strategy the replica
+gradients are SUMMED, so replica ``r`` must contribute
+
+    sum_r(sample_weight * per_example_loss) / GLOBAL_count  +  reg / num_replicas
+
+where GLOBAL_count is all-reduced across replicas. Dividing by the local batch
+times the number of replicas (what ``tf.nn.compute_average_loss`` does
+without ``global_batch_size``, and what Keras 3 ``fit`` effectively does) is
+wrong whenever replicas hold different numbers of examples: a partial last
+batch over-weights the short replicas. An empty replica contributes exactly
+0 loss and 0 gradient (never NaN).
+
+For a hand-written loop:
+
+>>> def replica_step(x, y):
+...     per_example = keras.losses.sparse_categorical_crossentropy(y, model(x))
+...     return scaled_loss(per_example)   # all-reduces the example count
+"""
+
+import dataclasses
+from typing import List, Optional
+
+import tensorflow as tf
+
+from tfdist import _keras
+from tfdist.errors import ConfigurationError
+
+_MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
+
+
+@dataclasses.dataclass
+class LossTerms:
+    """One replica's loss, before division by global counts.
+
+    ``numerators[k]`` is output k's weighted local loss sum;
+    ``denominators[k]`` its local count (None for ``reduction="sum"``),
+    ``loss_weights[k]`` its compile-time weight (None for 1).
+    """
+
+    numerators: List[tf.Tensor]
+    denominators: List[Optional[tf.Tensor]]
+    loss_weights: List[Optional[float]]
+    elements_per_example: List[int]
+    reductions: List[str]
+    masked: bool
+
+    def local_denominators(self) -> tf.Tensor:
+        """The denominators that exist, stacked for one all-reduce."""
+        present = [d for d in self.denominators if d is not None]
+        return tf.stack(present) if present else tf.zeros([0])
+
+    def combine(self, global_denominators: tf.Tensor) -> tf.Tensor:
+        """This replica's share of the global data loss (see module doc)."""
+        total = tf.constant(0.0)
+        index = 0
+        for numerator, denominator, weight in zip(
+            self.numerators, self.denominators, self.loss_weights
+        ):
+            term = numerator
+            if denominator is not None:
+                term = tf.math.divide_no_nan(term, global_denominators[index])
+                index += 1
+            if weight is not None:
+                term = term * weight
+            total = total + tf.cast(term, tf.float32)
+        return total
+
+
+def _resolve(structure, path):
+    for key in path:
+        structure = structure[key]
+    return structure
+
+
+def _align_structure(y_true, y_pred):
+    tree = _keras.tree
+    if not tree.is_nested(y_pred):
+        return y_true
+    try:
+        tree.assert_same_structure(y_pred, y_true)
+        return y_true
+    except (ValueError, TypeError):
+        return tree.pack_sequence_as(y_pred, tree.flatten(y_true))
+
+
+def _to_rank(tensor, values):
+    """Squeezes trailing 1-dims or appends them so ``tensor`` broadcasts
+    against ``values`` along the leading (batch) dimensions."""
+    while tensor.shape.rank > values.shape.rank and tensor.shape[-1] == 1:
+        tensor = tf.squeeze(tensor, axis=-1)
+    while tensor.shape.rank < values.shape.rank:
+        tensor = tf.expand_dims(tensor, axis=-1)
+    if tensor.shape.rank != values.shape.rank:
+        raise ConfigurationError(
+            f"A weight or mask of shape {tensor.shape} does not fit loss "
+            f"values of shape {values.shape}."
+        )
+    return tensor
+
+
+def _output_terms(loss_fn, y_true, y_pred, sample_weight, example_mask):
+    dtype = loss_fn.dtype or "float32"
+    in_mask = _keras.get_keras_mask(y_pred)
+    values = loss_fn.call(tf.cast(y_true, dtype), tf.cast(y_pred, dtype))
+    out_mask = _keras.get_keras_mask(values)
+    values = tf.convert_to_tensor(values)
+    if values.shape.rank == 0:
+        raise ConfigurationError(
+            f"Loss {loss_fn.name!r} returned a scalar; tfdist needs per-example "
+            "values (a Loss whose `call` returns shape [batch, ...])."
+        )
+    masks = [m for m in (in_mask, out_mask) if m is not None]
+    valid = tf.ones_like(values)
+    for mask in masks:
+        valid = valid * _to_rank(tf.cast(mask, values.dtype), values)
+    if example_mask is not None:
+        valid = valid * _to_rank(tf.cast(example_mask, values.dtype), values)
+    weights = valid
+    if sample_weight is not None:
+        weights = valid * _to_rank(tf.cast(sample_weight, values.dtype), values)
+    # `where` keeps NaN/inf from padded or masked entries out of the sum.
+    numerator = tf.reduce_sum(tf.where(weights != 0, values * weights, 0.0))
+    reduction = loss_fn.reduction
+    if reduction in _MEAN_REDUCTIONS:
+        denominator = tf.reduce_sum(valid)
+    elif reduction == "mean_with_sample_weight":
+        denominator = tf.reduce_sum(weights)
+    elif reduction == "sum":
+        denominator = None
+    else:
+        raise ConfigurationError(
+            f"Loss {loss_fn.name!r} has reduction {reduction!r}; tfdist "
+            "supports 'sum_over_batch_size', 'mean', 'mean_with_sample_weight' "
+            "and 'sum'."
+        )
+    per_example = 1
+    for dim in values.shape[1:]:
+        per_example *= dim if dim is not None else 1
+    return numerator, denominator, per_example, reduction, bool(masks)
+
+
+def compute_loss_terms(
+    model, y, y_pred, sample_weight=None, example_mask=None
+) -> LossTerms:
+    """Per-output local sums and counts of ``model``'s compiled loss."""
+    losses = _keras.flat_losses(model)
+    if not losses:
+        raise ConfigurationError(
+            "The model has no compiled loss. Call "
+            "`model.compile(optimizer=..., loss=...)` before training."
+        )
+    y = _align_structure(y, y_pred)
+    tree = _keras.tree
+    terms = LossTerms([], [], [], [], [], False)
+    for path, loss_fn, loss_weight, _ in losses:
+        weight = sample_weight
+        if sample_weight is not None and tree.is_nested(sample_weight):
+            weight = _resolve(sample_weight, path)
+        numerator, denominator, per_example, reduction, masked = _output_terms(
+            loss_fn, _resolve(y, path), _resolve(y_pred, path), weight,
+            example_mask,
+        )
+        terms.numerators.append(numerator)
+        terms.denominators.append(denominator)
+        terms.loss_weights.append(loss_weight)
+        terms.elements_per_example.append(per_example)
+        terms.reductions.append(reduction)
+        terms.masked = terms.masked or masked
+    return terms
+
+
+def example_count_denominators(terms: LossTerms, global_examples) -> tf.Tensor:
+    """Global denominators derived from the global example count alone.
+
+    Used where the all-reduce must happen before the forward pass (XLA steps):
+    exact for mean reductions without Keras masks.
+    """
+    if terms.masked or "mean_with_sample_weight" in terms.reductions:
+        raise ConfigurationError(
+            "jit_compile=True supports losses without Keras masks and with "
+            "reduction 'sum_over_batch_size', 'mean' or 'sum'; use "
+            "jit_compile=False for this model."
+        )
+    counts = [
+        tf.cast(global_examples, tf.float32) * per_example
+        for per_example, denominator in zip(
+            terms.elements_per_example, terms.denominators
+        )
+        if denominator is not None
+    ]
+    return tf.stack(counts) if counts else tf.zeros([0])
+
+
+def all_reduce_sum(value: tf.Tensor) -> tf.Tensor:
+    """Sums ``value`` over all replicas (call in replica context)."""
+    context = tf.distribute.get_replica_context()
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def regularization_loss(model) -> tf.Tensor:
+    """``sum(model.losses) / num_replicas``: counted once after the SUM."""
+    if not model.losses:
+        return tf.constant(0.0)
+    total = tf.add_n([tf.cast(tf.reduce_sum(l), tf.float32) for l in model.losses])
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return total / replicas
+
+
+def scaled_loss(per_example_loss, sample_weight=None, global_count=None):
+    """This replica's share of the global mean of ``per_example_loss``.
+
+    ``global_count`` defaults to the all-reduced number of loss elements, so
+    replicas with partial or empty batches are weighted correctly.
+    """
+    values = tf.convert_to_tensor(per_example_loss)
+    weighted = values
+    if sample_weight is not None:
+        weighted = values * _to_rank(tf.cast(sample_weight, values.dtype), values)
+    if global_count is None:
+        global_count = all_reduce_sum(tf.cast(tf.size(values), values.dtype))
+    return tf.math.divide_no_nan(
+        tf.reduce_sum(weighted), tf.cast(global_count, values.dtype)
+    )

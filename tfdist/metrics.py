@@ -1,0 +1,77 @@
+"""What gets reported: cross-replica metrics, reduced only when read.
+
+Keras 3 metric variables are created ``synchronization=ON_READ,
+aggregation=SUM``: inside ``strategy.run`` each replica adds to its own copy
+(no communication per step), and reading a result outside replica context
+sums the copies. Every built-in Keras metric keeps sums (total, count, true
+positives, ...), so the sum of per-replica states equals the single-device
+state on the same examples, and ``result()`` equals the single-device result.
+
+`MetricState` holds the training loss (Keras' ``loss`` entry: the batch loss
+weighted by the batch's example count) and the model's compiled metrics.
+``update`` runs in replica context every step; ``results`` runs in
+cross-replica context only at log points and epoch ends.
+"""
+
+from typing import Dict, Optional
+
+import keras
+import tensorflow as tf
+
+from tfdist import _keras
+
+
+class MetricState:
+    """The loss mean and compiled metrics of one model under one strategy.
+
+    Create it inside ``strategy.scope()`` (the Trainer does).
+    """
+
+    def __init__(self, model: keras.Model):
+        self._loss = keras.metrics.Mean(name="loss")
+        self._model = model
+
+    @property
+    def _compiled(self):
+        return _keras.compile_metrics(self._model)
+
+    @property
+    def examples_seen(self) -> tf.Variable:
+        """Examples counted since the last reset (all replicas, on read)."""
+        return self._loss.count
+
+    def update(
+        self,
+        batch_loss_share: tf.Tensor,
+        global_examples: tf.Tensor,
+        local_examples: tf.Tensor,
+        y,
+        y_pred,
+        sample_weight: Optional[tf.Tensor],
+    ) -> None:
+        """Adds one replica's view of one step (replica context).
+
+        ``batch_loss_share`` is this replica's share of the global batch loss
+        (the shares sum to the batch loss). Summed over replicas, the loss
+        total grows by ``batch_loss * global_examples`` and the count by
+        ``global_examples``: the example-weighted mean Keras reports.
+        """
+        self._loss.total.assign_add(
+            batch_loss_share * tf.cast(global_examples, tf.float32)
+        )
+        self._loss.count.assign_add(tf.cast(local_examples, tf.float32))
+        if self._compiled is not None:
+            self._compiled.update_state(y, y_pred, sample_weight)
+
+    def results(self) -> Dict[str, float]:
+        """Reduced results with Keras names (cross-replica context)."""
+        values = {"loss": float(self._loss.result())}
+        if self._compiled is not None:
+            for name, value in self._compiled.result().items():
+                values[name] = float(value)
+        return values
+
+    def reset(self) -> None:
+        self._loss.reset_state()
+        if self._compiled is not None:
+            self._compiled.reset_state()

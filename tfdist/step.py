@@ -1,0 +1,136 @@
+"""How one replica trains or evaluates on one batch.
+
+`ReplicaSteps` builds the per-replica functions that a runner passes to
+``strategy.run``. A step:
+
+1. runs the model on the replica's batch (which may be empty),
+2. computes local loss sums and counts (`tfdist.losses`),
+3. all-reduces the counts, so every replica divides by the GLOBAL count,
+4. takes the gradient of its share and lets the optimizer SUM-reduce and
+   apply the gradients,
+5. adds its examples to the replica-local metric state (no communication).
+
+With ``jit_compile=True`` steps 1, 2 and 4 (the forward and backward pass)
+run as one XLA program. Collectives cannot run inside XLA on CPU/GPU
+mirrored strategies, so the all-reduce happens first, on example counts
+known from the data; the ``"pad"`` policy keeps XLA shapes static.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdist import losses
+from tfdist.metrics import MetricState
+
+
+def _unpack(batch: dict):
+    return (
+        batch["x"],
+        batch["y"],
+        batch.get("sample_weight"),
+        batch.get("mask"),
+    )
+
+
+def _local_examples(batch: dict) -> tf.Tensor:
+    """Real (unpadded) examples in the batch, as float32."""
+    if "mask" in batch:
+        return tf.reduce_sum(tf.cast(batch["mask"], tf.float32))
+    first = tf.nest.flatten(batch["x"])[0]
+    return tf.cast(tf.shape(first)[0], tf.float32)
+
+
+def _metric_weight(sample_weight, mask):
+    """Padded examples weigh 0 in metrics; real ones keep their weight."""
+    if mask is None:
+        return sample_weight
+    if sample_weight is None:
+        return mask
+    while mask.shape.rank < sample_weight.shape.rank:
+        mask = tf.expand_dims(mask, -1)
+    return tf.cast(sample_weight, mask.dtype) * mask
+
+
+class ReplicaSteps:
+    """Per-replica train and evaluation steps for a compiled Keras model."""
+
+    def __init__(
+        self, model: keras.Model, metrics: MetricState, *, jit_compile: bool
+    ):
+        self._model = model
+        self._metrics = metrics
+        self._jit_compile = jit_compile
+        self._xla_forward_backward = tf.function(
+            self._forward_backward, jit_compile=True, reduce_retracing=True
+        )
+        self._xla_forward = tf.function(
+            lambda x: model(x, training=False), jit_compile=True,
+            reduce_retracing=True,
+        )
+
+    @tf.autograph.experimental.do_not_convert
+    def _forward_backward(self, x, y, sample_weight, mask, global_examples):
+        """Forward + backward with denominators from the global example count."""
+        model = self._model
+        with tf.GradientTape() as tape:
+            y_pred = model(x, training=True)
+            terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
+            denominators = losses.example_count_denominators(terms, global_examples)
+            loss = terms.combine(denominators) + losses.regularization_loss(model)
+            scaled = model.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, model.trainable_variables)
+        return gradients, loss, y_pred
+
+    # Like Keras' own step functions, no autograph: the step has no
+    # tensor-dependent Python control flow, and user models run as written.
+    @tf.autograph.experimental.do_not_convert
+    def train(self, batch: dict) -> None:
+        """One replica's training step on ``batch`` (replica context)."""
+        model = self._model
+        x, y, sample_weight, mask = _unpack(batch)
+        local_examples = _local_examples(batch)
+        if self._jit_compile:
+            global_examples = losses.all_reduce_sum(local_examples)
+            gradients, loss, y_pred = self._xla_forward_backward(
+                x, y, sample_weight, mask, global_examples
+            )
+        else:
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                terms = losses.compute_loss_terms(
+                    model, y, y_pred, sample_weight, mask
+                )
+                counts = losses.all_reduce_sum(
+                    tf.concat([terms.local_denominators(), [local_examples]], 0)
+                )
+                global_examples = counts[-1]
+                loss = terms.combine(
+                    tf.stop_gradient(counts[:-1])
+                ) + losses.regularization_loss(model)
+                scaled = model.optimizer.scale_loss(loss)
+            gradients = tape.gradient(scaled, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        self._metrics.update(
+            loss, global_examples, local_examples, y, y_pred,
+            _metric_weight(sample_weight, mask),
+        )
+
+    @tf.autograph.experimental.do_not_convert
+    def evaluate(self, batch: dict) -> None:
+        """One replica's evaluation step on ``batch`` (replica context)."""
+        model = self._model
+        x, y, sample_weight, mask = _unpack(batch)
+        local_examples = _local_examples(batch)
+        if self._jit_compile:
+            y_pred = self._xla_forward(x)
+        else:
+            y_pred = model(x, training=False)
+        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
+        counts = losses.all_reduce_sum(
+            tf.concat([terms.local_denominators(), [local_examples]], 0)
+        )
+        loss = terms.combine(counts[:-1]) + losses.regularization_loss(model)
+        self._metrics.update(
+            loss, counts[-1], local_examples, y, y_pred,
+            _metric_weight(sample_weight, mask),
+        )
