@@ -20,14 +20,16 @@ import tensorflow as tf
 def format_line(
     phase: str,
     epoch: int,
-    step: int,
+    step: Optional[int],
     total_steps: Optional[int],
     values: Dict[str, float],
     examples_per_second: Optional[float] = None,
 ) -> str:
     """``train | epoch 2 | step 120/400 | loss 0.3100 | ... | 850 ex/s``."""
-    total = "?" if total_steps is None else str(total_steps)
-    parts = [phase, f"epoch {epoch}", f"step {step}/{total}"]
+    parts = [phase, f"epoch {epoch}"]
+    if step is not None:
+        total = "?" if total_steps is None else str(total_steps)
+        parts.append(f"step {step}/{total}")
     parts += [f"{name} {value:.4f}" for name, value in values.items()]
     if examples_per_second is not None:
         parts.append(f"{examples_per_second:.0f} ex/s")
@@ -85,7 +87,7 @@ class ProgressReporter:
         if self._verbose:
             _emit(format_line("train", epoch + 1, steps, steps, train))
             if val:
-                _emit(format_line("eval", epoch + 1, steps, steps, val))
+                _emit(format_line("eval", epoch + 1, None, None, val))
         if self._log_dir:
             for writer_name, values in (("train", train), ("validation", val)):
                 if not values:

@@ -89,6 +89,16 @@ def _element_spec(data, strategy):
     )
 
 
+def _known_steps(data, epoch) -> Optional[int]:
+    """Batches per epoch when the dataset knows its cardinality, else None."""
+    if isinstance(data, data_lib.EpochDataset):
+        data = data.make_dataset(epoch)
+    if isinstance(data, tf.data.Dataset):
+        cardinality = int(data.cardinality())
+        return cardinality if cardinality >= 0 else None
+    return None
+
+
 @dataclasses.dataclass
 class _Position:
     """Where training stands: the checkpointed data position."""
@@ -251,7 +261,8 @@ class Trainer:
                     iterator = iter(self._distribute(data, epoch=epoch, skip_steps=skip))
                 callback_list.on_epoch_begin(epoch)
                 exhausted = self._train_epoch(
-                    iterator, epoch, steps_per_epoch, reporter, callback_list
+                    iterator, epoch, steps_per_epoch, reporter, callback_list,
+                    total_steps=steps_per_epoch or _known_steps(data, epoch),
                 )
                 if exhausted and persistent:
                     warnings.warn(
@@ -275,12 +286,16 @@ class Trainer:
         callback_list.on_train_end()
         return self.model.history
 
-    def _train_epoch(self, iterator, epoch, steps_per_epoch, reporter, callbacks) -> bool:
+    def _train_epoch(
+        self, iterator, epoch, steps_per_epoch, reporter, callbacks, total_steps
+    ) -> bool:
         """Runs one epoch's executions; returns True if the data ran out."""
         self._metrics.reset()
         reporter.start_epoch()
         position = self._position
-        next_log = (position.step // self._log_every_steps + 1) * self._log_every_steps
+        next_log = (
+            position.step_in_epoch // self._log_every_steps + 1
+        ) * self._log_every_steps
         while steps_per_epoch is None or position.step_in_epoch < steps_per_epoch:
             num_steps = self.steps_per_execution
             if steps_per_epoch is not None:
@@ -293,12 +308,12 @@ class Trainer:
             position.step += ran
             position.step_in_epoch += ran
             logs = {}
-            if position.step >= next_log:
+            if position.step_in_epoch >= next_log:
                 next_log += self._log_every_steps
                 logs = self._metrics.results()
                 reporter.log_point(
                     epoch=epoch, step_in_epoch=position.step_in_epoch,
-                    total_steps=steps_per_epoch, global_step=position.step,
+                    total_steps=total_steps, global_step=position.step,
                     values=logs,
                     examples_seen=float(self._metrics.examples_seen.numpy()),
                 )

@@ -1,0 +1,72 @@
+"""Building blocks shared by the runnable programs in ``strategies/``.
+
+An image-classification input pipeline over any supervised TFDS dataset
+(``synthetic_patterns`` by default, ``mnist`` and friends where prepared)
+and two small models. Kept in the library so every program, benchmark and
+test uses the same ones; the programs stay short enough to copy.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdist import data as data_lib
+from tfdist.datasets import load_supervised
+
+
+def _to_float(image, label):
+    return tf.cast(image, tf.float32) / 255.0, label
+
+
+def image_classification_data(
+    name: str,
+    *,
+    global_batch_size: int,
+    data_dir=None,
+    seed: int = 0,
+    shuffle_buffer: int = 10_000,
+):
+    """Returns ``(train, test, info)``.
+
+    ``train`` is an `EpochDataset` of global batches, reshuffled
+    deterministically each epoch (so a resumed job sees the same order);
+    ``test`` a dataset of global batches; ``info`` has ``input_shape``,
+    ``num_classes`` and ``train_examples``.
+    """
+    train = load_supervised(name, "train", data_dir=data_dir).map(_to_float).cache()
+    test = load_supervised(name, "test", data_dir=data_dir).map(_to_float).cache()
+    image_spec, label_spec = train.element_spec
+    labels = train.map(lambda _, label: label)
+    num_classes = int(labels.reduce(tf.constant(0, label_spec.dtype), tf.maximum)) + 1
+    info = {
+        "input_shape": tuple(image_spec.shape),
+        "num_classes": num_classes,
+        "train_examples": int(train.cardinality()),
+    }
+    epoch_train = data_lib.EpochDataset(
+        lambda epoch: train.shuffle(
+            shuffle_buffer, seed=data_lib.epoch_seed(seed, epoch),
+            reshuffle_each_iteration=False,
+        ).batch(global_batch_size)
+    )
+    return epoch_train, test.batch(global_batch_size), info
+
+
+def build_model(kind: str, input_shape, num_classes: int) -> keras.Model:
+    """A small ``"mlp"`` or ``"convnet"`` classifier with softmax outputs.
+
+    Call inside ``strategy.scope()``.
+    """
+    inputs = keras.Input(input_shape)
+    if kind == "mlp":
+        hidden = keras.layers.Flatten()(inputs)
+        hidden = keras.layers.Dense(128, activation="relu")(hidden)
+        hidden = keras.layers.Dense(64, activation="relu")(hidden)
+    elif kind == "convnet":
+        hidden = keras.layers.Conv2D(16, 3, activation="relu", padding="same")(inputs)
+        hidden = keras.layers.MaxPooling2D()(hidden)
+        hidden = keras.layers.Conv2D(32, 3, activation="relu", padding="same")(hidden)
+        hidden = keras.layers.GlobalAveragePooling2D()(hidden)
+    else:
+        raise ValueError(f"`kind` ({kind!r}) must be 'mlp' or 'convnet'.")
+    outputs = keras.layers.Dense(num_classes, activation="softmax")(hidden)
+    return keras.Model(inputs, outputs, name=kind)
