@@ -40,15 +40,22 @@ def _local_examples(batch: dict) -> tf.Tensor:
     return tf.cast(tf.shape(first)[0], tf.float32)
 
 
-def _metric_weight(sample_weight, mask):
-    """Padded examples weigh 0 in metrics; real ones keep their weight."""
+def _without_padding(mask, y, y_pred, sample_weight):
+    """Drops padded rows before metrics see them.
+
+    A mask can not be passed to metrics as a sample weight: Keras applies
+    sample weights only to ``weighted_metrics``, so plain ``metrics`` would
+    count padded examples. Runs outside XLA, where dynamic shapes are fine.
+    """
     if mask is None:
-        return sample_weight
-    if sample_weight is None:
-        return mask
-    while mask.shape.rank < sample_weight.shape.rank:
-        mask = tf.expand_dims(mask, -1)
-    return tf.cast(sample_weight, mask.dtype) * mask
+        return y, y_pred, sample_weight
+    keep = tf.cast(mask, tf.bool)
+    drop = lambda t: None if t is None else tf.boolean_mask(t, keep)  # noqa: E731
+    return (
+        tf.nest.map_structure(drop, y),
+        tf.nest.map_structure(drop, y_pred),
+        None if sample_weight is None else tf.nest.map_structure(drop, sample_weight),
+    )
 
 
 class ReplicaSteps:
@@ -111,8 +118,8 @@ class ReplicaSteps:
             gradients = tape.gradient(scaled, model.trainable_variables)
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         self._metrics.update(
-            loss, global_examples, local_examples, y, y_pred,
-            _metric_weight(sample_weight, mask),
+            loss, global_examples, local_examples,
+            *_without_padding(mask, y, y_pred, sample_weight),
         )
 
     @tf.autograph.experimental.do_not_convert
@@ -131,6 +138,6 @@ class ReplicaSteps:
         )
         loss = terms.combine(counts[:-1]) + losses.regularization_loss(model)
         self._metrics.update(
-            loss, counts[-1], local_examples, y, y_pred,
-            _metric_weight(sample_weight, mask),
+            loss, counts[-1], local_examples,
+            *_without_padding(mask, y, y_pred, sample_weight),
         )

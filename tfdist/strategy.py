@@ -125,9 +125,22 @@ def _mirrored(
         devices = configure_logical_cpus(
             1 if num_replicas is None else num_replicas
         )
+    _new_collective_key_range(tf.distribute.MirroredStrategy)
     return tf.distribute.MirroredStrategy(
         devices=devices, cross_device_ops=cross_device_ops
     )
+
+
+def _new_collective_key_range(strategy_class) -> None:
+    """Gives the next strategy of ``strategy_class`` its own collective keys.
+
+    Every MirroredStrategy numbers its collective groups from the same start,
+    so two strategies over overlapping devices with different replica counts
+    in one process (a notebook, a test session, 4 then 2 replicas) collide:
+    "Device CPU:1 is joining a group with size 3, but that group has size 2".
+    TensorFlow's own tests avoid it by moving this (private) base; so do we.
+    """
+    strategy_class._collective_key_base += 100_000
 
 
 register_strategy("one_device", _one_device)

@@ -1,0 +1,29 @@
+"""Shared test set-up: 4 logical CPU devices, made before TensorFlow starts.
+
+Multi-replica tests on a CPU-only machine need logical devices, and those
+can only be configured before the TensorFlow runtime initialises, so this
+runs at import time, before any test module touches TensorFlow.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+import tfdist  # noqa: E402
+
+MAX_REPLICAS = 4
+tfdist.strategy.configure_logical_cpus(MAX_REPLICAS)
+
+
+@pytest.fixture
+def make_strategy():
+    """``make_strategy(num_replicas)``: one_device for 1, else mirrored."""
+
+    def make(num_replicas: int):
+        if num_replicas == 1:
+            return tfdist.make_strategy("one_device")
+        return tfdist.make_strategy("mirrored", num_replicas=num_replicas)
+
+    return make

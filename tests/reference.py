@@ -1,0 +1,83 @@
+"""Independent references for exactness tests: plain single-device Keras.
+
+Everything here is ordinary Keras 3 on the default (no) strategy, so a
+tfdist result is always compared with something tfdist did not compute.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+NUM_FEATURES = 5
+NUM_CLASSES = 3
+
+
+def classification_arrays(num_examples: int, seed: int = 0):
+    """Features, integer labels and positive sample weights."""
+    rng = np.random.RandomState(seed)
+    x = rng.randn(num_examples, NUM_FEATURES).astype("float32")
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
+    w = rng.uniform(0.2, 2.0, num_examples).astype("float32")
+    return x, y, w
+
+
+def global_batches(num_examples: int, batch_size: int, weighted: bool = True):
+    x, y, w = classification_arrays(num_examples)
+    parts = (x, y, w) if weighted else (x, y)
+    return tf.data.Dataset.from_tensor_slices(parts).batch(batch_size)
+
+
+def build_mlp(seed: int = 1, l2: float = 0.01, batch_norm: bool = False) -> keras.Model:
+    """A small MLP with L2 regularisation; same seed -> same initial weights."""
+    keras.utils.set_random_seed(seed)
+    layers = [
+        keras.Input((NUM_FEATURES,)),
+        keras.layers.Dense(
+            8, activation="relu", kernel_regularizer=keras.regularizers.L2(l2)
+        ),
+    ]
+    if batch_norm:
+        layers.append(keras.layers.BatchNormalization(synchronized=True))
+    layers.append(keras.layers.Dense(NUM_CLASSES, activation="softmax"))
+    return keras.Sequential(layers)
+
+
+def make_optimizer(name: str):
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
+    return keras.optimizers.Adam(learning_rate=0.02)
+
+
+def compile_model(model: keras.Model, optimizer: str) -> keras.Model:
+    model.compile(
+        optimizer=make_optimizer(optimizer),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(2, name="top2")],
+        # Keras applies sample weights only to these.
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="weighted_acc")],
+    )
+    return model
+
+
+def keras_fit(dataset, epochs: int, optimizer: str = "adam", **model_kwargs):
+    """Single-device Keras ``fit``; returns (model, history dict)."""
+    model = compile_model(build_mlp(**model_kwargs), optimizer)
+    history = model.fit(dataset, epochs=epochs, verbose=0, shuffle=False)
+    return model, history.history
+
+
+def assert_weights_close(model_a, model_b, atol: float = 1e-5) -> None:
+    weights_a, weights_b = model_a.get_weights(), model_b.get_weights()
+    assert len(weights_a) == len(weights_b)
+    for index, (a, b) in enumerate(zip(weights_a, weights_b)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg=f"weight {index}")
+
+
+def assert_logs_close(expected: dict, actual: dict, rtol: float = 1e-5) -> None:
+    """Same keys; every value (or per-epoch list) equal to ``rtol``."""
+    assert sorted(expected) == sorted(actual), (sorted(expected), sorted(actual))
+    for key in expected:
+        np.testing.assert_allclose(
+            np.asarray(actual[key]), np.asarray(expected[key]), rtol=rtol, atol=1e-7,
+            err_msg=key,
+        )
