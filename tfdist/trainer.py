@@ -70,7 +70,7 @@ def _check_created_in_scope(model, strategy) -> None:
             )
 
 
-def _element_spec(data, strategy):
+def _element_spec(data, strategy, what: str):
     if isinstance(data, data_lib.EpochDataset):
         data = data.make_dataset(0)
     if isinstance(data, tf.data.Dataset):
@@ -83,9 +83,10 @@ def _element_spec(data, strategy):
         )
         return data(context).element_spec
     raise ConfigurationError(
-        f"Expected a tf.data.Dataset of global batches (x, y[, sample_weight]), "
-        f"a tfdist.data.EpochDataset or a dataset_fn(input_context); got "
-        f"{type(data).__name__}."
+        f"The {what} must be a tf.data.Dataset of global batches "
+        f"(x, y[, sample_weight]), a tfdist.data.EpochDataset or a "
+        f"dataset_fn(input_context); got {type(data).__name__}. For arrays, "
+        "use tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size)."
     )
 
 
@@ -181,7 +182,7 @@ class Trainer:
     # -- set-up ------------------------------------------------------------
 
     def _build(self, data, what: str = "dataset") -> None:
-        spec = _element_spec(data, self.strategy)
+        spec = _element_spec(data, self.strategy, what)
         data_lib.validate_element_spec(spec, what)
         if self._built_spec is None:
             with self.strategy.scope():

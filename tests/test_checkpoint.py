@@ -1,0 +1,116 @@
+"""Checkpoints: resume across replica counts and mid-epoch, exactly."""
+
+import os
+
+import keras
+import pytest
+
+import tfdist
+from tests import reference as ref
+
+BATCH = 16
+
+
+def _trainer(strategy, checkpoint_dir, **kwargs):
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "adam")
+    return model, tfdist.Trainer(model, strategy, checkpoint_dir=checkpoint_dir, **kwargs)
+
+
+def test_two_epochs_on_4_replicas_then_one_on_2_equals_three_on_one_device(
+    make_strategy, tmp_path
+):
+    dataset = ref.global_batches(70, BATCH)
+    expected_model, expected_history = ref.keras_fit(dataset, 3, "adam")
+
+    _, first = _trainer(make_strategy(4), str(tmp_path))
+    first.fit(dataset, epochs=2, verbose=0)
+    model, second = _trainer(make_strategy(2), str(tmp_path))
+    history = second.fit(dataset, epochs=3, verbose=0).history
+
+    ref.assert_weights_close(expected_model, model)
+    # Only the third epoch ran in the second fit.
+    ref.assert_logs_close({k: v[2:] for k, v in expected_history.items()}, history)
+
+
+class _StopAtStep(keras.callbacks.Callback):
+    """Simulates a crash: raises once training has passed ``step`` batches."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step, self.seen = step, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen >= self.step:
+            raise KeyboardInterrupt("simulated preemption")
+
+
+def test_resume_mid_epoch_from_step_checkpoint_equals_uninterrupted(
+    make_strategy, tmp_path
+):
+    dataset = ref.global_batches(100, BATCH)  # 7 batches per epoch
+    expected_model, _ = ref.keras_fit(dataset, 2, "adam")
+
+    _, first = _trainer(make_strategy(4), str(tmp_path), checkpoint_every_steps=3)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(dataset, epochs=2, verbose=0, callbacks=[_StopAtStep(11)])
+    # Saved at steps 3, 6 (epoch 1), 7 (epoch end), 9 (epoch 2, step 2).
+    model, second = _trainer(make_strategy(3), str(tmp_path))
+    second.fit(dataset, epochs=2, verbose=0)
+
+    ref.assert_weights_close(expected_model, model)
+    assert int(second._checkpoint.step.numpy()) == 14
+
+
+def test_fit_with_nothing_left_to_train_keeps_weights(make_strategy, tmp_path):
+    dataset = ref.global_batches(40, BATCH)
+    trained, first = _trainer(make_strategy(2), str(tmp_path))
+    first.fit(dataset, epochs=1, verbose=0)
+    model, second = _trainer(make_strategy(2), str(tmp_path))
+    history = second.fit(dataset, epochs=1, verbose=0)
+    assert history.history == {}
+    ref.assert_weights_close(trained, model, atol=0)
+
+
+def test_incompatible_checkpoint_raises_and_leaves_directory_untouched(
+    make_strategy, tmp_path
+):
+    _, first = _trainer(make_strategy(2), str(tmp_path))
+    first.fit(ref.global_batches(40, BATCH), epochs=1, verbose=0)
+    before = {
+        name: os.stat(tmp_path / name).st_mtime_ns
+        for name in os.listdir(tmp_path) if name != "logs"
+    }
+    strategy = make_strategy(2)
+    with strategy.scope():
+        wider = keras.Sequential([
+            keras.Input((ref.NUM_FEATURES,)),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(ref.NUM_CLASSES, activation="softmax"),
+        ])
+        wider.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    trainer = tfdist.Trainer(wider, strategy, checkpoint_dir=str(tmp_path))
+
+    with pytest.raises(tfdist.CheckpointMismatchError, match="does not match"):
+        trainer.fit(ref.global_batches(40, BATCH), epochs=2, verbose=0)
+
+    after = {
+        name: os.stat(tmp_path / name).st_mtime_ns
+        for name in os.listdir(tmp_path) if name != "logs"
+    }
+    assert after == before
+
+
+def test_checkpoint_restores_into_single_device_keras_model(make_strategy, tmp_path):
+    dataset = ref.global_batches(70, BATCH)
+    trained, trainer = _trainer(make_strategy(4), str(tmp_path))
+    trainer.fit(dataset, epochs=1, verbose=0)
+
+    plain = ref.compile_model(ref.build_mlp(seed=99), "adam")
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    tf.train.Checkpoint(model=plain).restore(
+        tf.train.latest_checkpoint(str(tmp_path))
+    ).expect_partial()
+    ref.assert_weights_close(trained, plain, atol=0)

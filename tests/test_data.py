@@ -1,0 +1,111 @@
+"""tfdist.data: partial-batch policies, distribution and validation."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist import data as data_lib
+
+
+def _batches(num_examples, batch_size):
+    x = np.arange(num_examples, dtype="float32")[:, None]
+    y = np.arange(num_examples)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+
+
+def _replica_sizes(strategy, distributed):
+    return [
+        [int(tf.shape(t["y"])[0]) for t in strategy.experimental_local_results(batch)]
+        for batch in distributed
+    ]
+
+
+def test_exact_policy_keeps_remainder_with_empty_replicas(make_strategy):
+    strategy = make_strategy(4)
+    sizes = _replica_sizes(strategy, data_lib.distribute(strategy, _batches(10, 8)))
+    assert sizes == [[2, 2, 2, 2], [1, 1, 0, 0]]
+
+
+def test_drop_policy_drops_the_partial_batch(make_strategy):
+    strategy = make_strategy(2)
+    distributed = data_lib.distribute(strategy, _batches(10, 4), partial_batch="drop")
+    assert _replica_sizes(strategy, distributed) == [[2, 2], [2, 2]]
+
+
+def test_pad_policy_gives_static_shapes_and_a_mask(make_strategy):
+    strategy = make_strategy(2)
+    distributed = data_lib.distribute(strategy, _batches(6, 4), partial_batch="pad")
+    masks = [
+        [t["mask"].numpy().tolist() for t in strategy.experimental_local_results(b)]
+        for b in distributed
+    ]
+    assert masks == [[[1, 1], [1, 1]], [[1, 1], [0, 0]]]
+
+
+def test_pad_policy_element_spec_is_static():
+    padded = data_lib.apply_partial_batch_policy(_batches(6, 4), "pad")
+    assert padded.element_spec["x"].shape == (4, 1)
+    assert padded.element_spec["mask"].shape == (4,)
+    last = list(padded)[-1]
+    assert last["x"].numpy()[:, 0].tolist() == [4, 5, 0, 0]
+
+
+def test_skip_steps_resumes_inside_an_epoch(make_strategy):
+    strategy = make_strategy(2)
+    distributed = data_lib.distribute(strategy, _batches(12, 4), skip_steps=2)
+    first = [
+        t["y"].numpy().tolist() for t in strategy.experimental_local_results(next(iter(distributed)))
+    ]
+    assert first == [[8, 9], [10, 11]]
+
+
+def test_dataset_fn_gets_input_context_and_skips_per_replica_batches(make_strategy):
+    strategy = make_strategy(2)
+    contexts = []
+
+    def dataset_fn(context):
+        contexts.append(context)
+        return _batches(16, 2)
+
+    distributed = data_lib.distribute(strategy, dataset_fn, skip_steps=1)
+    first = [
+        t["y"].numpy().tolist() for t in strategy.experimental_local_results(next(iter(distributed)))
+    ]
+    assert contexts[0].num_replicas_in_sync == 2
+    assert first == [[4, 5], [6, 7]]  # step 0 used per-replica batches 0 and 1
+
+
+def test_epoch_dataset_gets_the_epoch(make_strategy):
+    strategy = make_strategy(2)
+    seen = []
+
+    def make_dataset(epoch):
+        seen.append(epoch)
+        return _batches(4, 4)
+
+    data_lib.distribute(strategy, tfdist.EpochDataset(make_dataset), epoch=3)
+    assert seen == [3]
+
+
+def test_epoch_seed_differs_per_epoch_and_repeats_per_seed():
+    assert tfdist.epoch_seed(1, 0) != tfdist.epoch_seed(1, 1)
+    assert tfdist.epoch_seed(1, 2) == tfdist.epoch_seed(1, 2)
+
+
+@pytest.mark.parametrize(
+    "dataset, message",
+    [
+        (tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4))), "no batch dimension"),
+        (tf.data.Dataset.from_tensor_slices(np.zeros((4, 2))).batch(2), r"tuples \(x, y\)"),
+        (tf.data.Dataset.from_tensors((np.zeros((4, 2)), np.zeros((3,)))), "disagree on the batch"),
+    ],
+)
+def test_bad_elements_are_rejected(dataset, message):
+    with pytest.raises(tfdist.ConfigurationError, match=message):
+        data_lib.validate_element_spec(dataset.element_spec)
+
+
+def test_bad_shard_policy(make_strategy):
+    with pytest.raises(tfdist.ConfigurationError, match="`shard_policy` \\('rows'\\)"):
+        data_lib.distribute(make_strategy(2), _batches(4, 2), shard_policy="rows")

@@ -1,0 +1,128 @@
+"""Bad input gets a clear error naming the problem and the fix."""
+
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests import reference as ref
+
+
+def _compiled_in(strategy):
+    with strategy.scope():
+        return ref.compile_model(ref.build_mlp(), "adam")
+
+
+def test_unknown_strategy_lists_known_names():
+    with pytest.raises(ValueError, match="Known strategies: mirrored, one_device"):
+        tfdist.make_strategy("mirrorred")
+
+
+def test_bad_communication_option():
+    with pytest.raises(tfdist.ConfigurationError, match="`communication` \\('carrier-pigeon'\\)"):
+        tfdist.make_strategy("mirrored", num_replicas=2, communication="carrier-pigeon")
+
+
+def test_more_replicas_than_devices_after_runtime_started():
+    # conftest made 4 logical CPUs; this starts the runtime if nothing has.
+    tf.constant(0.0)
+    with pytest.raises(tfdist.RuntimeAlreadyStartedError, match="Call tfdist.make_strategy"):
+        tfdist.make_strategy("mirrored", num_replicas=8)
+
+
+def test_make_strategy_after_tensorflow_started_in_a_fresh_process():
+    program = textwrap.dedent("""
+        import tensorflow as tf, tfdist
+        tf.constant(1.0)  # starts the runtime with 1 CPU device
+        try:
+            tfdist.make_strategy("mirrored", num_replicas=2)
+        except tfdist.RuntimeAlreadyStartedError as error:
+            print("ERROR:", error)
+    """)
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
+    assert "ERROR: `num_replicas=2` needs 2 logical CPU devices" in result.stdout, result.stderr
+
+
+def test_model_built_outside_strategy_scope(make_strategy):
+    model = ref.compile_model(ref.build_mlp(), "adam")
+    with pytest.raises(tfdist.ConfigurationError, match="created outside strategy.scope"):
+        tfdist.Trainer(model, make_strategy(2))
+
+
+def test_model_not_compiled(make_strategy):
+    strategy = make_strategy(2)
+    with strategy.scope():
+        model = ref.build_mlp()
+    with pytest.raises(tfdist.ConfigurationError, match="is not compiled"):
+        tfdist.Trainer(model, strategy)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5])
+def test_steps_per_execution_must_be_positive(make_strategy, value):
+    strategy = make_strategy(2)
+    with pytest.raises(tfdist.ConfigurationError, match=f"`steps_per_execution` \\({value}\\)"):
+        tfdist.Trainer(_compiled_in(strategy), strategy, steps_per_execution=value)
+
+
+def test_dataset_without_batch_dimension(make_strategy):
+    strategy = make_strategy(2)
+    x, y, _ = ref.classification_arrays(8)
+    unbatched = tf.data.Dataset.from_tensor_slices((x, y))
+    trainer = tfdist.Trainer(_compiled_in(strategy), strategy)
+    with pytest.raises(tfdist.ConfigurationError, match="no batch dimension.*ds.batch"):
+        trainer.fit(unbatched, verbose=0)
+
+
+def test_dataset_elements_not_x_y_tuples(make_strategy):
+    strategy = make_strategy(2)
+    x, y, _ = ref.classification_arrays(8)
+    as_dict = tf.data.Dataset.from_tensor_slices({"x": x, "y": y}).batch(4)
+    trainer = tfdist.Trainer(_compiled_in(strategy), strategy)
+    with pytest.raises(tfdist.ConfigurationError, match=r"tuples \(x, y\) or \(x, y, sample_weight\)"):
+        trainer.fit(as_dict, verbose=0)
+
+
+@pytest.mark.parametrize("bad", ["numpy tuple", "unbatched"])
+def test_validation_data_of_the_wrong_form(make_strategy, bad):
+    strategy = make_strategy(2)
+    x, y, _ = ref.classification_arrays(8)
+    validation = (x, y) if bad == "numpy tuple" else tf.data.Dataset.from_tensor_slices((x, y))
+    trainer = tfdist.Trainer(_compiled_in(strategy), strategy)
+    with pytest.raises(tfdist.ConfigurationError, match="The validation_data(.s y component .* no batch dimension| must be a tf.data.Dataset)"):
+        trainer.fit(ref.global_batches(8, 4), validation_data=validation, verbose=0)
+
+
+def test_pad_needs_batch_divisible_by_replicas(make_strategy):
+    strategy = make_strategy(3)
+    trainer = tfdist.Trainer(_compiled_in(strategy), strategy, partial_batch="pad")
+    with pytest.raises(tfdist.ConfigurationError, match="divisible by the 3 replicas; got 16"):
+        trainer.fit(ref.global_batches(40, 16), verbose=0)
+
+
+def test_unknown_partial_batch_policy(make_strategy):
+    strategy = make_strategy(2)
+    with pytest.raises(tfdist.ConfigurationError, match="`partial_batch` \\('trim'\\)"):
+        tfdist.Trainer(_compiled_in(strategy), strategy, partial_batch="trim")
+
+
+def test_jit_compile_rejects_masked_losses(make_strategy):
+    strategy = make_strategy(2)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((4,), dtype="int32"),
+            keras.layers.Embedding(10, 3, mask_zero=True),
+            keras.layers.Dense(2, activation="softmax"),
+        ])
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    tokens = np.array([[1, 2, 0, 0]] * 8, "int32")
+    data = tf.data.Dataset.from_tensor_slices((tokens, np.ones((8, 4), "int64"))).batch(4)
+    trainer = tfdist.Trainer(model, strategy, jit_compile=True, partial_batch="pad")
+    with pytest.raises(Exception, match="jit_compile=True supports losses without Keras masks"):
+        trainer.fit(data, verbose=0)
