@@ -1,0 +1,30 @@
+"""Pins the Keras internals tfdist reads (tfdist/_keras.py).
+
+If a Keras upgrade changes them, this fails first, with a clear name.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdist import _keras
+
+
+def test_compiled_model_exposes_what_tfdist_reads():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
+    _keras.build_model_state(
+        model, (tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 2], tf.float32))
+    )
+    (path, loss_fn, weight, _), = _keras.flat_losses(model)
+    assert path == () and weight is None
+    assert loss_fn.reduction == "sum_over_batch_size"
+    assert loss_fn.call(tf.zeros([4, 2]), tf.ones([4, 2])).shape == (4,)
+    assert "mae" in _keras.compile_metrics(model).result()
+    assert model.optimizer.built
+
+
+def test_metric_variables_sum_across_replicas_on_read():
+    metric = keras.metrics.Mean()
+    tf_variable = metric.variables[0].value
+    assert tf_variable.synchronization == tf.VariableSynchronization.ON_READ
+    assert tf_variable.aggregation == tf.VariableAggregation.SUM
