@@ -184,3 +184,58 @@ def test_keras_fit_itself_is_off_with_partial_batches(make_strategy):
         for a, b in zip(expected_model.get_weights(), keras_model.get_weights())
     )
     assert difference > 1e-4
+
+
+def _two_output_model():
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((ref.NUM_FEATURES,))
+    hidden = keras.layers.Dense(8, activation="tanh")(inputs)
+    classes = keras.layers.Dense(ref.NUM_CLASSES, activation="softmax", name="classes")(hidden)
+    value = keras.layers.Dense(1, name="value")(hidden)
+    model = keras.Model(inputs, {"classes": classes, "value": value})
+    model.compile(
+        optimizer=keras.optimizers.Adam(0.02),
+        loss={"classes": "sparse_categorical_crossentropy", "value": "mse"},
+        loss_weights={"classes": 1.0, "value": 0.3},
+        metrics={"classes": ["accuracy"]},
+    )
+    return model
+
+
+@pytest.mark.parametrize("num_examples", [4 * BATCH, SMALLER_THAN_REPLICAS])
+@pytest.mark.parametrize("num_replicas", [1, 4])
+def test_multi_output_loss_weights_equal_single_device(make_strategy, num_replicas, num_examples):
+    x, y, w = ref.classification_arrays(num_examples)
+    targets = {"classes": y, "value": x[:, :1] * 2.0}
+    dataset = tf.data.Dataset.from_tensor_slices((x, targets, w)).batch(BATCH)
+    expected = _two_output_model()
+    expected_history = expected.fit(dataset, epochs=EPOCHS, verbose=0).history
+
+    strategy = make_strategy(num_replicas)
+    with strategy.scope():
+        model = _two_output_model()
+    trainer = tfdist.Trainer(model, strategy)
+    history = trainer.fit(dataset, epochs=EPOCHS, verbose=0).history
+
+    ref.assert_weights_close(expected, model)
+    pairs = [
+        (expected_history, history),
+        (expected.evaluate(dataset, verbose=0, return_dict=True), trainer.evaluate(dataset)),
+    ]
+    for expected_logs, logs in pairs:
+        if num_examples % BATCH == 0:
+            ref.assert_logs_close(expected_logs, logs)
+            continue
+        # Keras weights its per-output `<name>_loss` by the STATIC batch size,
+        # unknown (None) when the last batch is partial, so there each step
+        # counts once. tfdist weights them by examples, like the total loss;
+        # so, against Keras' total: loss == sum_k weight_k * <k>_loss.
+        per_output = ("classes_loss", "value_loss")
+        ref.assert_logs_close(
+            {k: v for k, v in expected_logs.items() if k not in per_output},
+            {k: v for k, v in logs.items() if k not in per_output},
+        )
+        np.testing.assert_allclose(
+            np.asarray(logs["classes_loss"]) + 0.3 * np.asarray(logs["value_loss"]),
+            expected_logs["loss"], rtol=1e-5,
+        )

@@ -17,6 +17,7 @@ __all__ = [
     "compile_metrics",
     "flat_losses",
     "get_keras_mask",
+    "output_loss_metrics",
     "tree",
 ]
 
@@ -48,3 +49,14 @@ def flat_losses(model: keras.Model):
     if compile_loss is None:
         return []
     return list(compile_loss._flat_losses)
+
+
+def output_loss_metrics(model: keras.Model) -> list:
+    """Keras' per-output ``<name>_loss`` Means (multi-output models only).
+
+    Aligned with `flat_losses`; empty when the model has a single loss.
+    """
+    compile_loss = model._compile_loss
+    if compile_loss is None or not compile_loss.built:
+        return []
+    return list(compile_loss.metrics)

@@ -53,20 +53,23 @@ class LossTerms:
         present = [d for d in self.denominators if d is not None]
         return tf.stack(present) if present else tf.zeros([0])
 
-    def combine(self, global_denominators: tf.Tensor) -> tf.Tensor:
+    def output_shares(self, global_denominators: tf.Tensor) -> List[tf.Tensor]:
+        """Per output, this replica's share of its unweighted global loss."""
+        shares = []
+        index = 0
+        for numerator, denominator in zip(self.numerators, self.denominators):
+            share = numerator
+            if denominator is not None:
+                share = tf.math.divide_no_nan(share, global_denominators[index])
+                index += 1
+            shares.append(tf.cast(share, tf.float32))
+        return shares
+
+    def combine(self, shares: List[tf.Tensor]) -> tf.Tensor:
         """This replica's share of the global data loss (see module doc)."""
         total = tf.constant(0.0)
-        index = 0
-        for numerator, denominator, weight in zip(
-            self.numerators, self.denominators, self.loss_weights
-        ):
-            term = numerator
-            if denominator is not None:
-                term = tf.math.divide_no_nan(term, global_denominators[index])
-                index += 1
-            if weight is not None:
-                term = term * weight
-            total = total + tf.cast(term, tf.float32)
+        for share, weight in zip(shares, self.loss_weights):
+            total = total + (share if weight is None else share * weight)
         return total
 
 

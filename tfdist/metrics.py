@@ -8,7 +8,9 @@ positives, ...), so the sum of per-replica states equals the single-device
 state on the same examples, and ``result()`` equals the single-device result.
 
 `MetricState` holds the training loss (Keras' ``loss`` entry: the batch loss
-weighted by the batch's example count) and the model's compiled metrics.
+weighted by the batch's example count), for multi-output models each output's
+unweighted loss (Keras' ``<output>_loss`` entries, the same weighting), and
+the model's compiled metrics.
 ``update`` runs in replica context every step; ``results`` runs in
 cross-replica context only at log points and epoch ends.
 """
@@ -43,6 +45,7 @@ class MetricState:
     def update(
         self,
         batch_loss_share: tf.Tensor,
+        output_loss_shares,
         global_examples: tf.Tensor,
         local_examples: tf.Tensor,
         y,
@@ -52,20 +55,23 @@ class MetricState:
         """Adds one replica's view of one step (replica context).
 
         ``batch_loss_share`` is this replica's share of the global batch loss
-        (the shares sum to the batch loss). Summed over replicas, the loss
+        (the shares sum to the batch loss); ``output_loss_shares`` likewise
+        per output, unweighted. Summed over replicas, the loss
         total grows by ``batch_loss * global_examples`` and the count by
         ``global_examples``: the example-weighted mean Keras reports.
         """
-        self._loss.total.assign_add(
-            batch_loss_share * tf.cast(global_examples, tf.float32)
-        )
-        self._loss.count.assign_add(tf.cast(local_examples, tf.float32))
+        means = [self._loss] + _keras.output_loss_metrics(self._model)
+        for mean, share in zip(means, [batch_loss_share] + list(output_loss_shares)):
+            mean.total.assign_add(share * tf.cast(global_examples, tf.float32))
+            mean.count.assign_add(tf.cast(local_examples, tf.float32))
         if self._compiled is not None:
             self._compiled.update_state(y, y_pred, sample_weight)
 
     def results(self) -> Dict[str, float]:
         """Reduced results with Keras names (cross-replica context)."""
         values = {"loss": float(self._loss.result())}
+        for mean in _keras.output_loss_metrics(self._model):
+            values[mean.name] = float(mean.result())
         if self._compiled is not None:
             for name, value in self._compiled.result().items():
                 values[name] = float(value)
@@ -73,5 +79,7 @@ class MetricState:
 
     def reset(self) -> None:
         self._loss.reset_state()
+        for mean in _keras.output_loss_metrics(self._model):
+            mean.reset_state()
         if self._compiled is not None:
             self._compiled.reset_state()

@@ -83,10 +83,11 @@ class ReplicaSteps:
             y_pred = model(x, training=True)
             terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
             denominators = losses.example_count_denominators(terms, global_examples)
-            loss = terms.combine(denominators) + losses.regularization_loss(model)
+            shares = terms.output_shares(denominators)
+            loss = terms.combine(shares) + losses.regularization_loss(model)
             scaled = model.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, model.trainable_variables)
-        return gradients, loss, y_pred
+        return gradients, loss, shares, y_pred
 
     # Like Keras' own step functions, no autograph: the step has no
     # tensor-dependent Python control flow, and user models run as written.
@@ -98,7 +99,7 @@ class ReplicaSteps:
         local_examples = _local_examples(batch)
         if self._jit_compile:
             global_examples = losses.all_reduce_sum(local_examples)
-            gradients, loss, y_pred = self._xla_forward_backward(
+            gradients, loss, shares, y_pred = self._xla_forward_backward(
                 x, y, sample_weight, mask, global_examples
             )
         else:
@@ -111,14 +112,13 @@ class ReplicaSteps:
                     tf.concat([terms.local_denominators(), [local_examples]], 0)
                 )
                 global_examples = counts[-1]
-                loss = terms.combine(
-                    tf.stop_gradient(counts[:-1])
-                ) + losses.regularization_loss(model)
+                shares = terms.output_shares(tf.stop_gradient(counts[:-1]))
+                loss = terms.combine(shares) + losses.regularization_loss(model)
                 scaled = model.optimizer.scale_loss(loss)
             gradients = tape.gradient(scaled, model.trainable_variables)
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         self._metrics.update(
-            loss, global_examples, local_examples,
+            loss, shares, global_examples, local_examples,
             *_without_padding(mask, y, y_pred, sample_weight),
         )
 
@@ -136,8 +136,9 @@ class ReplicaSteps:
         counts = losses.all_reduce_sum(
             tf.concat([terms.local_denominators(), [local_examples]], 0)
         )
-        loss = terms.combine(counts[:-1]) + losses.regularization_loss(model)
+        shares = terms.output_shares(counts[:-1])
+        loss = terms.combine(shares) + losses.regularization_loss(model)
         self._metrics.update(
-            loss, counts[-1], local_examples,
+            loss, shares, counts[-1], local_examples,
             *_without_padding(mask, y, y_pred, sample_weight),
         )
