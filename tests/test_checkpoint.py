@@ -17,15 +17,16 @@ def _trainer(strategy, checkpoint_dir, **kwargs):
     return model, tfdist.Trainer(model, strategy, checkpoint_dir=checkpoint_dir, **kwargs)
 
 
-def test_two_epochs_on_4_replicas_then_one_on_2_equals_three_on_one_device(
-    make_strategy, tmp_path
+@pytest.mark.parametrize("resume_replicas", [1, 2])
+def test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device(
+    make_strategy, tmp_path, resume_replicas
 ):
     dataset = ref.global_batches(70, BATCH)
     expected_model, expected_history = ref.keras_fit(dataset, 3, "adam")
 
     _, first = _trainer(make_strategy(4), str(tmp_path))
     first.fit(dataset, epochs=2, verbose=0)
-    model, second = _trainer(make_strategy(2), str(tmp_path))
+    model, second = _trainer(make_strategy(resume_replicas), str(tmp_path))
     history = second.fit(dataset, epochs=3, verbose=0).history
 
     ref.assert_weights_close(expected_model, model)
@@ -114,3 +115,15 @@ def test_checkpoint_restores_into_single_device_keras_model(make_strategy, tmp_p
         tf.train.latest_checkpoint(str(tmp_path))
     ).expect_partial()
     ref.assert_weights_close(trained, plain, atol=0)
+
+
+def test_step_checkpoints_only_when_epoch_checkpoints_are_off(make_strategy, tmp_path):
+    _, trainer = _trainer(
+        make_strategy(2), str(tmp_path), checkpoint_every_steps=2,
+        checkpoint_every_epoch=False, max_to_keep=10,
+    )
+    trainer.fit(ref.global_batches(80, BATCH), epochs=2, verbose=0)  # 5 steps/epoch
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    saved = tf.train.get_checkpoint_state(str(tmp_path)).all_model_checkpoint_paths
+    assert [int(p.rsplit("-", 1)[1]) for p in saved] == [2, 4, 6, 8, 10]

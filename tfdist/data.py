@@ -251,3 +251,16 @@ def distribute(
         f"Expected a tf.data.Dataset, a tfdist.data.EpochDataset or a "
         f"dataset_fn(input_context); got {type(data).__name__}."
     )
+
+
+def load_tfds(name: str, split: str, *, data_dir=None, shuffle_files=False):
+    """Unbatched ``(features, label)`` of a TFDS dataset; never downloads.
+
+    tfdist's own datasets (``synthetic_patterns``) are generated locally on
+    first use; see `tfdist.datasets.load_supervised`.
+    """
+    from tfdist.datasets import load_supervised  # pylint: disable=import-outside-toplevel
+
+    return load_supervised(
+        name, split, data_dir=data_dir, shuffle_files=shuffle_files
+    )

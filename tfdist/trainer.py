@@ -127,6 +127,7 @@ class Trainer:
       shard_policy: how workers split global-batch datasets (`tfdist.data`).
       log_every_steps: steps between progress lines and batch summaries.
       checkpoint_every_steps: also save every this many steps.
+      checkpoint_every_epoch: save at the end of every epoch (default).
       max_to_keep: checkpoints kept.
     """
 
@@ -144,6 +145,7 @@ class Trainer:
         shard_policy: str = "auto",
         log_every_steps: int = 100,
         checkpoint_every_steps: Optional[int] = None,
+        checkpoint_every_epoch: bool = True,
         max_to_keep: int = 3,
     ):
         _check_compiled(model)
@@ -164,6 +166,7 @@ class Trainer:
         self._shard_policy = shard_policy
         self._log_every_steps = log_every_steps
         self._checkpoint_every_steps = checkpoint_every_steps
+        self._checkpoint_every_epoch = checkpoint_every_epoch
         self._log_dir = log_dir or (
             f"{checkpoint_dir}/logs" if checkpoint_dir else None
         )
@@ -279,7 +282,8 @@ class Trainer:
                 steps_done = self._position.step_in_epoch
                 self._position.epoch += 1
                 self._position.step_in_epoch = 0
-                self._save()
+                if self._checkpoint_every_epoch:
+                    self._save()
                 reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
                 callback_list.on_epoch_end(epoch, logs)
         finally:
