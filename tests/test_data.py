@@ -21,6 +21,11 @@ def _replica_sizes(strategy, distributed):
     ]
 
 
+def _first_step_labels(strategy, distributed):
+    batch = next(iter(distributed))
+    return [t["y"].numpy().tolist() for t in strategy.experimental_local_results(batch)]
+
+
 def test_exact_policy_keeps_remainder_with_empty_replicas(make_strategy):
     strategy = make_strategy(4)
     sizes = _replica_sizes(strategy, data_lib.distribute(strategy, _batches(10, 8)))
@@ -54,10 +59,7 @@ def test_pad_policy_element_spec_is_static():
 def test_skip_steps_resumes_inside_an_epoch(make_strategy):
     strategy = make_strategy(2)
     distributed = data_lib.distribute(strategy, _batches(12, 4), skip_steps=2)
-    first = [
-        t["y"].numpy().tolist() for t in strategy.experimental_local_results(next(iter(distributed)))
-    ]
-    assert first == [[8, 9], [10, 11]]
+    assert _first_step_labels(strategy, distributed) == [[8, 9], [10, 11]]
 
 
 def test_dataset_fn_gets_input_context_and_skips_per_replica_batches(make_strategy):
@@ -69,9 +71,7 @@ def test_dataset_fn_gets_input_context_and_skips_per_replica_batches(make_strate
         return _batches(16, 2)
 
     distributed = data_lib.distribute(strategy, dataset_fn, skip_steps=1)
-    first = [
-        t["y"].numpy().tolist() for t in strategy.experimental_local_results(next(iter(distributed)))
-    ]
+    first = _first_step_labels(strategy, distributed)
     assert contexts[0].num_replicas_in_sync == 2
     assert first == [[4, 5], [6, 7]]  # step 0 used per-replica batches 0 and 1
 
