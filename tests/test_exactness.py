@@ -239,3 +239,20 @@ def test_multi_output_loss_weights_equal_single_device(make_strategy, num_replic
             np.asarray(logs["classes_loss"]) + 0.3 * np.asarray(logs["value_loss"]),
             expected_logs["loss"], rtol=1e-5,
         )
+
+
+def test_repeated_fit_calls_without_checkpoint_train_like_keras(make_strategy):
+    dataset = ref.global_batches(PARTIAL, BATCH)
+    expected = ref.compile_model(ref.build_mlp(), "sgd")
+    for _ in range(2):
+        expected_history = expected.fit(dataset, epochs=1, verbose=0).history
+
+    strategy = make_strategy(2)
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "sgd")
+    trainer = tfdist.Trainer(model, strategy)
+    for _ in range(2):
+        history = trainer.fit(dataset, epochs=1, verbose=0).history
+
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history, history)

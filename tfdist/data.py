@@ -5,7 +5,9 @@ Users hand tfdist datasets that yield GLOBAL batches ``(x, y)`` or
 per-replica batches, or an `EpochDataset` that builds one dataset per epoch
 (for deterministic per-epoch shuffling). `distribute` turns any of them into a
 `tf.distribute.DistributedDataset` whose elements are dicts with keys
-``x``, ``y`` and, when present, ``sample_weight`` and ``mask``.
+``x``, ``y`` and, when present, ``sample_weight``, ``mask`` and (for
+global-batch datasets) ``global_examples``, the global batch's example count
+repeated per example (see `with_global_count`).
 
 Partial final batches follow a policy:
 
@@ -131,6 +133,28 @@ def infer_global_batch_size(dataset: tf.data.Dataset) -> int:
     raise ConfigurationError("The dataset is empty: no batch to train on.")
 
 
+GLOBAL_EXAMPLES = "global_examples"
+
+
+def with_global_count(batch: dict) -> dict:
+    """Adds the global batch's real-example count as a per-example column.
+
+    Rebatching splits the column with the batch, so every non-empty replica
+    learns the global count without a collective (an empty replica contributes
+    nothing and needs no count). `tfdist.step` uses it instead of an
+    all-reduce wherever the loss's denominators follow from example counts.
+    """
+    size = batch_size_of(batch)
+    count = (
+        tf.reduce_sum(tf.cast(batch["mask"], tf.float32))
+        if "mask" in batch
+        else tf.cast(size, tf.float32)
+    )
+    batch = dict(batch)
+    batch[GLOBAL_EXAMPLES] = tf.fill(tf.expand_dims(size, 0), count)
+    return batch
+
+
 def _pad_to(batch: dict, size: int) -> dict:
     count = batch_size_of(batch)
     missing = size - count
@@ -219,7 +243,7 @@ def distribute(
     if isinstance(data, tf.data.Dataset):
         dataset = apply_partial_batch_policy(
             data.skip(skip_steps), partial_batch, global_batch_size
-        )
+        ).map(with_global_count)
         if partial_batch == "pad":
             size = tf.nest.flatten(dataset.element_spec)[0].shape[0]
             if size % replicas:

@@ -7,7 +7,8 @@ gradients are SUMMED, so replica ``r`` must contribute
 
     sum_r(sample_weight * per_example_loss) / GLOBAL_count  +  reg / num_replicas
 
-where GLOBAL_count is all-reduced across replicas. Dividing by the local batch
+where GLOBAL_count comes with a global-batch dataset's data
+(`tfdist.data.with_global_count`) or is all-reduced across replicas. Dividing by the local batch
 times the number of replicas (what ``tf.nn.compute_average_loss`` does
 without ``global_batch_size``, and what Keras 3 ``fit`` effectively does) is
 wrong whenever replicas hold different numbers of examples: a partial last
@@ -176,13 +177,21 @@ def compute_loss_terms(
     return terms
 
 
+def counts_follow_from_examples(terms: LossTerms) -> bool:
+    """True when every global denominator is global examples x elements.
+
+    Keras masks and ``mean_with_sample_weight`` make denominators depend on
+    the data's contents; then they must be all-reduced.
+    """
+    return not terms.masked and "mean_with_sample_weight" not in terms.reductions
+
+
 def example_count_denominators(terms: LossTerms, global_examples) -> tf.Tensor:
     """Global denominators derived from the global example count alone.
 
-    Used where the all-reduce must happen before the forward pass (XLA steps):
-    exact for mean reductions without Keras masks.
+    Exact when `counts_follow_from_examples`; raises otherwise.
     """
-    if terms.masked or "mean_with_sample_weight" in terms.reductions:
+    if not counts_follow_from_examples(terms):
         raise ConfigurationError(
             "jit_compile=True supports losses without Keras masks and with "
             "reduction 'sum_over_batch_size', 'mean' or 'sum'; use "
@@ -205,12 +214,11 @@ def all_reduce_sum(value: tf.Tensor) -> tf.Tensor:
 
 
 def regularization_loss(model) -> tf.Tensor:
-    """``sum(model.losses) / num_replicas``: counted once after the SUM."""
+    """``sum(model.losses)``: each replica adds it / num_replicas to its loss,
+    so after the gradient SUM it counts once."""
     if not model.losses:
         return tf.constant(0.0)
-    total = tf.add_n([tf.cast(tf.reduce_sum(l), tf.float32) for l in model.losses])
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    return total / replicas
+    return tf.add_n([tf.cast(tf.reduce_sum(l), tf.float32) for l in model.losses])
 
 
 def scaled_loss(per_example_loss, sample_weight=None, global_count=None):

@@ -44,8 +44,9 @@ class MetricState:
 
     def update(
         self,
-        batch_loss_share: tf.Tensor,
+        data_loss_share: tf.Tensor,
         output_loss_shares,
+        regularization: tf.Tensor,
         global_examples: tf.Tensor,
         local_examples: tf.Tensor,
         y,
@@ -54,16 +55,23 @@ class MetricState:
     ) -> None:
         """Adds one replica's view of one step (replica context).
 
-        ``batch_loss_share`` is this replica's share of the global batch loss
-        (the shares sum to the batch loss); ``output_loss_shares`` likewise
-        per output, unweighted. Summed over replicas, the loss
-        total grows by ``batch_loss * global_examples`` and the count by
+        ``data_loss_share`` is this replica's share of the global batch's data
+        loss (the shares sum to it; an empty replica's is 0, so its
+        ``global_examples`` may be 0 too); ``output_loss_shares`` likewise per
+        output, unweighted; ``regularization`` the full regularization loss.
+        Summed over replicas, the loss total grows by
+        ``(data_loss + regularization) * global_examples`` and the count by
         ``global_examples``: the example-weighted mean Keras reports.
         """
-        means = [self._loss] + _keras.output_loss_metrics(self._model)
-        for mean, share in zip(means, [batch_loss_share] + list(output_loss_shares)):
-            mean.total.assign_add(share * tf.cast(global_examples, tf.float32))
-            mean.count.assign_add(tf.cast(local_examples, tf.float32))
+        global_examples = tf.cast(global_examples, tf.float32)
+        local_examples = tf.cast(local_examples, tf.float32)
+        self._loss.total.assign_add(
+            data_loss_share * global_examples + regularization * local_examples
+        )
+        self._loss.count.assign_add(local_examples)
+        for mean, share in zip(_keras.output_loss_metrics(self._model), output_loss_shares):
+            mean.total.assign_add(share * global_examples)
+            mean.count.assign_add(local_examples)
         if self._compiled is not None:
             self._compiled.update_state(y, y_pred, sample_weight)
 

@@ -5,31 +5,26 @@
 
 1. runs the model on the replica's batch (which may be empty),
 2. computes local loss sums and counts (`tfdist.losses`),
-3. all-reduces the counts, so every replica divides by the GLOBAL count,
+3. gets the GLOBAL counts: from the batch's ``global_examples`` column when
+   the loss's denominators follow from example counts (no communication),
+   else by an all-reduce,
 4. takes the gradient of its share and lets the optimizer SUM-reduce and
    apply the gradients,
 5. adds its examples to the replica-local metric state (no communication).
 
 With ``jit_compile=True`` steps 1, 2 and 4 (the forward and backward pass)
 run as one XLA program. Collectives cannot run inside XLA on CPU/GPU
-mirrored strategies, so the all-reduce happens first, on example counts
-known from the data; the ``"pad"`` policy keeps XLA shapes static.
+mirrored strategies, so the global example count must be known before it:
+from the data, or all-reduced first. The ``"pad"`` policy keeps XLA shapes
+static.
 """
 
 import keras
 import tensorflow as tf
 
 from tfdist import losses
+from tfdist.data import GLOBAL_EXAMPLES
 from tfdist.metrics import MetricState
-
-
-def _unpack(batch: dict):
-    return (
-        batch["x"],
-        batch["y"],
-        batch.get("sample_weight"),
-        batch.get("mask"),
-    )
 
 
 def _local_examples(batch: dict) -> tf.Tensor:
@@ -38,6 +33,14 @@ def _local_examples(batch: dict) -> tf.Tensor:
         return tf.reduce_sum(tf.cast(batch["mask"], tf.float32))
     first = tf.nest.flatten(batch["x"])[0]
     return tf.cast(tf.shape(first)[0], tf.float32)
+
+
+def _global_examples_in_data(batch: dict):
+    """The global count carried by the batch; 0 on an empty replica (which
+    contributes nothing, so needs no count); None if not carried."""
+    if GLOBAL_EXAMPLES not in batch:
+        return None
+    return tf.reduce_sum(batch[GLOBAL_EXAMPLES][:1])
 
 
 def _without_padding(mask, y, y_pred, sample_weight):
@@ -50,12 +53,29 @@ def _without_padding(mask, y, y_pred, sample_weight):
     if mask is None:
         return y, y_pred, sample_weight
     keep = tf.cast(mask, tf.bool)
-    drop = lambda t: None if t is None else tf.boolean_mask(t, keep)  # noqa: E731
+    drop = lambda t: tf.boolean_mask(t, keep)  # noqa: E731
     return (
         tf.nest.map_structure(drop, y),
         tf.nest.map_structure(drop, y_pred),
         None if sample_weight is None else tf.nest.map_structure(drop, sample_weight),
     )
+
+
+def _global_denominators(terms, local_examples, data_global_examples):
+    """(global denominators, global examples) for ``terms``.
+
+    Decided at trace time: no collective when the data carries the count and
+    the denominators follow from it.
+    """
+    if data_global_examples is not None and losses.counts_follow_from_examples(terms):
+        return (
+            losses.example_count_denominators(terms, data_global_examples),
+            data_global_examples,
+        )
+    counts = losses.all_reduce_sum(
+        tf.concat([terms.local_denominators(), [local_examples]], 0)
+    )
+    return tf.stop_gradient(counts[:-1]), counts[-1]
 
 
 class ReplicaSteps:
@@ -75,6 +95,14 @@ class ReplicaSteps:
             reduce_retracing=True,
         )
 
+    def _loss(self, terms, denominators):
+        """(this replica's loss, its data-loss share, output shares, reg)."""
+        shares = terms.output_shares(denominators)
+        data_share = terms.combine(shares)
+        regularization = losses.regularization_loss(self._model)
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        return data_share + regularization / replicas, data_share, shares, regularization
+
     @tf.autograph.experimental.do_not_convert
     def _forward_backward(self, x, y, sample_weight, mask, global_examples):
         """Forward + backward with denominators from the global example count."""
@@ -83,11 +111,10 @@ class ReplicaSteps:
             y_pred = model(x, training=True)
             terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
             denominators = losses.example_count_denominators(terms, global_examples)
-            shares = terms.output_shares(denominators)
-            loss = terms.combine(shares) + losses.regularization_loss(model)
+            loss, data_share, shares, regularization = self._loss(terms, denominators)
             scaled = model.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, model.trainable_variables)
-        return gradients, loss, shares, y_pred
+        return gradients, data_share, shares, regularization, y_pred
 
     # Like Keras' own step functions, no autograph: the step has no
     # tensor-dependent Python control flow, and user models run as written.
@@ -95,30 +122,29 @@ class ReplicaSteps:
     def train(self, batch: dict) -> None:
         """One replica's training step on ``batch`` (replica context)."""
         model = self._model
-        x, y, sample_weight, mask = _unpack(batch)
+        x, y = batch["x"], batch["y"]
+        sample_weight, mask = batch.get("sample_weight"), batch.get("mask")
         local_examples = _local_examples(batch)
+        global_examples = _global_examples_in_data(batch)
         if self._jit_compile:
-            global_examples = losses.all_reduce_sum(local_examples)
-            gradients, loss, shares, y_pred = self._xla_forward_backward(
-                x, y, sample_weight, mask, global_examples
+            if global_examples is None:
+                global_examples = losses.all_reduce_sum(local_examples)
+            gradients, data_share, shares, regularization, y_pred = (
+                self._xla_forward_backward(x, y, sample_weight, mask, global_examples)
             )
         else:
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
-                terms = losses.compute_loss_terms(
-                    model, y, y_pred, sample_weight, mask
+                terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
+                denominators, global_examples = _global_denominators(
+                    terms, local_examples, global_examples
                 )
-                counts = losses.all_reduce_sum(
-                    tf.concat([terms.local_denominators(), [local_examples]], 0)
-                )
-                global_examples = counts[-1]
-                shares = terms.output_shares(tf.stop_gradient(counts[:-1]))
-                loss = terms.combine(shares) + losses.regularization_loss(model)
+                loss, data_share, shares, regularization = self._loss(terms, denominators)
                 scaled = model.optimizer.scale_loss(loss)
             gradients = tape.gradient(scaled, model.trainable_variables)
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         self._metrics.update(
-            loss, shares, global_examples, local_examples,
+            data_share, shares, regularization, global_examples, local_examples,
             *_without_padding(mask, y, y_pred, sample_weight),
         )
 
@@ -126,19 +152,16 @@ class ReplicaSteps:
     def evaluate(self, batch: dict) -> None:
         """One replica's evaluation step on ``batch`` (replica context)."""
         model = self._model
-        x, y, sample_weight, mask = _unpack(batch)
+        x, y = batch["x"], batch["y"]
+        sample_weight, mask = batch.get("sample_weight"), batch.get("mask")
         local_examples = _local_examples(batch)
-        if self._jit_compile:
-            y_pred = self._xla_forward(x)
-        else:
-            y_pred = model(x, training=False)
+        y_pred = self._xla_forward(x) if self._jit_compile else model(x, training=False)
         terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
-        counts = losses.all_reduce_sum(
-            tf.concat([terms.local_denominators(), [local_examples]], 0)
+        denominators, global_examples = _global_denominators(
+            terms, local_examples, _global_examples_in_data(batch)
         )
-        shares = terms.output_shares(counts[:-1])
-        loss = terms.combine(shares) + losses.regularization_loss(model)
+        _, data_share, shares, regularization = self._loss(terms, denominators)
         self._metrics.update(
-            loss, shares, counts[-1], local_examples,
+            data_share, shares, regularization, global_examples, local_examples,
             *_without_padding(mask, y, y_pred, sample_weight),
         )

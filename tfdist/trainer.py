@@ -205,6 +205,8 @@ class Trainer:
 
     def _restore(self) -> None:
         if self._checkpoint is None:
+            # Like Keras: each fit call counts epochs from 0 (steps go on).
+            self._position = _Position(step=self._position.step)
             return
         path = self._checkpoint.restore_latest()
         if path is not None:
@@ -235,9 +237,12 @@ class Trainer:
     ) -> keras.callbacks.History:
         """Trains for ``epochs`` epochs; returns a Keras ``History``.
 
-        Resumes from the newest checkpoint in ``checkpoint_dir``. With
-        ``steps_per_epoch``, one iterator runs on across epochs (as in Keras);
-        without it, every epoch is one full pass over the data.
+        Without ``checkpoint_dir`` every call trains ``epochs`` epochs, as
+        Keras ``fit`` does. With it, ``epochs`` is the total the run should
+        reach: training resumes from the newest checkpoint there, so a
+        restarted job finishes the same run. With ``steps_per_epoch``, one
+        iterator runs on across the epochs of a call (as in Keras); without
+        it, every epoch is one full pass over the data.
         """
         _positive_int("epochs", epochs)
         _positive_int("steps_per_epoch", steps_per_epoch, True)
