@@ -256,3 +256,19 @@ def test_repeated_fit_calls_without_checkpoint_train_like_keras(make_strategy):
 
     ref.assert_weights_close(expected, model)
     ref.assert_logs_close(expected_history, history)
+
+
+def test_repeated_fit_calls_with_steps_per_epoch_restart_the_data_like_keras(make_strategy):
+    dataset = ref.global_batches(8 * BATCH, BATCH, weighted=False).repeat()
+    expected = ref.compile_model(ref.build_mlp(), "sgd")
+    for _ in range(2):
+        expected.fit(dataset, epochs=2, steps_per_epoch=3, verbose=0)
+
+    strategy = make_strategy(2)
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "sgd")
+    trainer = tfdist.Trainer(model, strategy)
+    for _ in range(2):
+        trainer.fit(dataset, epochs=2, steps_per_epoch=3, verbose=0)
+
+    ref.assert_weights_close(expected, model)

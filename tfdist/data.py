@@ -174,26 +174,37 @@ def apply_partial_batch_policy(
     dataset: tf.data.Dataset,
     policy: str,
     global_batch_size: Optional[int] = None,
+    *,
+    add_global_count: bool = False,
 ) -> tf.data.Dataset:
-    """Maps ``(x, y[, w])`` batches to batch dicts under ``policy``."""
+    """Maps ``(x, y[, w])`` batches to batch dicts under ``policy``.
+
+    With ``add_global_count``, batches also get `with_global_count`'s column.
+    Each policy is a single ``map`` (plus a ``filter`` for "drop"): every
+    stage costs CPU per batch, and tf.data does not fuse maps by default.
+    """
     if policy not in PARTIAL_BATCH_POLICIES:
         raise ConfigurationError(
             f"`partial_batch` ({policy!r}) must be one of "
             f"{PARTIAL_BATCH_POLICIES}."
         )
     validate_element_spec(dataset.element_spec)
-    dataset = dataset.map(lambda *e: to_batch_dict(e))
+    finish = with_global_count if add_global_count else (lambda batch: batch)
     if policy == "exact":
-        return dataset
+        return dataset.map(lambda *e: finish(to_batch_dict(e)))
     size = global_batch_size or infer_global_batch_size(dataset)
     if policy == "drop":
-        full = dataset.filter(lambda b: batch_size_of(b) == size)
-        return full.map(
-            lambda b: tf.nest.map_structure(
-                lambda t: tf.ensure_shape(t, [size] + t.shape[1:].as_list()), b
+        full = dataset.filter(lambda *e: tf.shape(tf.nest.flatten(e)[0])[0] == size)
+
+        def static(*element):
+            batch = tf.nest.map_structure(
+                lambda t: tf.ensure_shape(t, [size] + t.shape[1:].as_list()),
+                to_batch_dict(element),
             )
-        )
-    return dataset.map(lambda b: _pad_to(b, size))
+            return finish(batch)
+
+        return full.map(static)
+    return dataset.map(lambda *e: finish(_pad_to(to_batch_dict(e), size)))
 
 
 def _options(shard_policy: str) -> tf.data.Options:
@@ -242,8 +253,9 @@ def distribute(
         data = data.make_dataset(epoch)
     if isinstance(data, tf.data.Dataset):
         dataset = apply_partial_batch_policy(
-            data.skip(skip_steps), partial_batch, global_batch_size
-        ).map(with_global_count)
+            data.skip(skip_steps), partial_batch, global_batch_size,
+            add_global_count=True,
+        )
         if partial_batch == "pad":
             size = tf.nest.flatten(dataset.element_spec)[0].shape[0]
             if size % replicas:

@@ -118,29 +118,44 @@ def _output_terms(loss_fn, y_true, y_pred, sample_weight, example_mask):
             "values (a Loss whose `call` returns shape [batch, ...])."
         )
     masks = [m for m in (in_mask, out_mask) if m is not None]
-    valid = tf.ones_like(values)
-    for mask in masks:
-        valid = valid * _to_rank(tf.cast(mask, values.dtype), values)
-    if example_mask is not None:
-        valid = valid * _to_rank(tf.cast(example_mask, values.dtype), values)
-    weights = valid
-    if sample_weight is not None:
-        weights = valid * _to_rank(tf.cast(sample_weight, values.dtype), values)
-    # `where` keeps NaN/inf from padded or masked entries out of the sum.
-    numerator = tf.reduce_sum(tf.where(weights != 0, values * weights, 0.0))
     reduction = loss_fn.reduction
-    if reduction in _MEAN_REDUCTIONS:
-        denominator = tf.reduce_sum(valid)
-    elif reduction == "mean_with_sample_weight":
-        denominator = tf.reduce_sum(weights)
-    elif reduction == "sum":
-        denominator = None
-    else:
+    if reduction not in _MEAN_REDUCTIONS + ("mean_with_sample_weight", "sum"):
         raise ConfigurationError(
             f"Loss {loss_fn.name!r} has reduction {reduction!r}; tfdist "
             "supports 'sum_over_batch_size', 'mean', 'mean_with_sample_weight' "
             "and 'sum'."
         )
+    if not masks and example_mask is None:
+        # The common case, kept to a few ops: every element is valid.
+        valid = None
+        weights = (
+            None if sample_weight is None
+            else _to_rank(tf.cast(sample_weight, values.dtype), values)
+        )
+        numerator = tf.reduce_sum(values if weights is None else values * weights)
+    else:
+        valid = tf.ones_like(values)
+        for mask in masks:
+            valid = valid * _to_rank(tf.cast(mask, values.dtype), values)
+        if example_mask is not None:
+            valid = valid * _to_rank(tf.cast(example_mask, values.dtype), values)
+        weights = valid
+        if sample_weight is not None:
+            weights = valid * _to_rank(tf.cast(sample_weight, values.dtype), values)
+        # `where` keeps NaN/inf from padded or masked entries out of the sum.
+        numerator = tf.reduce_sum(tf.where(weights != 0, values * weights, 0.0))
+    if reduction in _MEAN_REDUCTIONS:
+        denominator = (
+            tf.cast(tf.size(values), values.dtype) if valid is None
+            else tf.reduce_sum(valid)
+        )
+    elif reduction == "mean_with_sample_weight":
+        denominator = (
+            tf.cast(tf.size(values), values.dtype) if weights is None
+            else tf.reduce_sum(weights * tf.ones_like(values))
+        )
+    else:
+        denominator = None
     per_example = 1
     for dim in values.shape[1:]:
         per_example *= dim if dim is not None else 1

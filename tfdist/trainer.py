@@ -181,6 +181,7 @@ class Trainer:
         )
         self._position = _Position()
         self._built_spec = None
+        self._distributed = {}
 
     # -- set-up ------------------------------------------------------------
 
@@ -193,6 +194,19 @@ class Trainer:
             self._built_spec = spec
 
     def _distribute(self, data, *, epoch=0, skip_steps=0, partial_batch=None):
+        """The distributed dataset; reused while the data, epoch source and
+        position are unchanged (building one costs tens of milliseconds)."""
+        key = (data, None if isinstance(data, tf.data.Dataset) else epoch,
+               skip_steps, partial_batch)
+        if key not in self._distributed:
+            if len(self._distributed) >= 4:
+                self._distributed.clear()
+            self._distributed[key] = self._build_distributed(
+                data, epoch=epoch, skip_steps=skip_steps, partial_batch=partial_batch
+            )
+        return self._distributed[key]
+
+    def _build_distributed(self, data, *, epoch, skip_steps, partial_batch):
         return data_lib.distribute(
             self.strategy,
             data,
@@ -266,7 +280,10 @@ class Trainer:
             while self._position.epoch < epochs and not self.model.stop_training:
                 epoch = self._position.epoch
                 if iterator is None or not persistent:
-                    skip = self._position.step if persistent else self._position.step_in_epoch
+                    # Batches of this run's data already trained on.
+                    skip = self._position.step_in_epoch + (
+                        epoch * steps_per_epoch if persistent else 0
+                    )
                     iterator = iter(self._distribute(data, epoch=epoch, skip_steps=skip))
                 callback_list.on_epoch_begin(epoch)
                 exhausted = self._train_epoch(
