@@ -19,7 +19,7 @@ def _compiled_in(strategy):
 
 
 def test_unknown_strategy_lists_known_names():
-    with pytest.raises(ValueError, match="Known strategies: mirrored, one_device"):
+    with pytest.raises(ValueError, match="Known strategies: mirrored, multi_worker_mirrored, one_device"):
         tfdist.make_strategy("mirrorred")
 
 

@@ -13,7 +13,7 @@ The lower layers work on their own in a hand-written loop:
 `tfdist.checkpoint`.
 """
 
-from tfdist import checkpoint, data, losses, metrics
+from tfdist import checkpoint, cluster, data, losses, metrics, multi_worker
 from tfdist.data import EpochDataset, epoch_seed
 from tfdist.errors import (
     CheckpointMismatchError,
@@ -32,6 +32,7 @@ __all__ = [
     "RuntimeAlreadyStartedError",
     "Trainer",
     "checkpoint",
+    "cluster",
     "data",
     "epoch_seed",
     "known_strategies",

@@ -12,9 +12,16 @@ strategy.
 
 A checkpoint from an incompatible model raises `CheckpointMismatchError`
 before anything is written; the checkpoint directory is left as it was.
+
+Under a multi-worker strategy every worker takes part in each save, but only
+the chief writes to ``directory``; the others write to a temporary directory
+of their own that is removed right after. Every worker restores from
+``directory`` (a file system all workers share).
 """
 
 import os
+import shutil
+import tempfile
 from typing import Optional
 
 import keras
@@ -32,6 +39,8 @@ class TrainingCheckpoint:
         directory: str,
         *,
         max_to_keep: int = 3,
+        is_chief: bool = True,
+        task_name: str = "worker-0",
     ):
         if max_to_keep is not None and max_to_keep < 1:
             raise ConfigurationError(
@@ -43,6 +52,8 @@ class TrainingCheckpoint:
             0, dtype=tf.int64, trainable=False, name="step_in_epoch"
         )
         self.directory = directory
+        self._is_chief = is_chief
+        self._task_name = task_name
         self._checkpoint = tf.train.Checkpoint(
             model=model,
             optimizer=model.optimizer,
@@ -85,4 +96,10 @@ class TrainingCheckpoint:
         self.step.assign(step)
         self.epoch.assign(epoch)
         self.step_in_epoch.assign(step_in_epoch)
-        return self._manager.save(checkpoint_number=step)
+        if self._is_chief:
+            return self._manager.save(checkpoint_number=step)
+        scratch = tempfile.mkdtemp(prefix=f"tfdist-{self._task_name}-ckpt-")
+        try:
+            return self._checkpoint.write(os.path.join(scratch, f"ckpt-{step}"))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)

@@ -18,6 +18,7 @@ callbacks); the compiled inner loop lives in `tfdist.runners`, the replica
 math in `tfdist.step`.
 """
 
+import contextlib
 import dataclasses
 import warnings
 from typing import Dict, List, Optional
@@ -25,11 +26,12 @@ from typing import Dict, List, Optional
 import keras
 import tensorflow as tf
 
-from tfdist import _keras
+from tfdist import _keras, cluster
 from tfdist import data as data_lib
 from tfdist.checkpoint import TrainingCheckpoint
 from tfdist.errors import ConfigurationError
 from tfdist.metrics import MetricState
+from tfdist.preemption import Preempted, PreemptionWatcher
 from tfdist.progress import ProgressReporter
 from tfdist.runners import SynchronousRunner
 from tfdist.step import ReplicaSteps
@@ -167,15 +169,22 @@ class Trainer:
         self._log_every_steps = log_every_steps
         self._checkpoint_every_steps = checkpoint_every_steps
         self._checkpoint_every_epoch = checkpoint_every_epoch
-        self._log_dir = log_dir or (
+        # Under multi-worker strategies only the chief writes summaries and
+        # prints progress; every worker computes the same history.
+        self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
+        self._log_dir = (log_dir or (
             f"{checkpoint_dir}/logs" if checkpoint_dir else None
-        )
+        )) if getattr(strategy.extended, "should_save_summary", True) else None
         with strategy.scope():
             self._metrics = MetricState(model)
         steps = ReplicaSteps(model, self._metrics, jit_compile=jit_compile)
         self._runner = SynchronousRunner(strategy, steps.train, steps.evaluate)
         self._checkpoint = (
-            TrainingCheckpoint(model, checkpoint_dir, max_to_keep=max_to_keep)
+            TrainingCheckpoint(
+                model, checkpoint_dir, max_to_keep=max_to_keep,
+                is_chief=self._is_chief,
+                task_name=f"{cluster.task_type() or 'worker'}-{cluster.task_id()}",
+            )
             if checkpoint_dir
             else None
         )
@@ -261,6 +270,7 @@ class Trainer:
         _positive_int("epochs", epochs)
         _positive_int("steps_per_epoch", steps_per_epoch, True)
         verbose = 1 if verbose == "auto" else verbose
+        verbose = verbose if self._is_chief else 0
         self._build(data)
         if validation_data is not None:
             self._build(validation_data, "validation_data")
@@ -275,8 +285,12 @@ class Trainer:
             data, data_lib.EpochDataset
         )
         iterator = None
+        # SIGTERM -> save and stop, where there is a checkpoint to save to.
+        watcher = (
+            PreemptionWatcher(self.strategy) if self._checkpoint is not None else None
+        )
         callback_list.on_train_begin()
-        try:
+        with watcher or contextlib.nullcontext(), contextlib.closing(reporter):
             while self._position.epoch < epochs and not self.model.stop_training:
                 epoch = self._position.epoch
                 if iterator is None or not persistent:
@@ -289,6 +303,7 @@ class Trainer:
                 exhausted = self._train_epoch(
                     iterator, epoch, steps_per_epoch, reporter, callback_list,
                     total_steps=steps_per_epoch or _known_steps(data, epoch),
+                    watcher=watcher,
                 )
                 if exhausted and persistent:
                     warnings.warn(
@@ -308,13 +323,12 @@ class Trainer:
                     self._save()
                 reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
                 callback_list.on_epoch_end(epoch, logs)
-        finally:
-            reporter.close()
         callback_list.on_train_end()
         return self.model.history
 
     def _train_epoch(
-        self, iterator, epoch, steps_per_epoch, reporter, callbacks, total_steps
+        self, iterator, epoch, steps_per_epoch, reporter, callbacks, total_steps,
+        watcher=None,
     ) -> bool:
         """Runs one epoch's executions; returns True if the data ran out."""
         self._metrics.reset()
@@ -349,6 +363,9 @@ class Trainer:
                 position.step % self._checkpoint_every_steps == 0
             ):
                 self._save()
+            if watcher is not None and watcher.should_stop():
+                self._save()
+                raise Preempted(position.step)
             if ran < num_steps:
                 return True
         return False

@@ -1,0 +1,109 @@
+"""``make_strategy("multi_worker_mirrored", ...)``: synchronous training across workers.
+
+>>> strategy = tfdist.make_strategy(
+...     "multi_worker_mirrored", communication="ring", timeout_seconds=120,
+...     num_replicas=2)   # 2 logical CPUs per worker when it has no GPU
+
+Before TensorFlow starts, TF_CONFIG is validated (`tfdist.cluster`), so a
+typo is an error naming the field, not a hang. Collectives get a timeout, so
+a dead peer becomes an error. Creating the strategy ends with a barrier (one
+tiny all-reduce) that returns once every worker has joined; then, if the
+launcher asked for it (``TFDIST_READY_FILE``), the task reports that it
+joined, so `tfdist-run` can tell a task that never joins from a slow one.
+"""
+
+import contextlib
+import os
+from typing import Optional
+
+import tensorflow as tf
+from tensorflow.python.distribute import collective_all_reduce_strategy as _cars
+
+from tfdist import cluster
+from tfdist.errors import ConfigurationError
+from tfdist.strategy import configure_logical_cpus, register_strategy
+
+READY_FILE_ENV = "TFDIST_READY_FILE"
+
+_IMPLEMENTATIONS = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
+
+
+@contextlib.contextmanager
+def _local_cpu_devices(count: int):
+    """Makes MultiWorkerMirroredStrategy use ``count`` local CPUs.
+
+    TensorFlow's MWMS uses every local GPU but always exactly one CPU. Its
+    device choice lives in one method, called once, while the strategy is
+    built; this swaps it for that duration only.
+    """
+    original = _cars.CollectiveAllReduceExtended._initialize_local_devices
+
+    def with_logical_cpus(self, cluster_resolver, worker_device):
+        devices, kind = original(self, cluster_resolver, worker_device)
+        if kind == "CPU":
+            devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(count))
+        return devices, kind
+
+    _cars.CollectiveAllReduceExtended._initialize_local_devices = with_logical_cpus
+    try:
+        yield
+    finally:
+        _cars.CollectiveAllReduceExtended._initialize_local_devices = original
+
+
+def _barrier(strategy) -> None:
+    """Returns once every worker has joined (one tiny all-reduce)."""
+
+    @tf.function
+    def all_reduce_one():
+        return strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None
+        )
+
+    all_reduce_one()
+
+
+def signal_ready() -> None:
+    """Tells the launcher this task has joined the cluster (if it asked)."""
+    path = os.environ.get(READY_FILE_ENV)
+    if path:
+        with open(path, "w", encoding="utf-8") as ready:
+            ready.write(str(os.getpid()))
+
+
+def _multi_worker_mirrored(
+    communication: str = "auto",
+    timeout_seconds: Optional[float] = 300.0,
+    num_replicas: Optional[int] = None,
+) -> tf.distribute.Strategy:
+    config = cluster.parse_tf_config()  # fails fast, before TensorFlow starts
+    if communication not in _IMPLEMENTATIONS:
+        raise ConfigurationError(
+            f"`communication` ({communication!r}) must be one of {sorted(_IMPLEMENTATIONS)}."
+        )
+    if timeout_seconds is not None and timeout_seconds <= 0:
+        raise ConfigurationError(
+            f"`timeout_seconds` ({timeout_seconds!r}) must be positive or None."
+        )
+    gpus = tf.config.list_physical_devices("GPU")
+    cpus = 1
+    if num_replicas is not None and not gpus:
+        configure_logical_cpus(num_replicas)
+        cpus = num_replicas
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=_IMPLEMENTATIONS[communication],
+        timeout_seconds=timeout_seconds,
+    )
+    with _local_cpu_devices(cpus):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    _barrier(strategy)
+    if config is not None:
+        signal_ready()
+    return strategy
+
+
+register_strategy("multi_worker_mirrored", _multi_worker_mirrored)
