@@ -28,6 +28,7 @@ setup(
     entry_points={
         "console_scripts": [
             "tfdist-prepare-data=tfdist.datasets.prepare:main",
+            "tfdist-run=tfdist.launch.cli:run",
         ],
     },
 )

@@ -37,33 +37,14 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # tfdist prints its own progress.
     # First: logical devices must be configured before TensorFlow starts.
     strategy = tfdist.make_strategy("mirrored", num_replicas=FLAGS.num_replicas)
-    import keras  # pylint: disable=import-outside-toplevel
-
-    from tfdist import recipes  # pylint: disable=import-outside-toplevel
-
-    train, test, info = recipes.image_classification_data(
-        FLAGS.dataset, global_batch_size=FLAGS.batch_size,
-        data_dir=FLAGS.data_dir, seed=FLAGS.seed,
-    )
-    keras.utils.set_random_seed(FLAGS.seed)
-    with strategy.scope():
-        model = recipes.build_model(FLAGS.model, info["input_shape"], info["num_classes"])
-        model.compile(
-            optimizer=keras.optimizers.Adam(FLAGS.learning_rate),
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-        )
-    print(f"{strategy.num_replicas_in_sync} replicas | {FLAGS.dataset}: "
-          f"{info['train_examples']} training examples | global batch {FLAGS.batch_size}")
-    trainer = tfdist.Trainer(
-        model, strategy, checkpoint_dir=FLAGS.model_dir,
-        steps_per_execution=FLAGS.steps_per_execution,
+    tfdist.recipes.train_image_classifier(
+        strategy, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
+        batch_size=FLAGS.batch_size, model=FLAGS.model,
+        learning_rate=FLAGS.learning_rate, epochs=FLAGS.epochs,
+        model_dir=FLAGS.model_dir, steps_per_execution=FLAGS.steps_per_execution,
         partial_batch=FLAGS.partial_batch, jit_compile=FLAGS.jit_compile,
-        log_every_steps=FLAGS.log_every_steps,
+        log_every_steps=FLAGS.log_every_steps, seed=FLAGS.seed,
     )
-    trainer.fit(train, epochs=FLAGS.epochs, validation_data=test)
-    results = trainer.evaluate(test)
-    print("final | " + " | ".join(f"{k} {v:.4f}" for k, v in results.items()))
 
 
 if __name__ == "__main__":

@@ -11,33 +11,39 @@
 The lower layers work on their own in a hand-written loop:
 `tfdist.data.distribute`, `tfdist.losses.scaled_loss`, `tfdist.metrics`,
 `tfdist.checkpoint`.
+
+Names load on first use, so ``import tfdist`` (and the ``tfdist-run``
+launcher, which needs no TensorFlow) starts in milliseconds; TensorFlow is
+imported by the first name that needs it.
 """
 
-from tfdist import checkpoint, cluster, data, losses, metrics, multi_worker
-from tfdist.data import EpochDataset, epoch_seed
-from tfdist.errors import (
-    CheckpointMismatchError,
-    ConfigurationError,
-    RuntimeAlreadyStartedError,
-)
-from tfdist.strategy import known_strategies, make_strategy, register_strategy
-from tfdist.trainer import Trainer
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CheckpointMismatchError",
-    "ConfigurationError",
-    "EpochDataset",
-    "RuntimeAlreadyStartedError",
-    "Trainer",
-    "checkpoint",
-    "cluster",
-    "data",
-    "epoch_seed",
-    "known_strategies",
-    "losses",
-    "make_strategy",
-    "metrics",
-    "register_strategy",
-]
+_NAMES = {
+    "CheckpointMismatchError": "tfdist.errors",
+    "ConfigurationError": "tfdist.errors",
+    "RuntimeAlreadyStartedError": "tfdist.errors",
+    "EpochDataset": "tfdist.data",
+    "epoch_seed": "tfdist.data",
+    "Preempted": "tfdist.preemption",
+    "Trainer": "tfdist.trainer",
+    "known_strategies": "tfdist.strategy",
+    "make_strategy": "tfdist.strategy",
+    "register_strategy": "tfdist.strategy",
+}
+_MODULES = (
+    "checkpoint", "cluster", "data", "datasets", "launch", "losses", "metrics",
+    "multi_worker", "preemption", "recipes", "strategy",
+)
+
+__all__ = sorted(list(_NAMES) + list(_MODULES))
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        return getattr(importlib.import_module(_NAMES[name]), name)
+    if name in _MODULES:
+        return importlib.import_module(f"tfdist.{name}")
+    raise AttributeError(f"module 'tfdist' has no attribute {name!r}")

@@ -23,6 +23,8 @@ from typing import Dict, List, Mapping, Optional
 from tfdist.errors import ConfigurationError
 
 JOB_NAMES = ("chief", "worker", "ps", "evaluator")
+# Set by tfdist-run: a task writes this file once it has joined the cluster.
+READY_FILE_ENV = "TFDIST_READY_FILE"
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d+)$")
 
 

@@ -208,11 +208,6 @@ def apply_partial_batch_policy(
 
 
 def _options(shard_policy: str) -> tf.data.Options:
-    if shard_policy not in _SHARD_POLICIES:
-        raise ConfigurationError(
-            f"`shard_policy` ({shard_policy!r}) must be one of "
-            f"{sorted(_SHARD_POLICIES)}."
-        )
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = _SHARD_POLICIES[
         shard_policy
@@ -245,16 +240,29 @@ def distribute(
       global_batch_size: needed by "drop"/"pad" only when the batch size is
         neither static nor the size of the first batch.
       shard_policy: ``"auto"``, ``"data"``, ``"file"`` or ``"off"``: how
-        workers split a global-batch dataset.
+        workers split a global-batch dataset. For datasets "auto" is "data"
+        (exact: each worker keeps its part of every global batch); "file"
+        has each worker read its own files instead.
     """
-    options = _options(shard_policy)
+    if shard_policy not in _SHARD_POLICIES:
+        raise ConfigurationError(
+            f"`shard_policy` ({shard_policy!r}) must be one of "
+            f"{sorted(_SHARD_POLICIES)}."
+        )
     replicas = strategy.num_replicas_in_sync
     if isinstance(data, EpochDataset):
         data = data.make_dataset(epoch)
     if isinstance(data, tf.data.Dataset):
+        # "auto" means DATA here: every worker reads the global batches and
+        # keeps its replicas' slices, so each step trains on exactly the
+        # user's global batch. FILE (each worker reads its own files, and a
+        # step's examples are the workers' local batches together) only
+        # when asked for; then the global count is all-reduced, not carried.
+        policy = "data" if shard_policy == "auto" else shard_policy
+        options = _options(policy)
         dataset = apply_partial_batch_policy(
             data.skip(skip_steps), partial_batch, global_batch_size,
-            add_global_count=True,
+            add_global_count=policy != "file",
         )
         if partial_batch == "pad":
             size = tf.nest.flatten(dataset.element_spec)[0].shape[0]
@@ -269,6 +277,8 @@ def distribute(
         per_replica_size = (
             None if global_batch_size is None else global_batch_size // replicas
         )
+
+        options = _options(shard_policy)
 
         def dataset_fn(input_context):
             # One pipeline feeds this many replicas, one batch each per step.

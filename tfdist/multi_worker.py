@@ -23,7 +23,7 @@ from tfdist import cluster
 from tfdist.errors import ConfigurationError
 from tfdist.strategy import configure_logical_cpus, register_strategy
 
-READY_FILE_ENV = "TFDIST_READY_FILE"
+READY_FILE_ENV = cluster.READY_FILE_ENV
 
 _IMPLEMENTATIONS = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,

@@ -2,8 +2,8 @@
 
 A cluster manager preempts a job by sending SIGTERM, often to one task.
 `PreemptionWatcher` turns the signal into a flag; at each execution boundary
-the Trainer asks `should_stop()`, which under a multi-worker strategy takes
-the MAX of the flag over all workers (one tiny all-reduce), so all workers
+the Trainer asks `should_stop()`, which under a multi-worker strategy sums
+the flag over all workers (one tiny all-reduce), so all workers
 agree on the step. The Trainer then saves a checkpoint with the exact data
 position, and raises `Preempted`, a ``SystemExit`` with code 143 (128 +
 SIGTERM), which `tfdist-run --max_restarts` answers with a restart; `fit`
@@ -48,7 +48,7 @@ class PreemptionWatcher:
         @tf.function
         def any_worker(flag):
             per_replica = strategy.run(lambda: tf.identity(flag))
-            return strategy.reduce(tf.distribute.ReduceOp.MAX, per_replica, axis=None)
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         return any_worker
 

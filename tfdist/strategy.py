@@ -145,3 +145,7 @@ def _new_collective_key_range(strategy_class) -> None:
 
 register_strategy("one_device", _one_device)
 register_strategy("mirrored", _mirrored)
+
+
+# Strategies of other modules register themselves on import.
+import tfdist.multi_worker  # noqa: E402,F401  pylint: disable=wrong-import-position

@@ -6,6 +6,9 @@ be prepared there (``tfds build`` on a machine with network, then copy the
 directory); otherwise a `ConfigurationError` says so.
 """
 
+import contextlib
+import fcntl
+import os
 from typing import Optional
 
 import tensorflow as tf
@@ -27,24 +30,11 @@ def load_supervised(
 ) -> tf.data.Dataset:
     """Unbatched ``(features, label)`` pairs of ``name``'s ``split``."""
     local = name.split(":")[0] in LOCAL_BUILDERS
+    lock = _preparation_lock(name, data_dir) if local else contextlib.nullcontext()
     try:
-        return tfds.load(
-            name,
-            split=split,
-            data_dir=data_dir,
-            as_supervised=True,
-            download=local,
-            try_gcs=False,
-            shuffle_files=shuffle_files,
-            download_and_prepare_kwargs={
-                "download_config": tfds.download.DownloadConfig(
-                    num_shards=LOCAL_NUM_SHARDS
-                )
-            }
-            if local
-            else None,
-        )
-    except (tfds.core.registered.DatasetNotFoundError,) as error:
+        with lock:
+            return _load(name, split, data_dir, local, shuffle_files)
+    except tfds.core.registered.DatasetNotFoundError as error:
         raise ConfigurationError(
             f"Unknown TFDS dataset {name!r}: {error}"
         ) from error
@@ -55,3 +45,33 @@ def load_supervised(
             f"network (`tfds build {name} --data_dir=...`) and pass that "
             f"directory. ({error})"
         ) from error
+
+
+def _load(name, split, data_dir, local, shuffle_files):
+    return tfds.load(
+        name,
+        split=split,
+        data_dir=data_dir,
+        as_supervised=True,
+        download=local,
+        try_gcs=False,
+        shuffle_files=shuffle_files,
+        download_and_prepare_kwargs={
+            "download_config": tfds.download.DownloadConfig(num_shards=LOCAL_NUM_SHARDS)
+        }
+        if local
+        else None,
+    )
+
+
+@contextlib.contextmanager
+def _preparation_lock(name: str, data_dir: Optional[str]):
+    """Serialises generation: workers on one host share ``data_dir``."""
+    directory = os.path.expanduser(data_dir or "~/tensorflow_datasets")
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f".{name}.tfdist-lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

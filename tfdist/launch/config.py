@@ -1,0 +1,56 @@
+"""`LaunchConfig`: everything `launch` needs, validated once."""
+
+import dataclasses
+from typing import Optional, Tuple
+
+from tfdist.errors import ConfigurationError
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """A local cluster to start.
+
+    Attributes:
+      num_workers: worker tasks, each running the command.
+      max_restarts: restarts of the whole group after a task fails.
+      log_dir: if set, each task's output also goes to ``<log_dir>/<task>.log``.
+      start_timeout: seconds for every task to join the cluster (to report
+        through ``TFDIST_READY_FILE``, as `tfdist.make_strategy` does);
+        0 disables the check.
+      grace_period: seconds between SIGTERM and SIGKILL when ending tasks.
+      ports: fixed ports (one per task); default: free ports, new each start.
+      host: address the tasks bind to; loopback, since TensorFlow's gRPC
+        servers have no authentication.
+    """
+
+    num_workers: int
+    max_restarts: int = 0
+    log_dir: Optional[str] = None
+    start_timeout: float = 180.0
+    grace_period: float = 15.0
+    ports: Optional[Tuple[int, ...]] = None
+    host: str = "127.0.0.1"
+
+    def __post_init__(self):
+        if not isinstance(self.num_workers, int) or self.num_workers < 1:
+            raise ConfigurationError(
+                f"`num_workers` ({self.num_workers!r}) must be a positive integer."
+            )
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise ConfigurationError(
+                f"`max_restarts` ({self.max_restarts!r}) must be 0 or more."
+            )
+        if self.start_timeout < 0 or self.grace_period < 0:
+            raise ConfigurationError(
+                f"`start_timeout` ({self.start_timeout}) and `grace_period` "
+                f"({self.grace_period}) must be 0 or more seconds."
+            )
+        if self.ports is not None and len(self.ports) != self.num_tasks:
+            raise ConfigurationError(
+                f"`ports` has {len(self.ports)} entries for {self.num_tasks} tasks; "
+                "give one port per task, or none for free ports."
+            )
+
+    @property
+    def num_tasks(self) -> int:
+        return self.num_workers

@@ -1,0 +1,110 @@
+"""`launch(config, command)`: run a local cluster to completion, with restarts."""
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from typing import Optional, Sequence
+
+from tfdist import cluster
+from tfdist.launch.config import LaunchConfig
+from tfdist.launch.group import GroupResult, ProcessGroup, TaskSpec
+from tfdist.launch.ports import check_ports_free, free_ports
+
+_PORT_RETRIES = 3
+
+
+def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
+    """One `TaskSpec` per worker, with its TF_CONFIG and ready file."""
+    addresses = [f"{config.host}:{port}" for port in ports]
+    tasks = []
+    for index in range(config.num_workers):
+        tf_config = cluster.build_tf_config({"worker": addresses}, "worker", index)
+        name = f"worker-{index}"
+        ready = os.path.join(ready_dir, f"{name}.ready")
+        tasks.append(TaskSpec(
+            name=name,
+            env={"TF_CONFIG": tf_config.to_json(), cluster.READY_FILE_ENV: ready},
+            ready_file=ready if config.start_timeout else None,
+        ))
+    return tasks
+
+
+def _port_conflict(result: GroupResult) -> bool:
+    return any("address already in use" in line.lower() for line in result.tail)
+
+
+class _SignalForwarder:
+    """While active, SIGINT/SIGTERM to the launcher go to every task."""
+
+    def __init__(self):
+        self.stop = threading.Event()
+        self.group: Optional[ProcessGroup] = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._forward)
+        return self
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _forward(self, signum, frame):
+        del frame
+        self.stop.set()
+        if self.group is not None:
+            self.group.signal_all(signal.SIGTERM if signum == signal.SIGINT else signum)
+
+
+def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupResult:
+    """Runs ``command`` as every task of a local cluster until it finishes.
+
+    A failing task ends its group (the others get SIGTERM, then SIGKILL).
+    With ``config.max_restarts`` the group starts again with new ports, and
+    training resumes from its latest checkpoint. Returns the last start's
+    result, whose summary names the root-cause task.
+    """
+    output = output or sys.stdout
+    emit = lambda line: (output.write(line + "\n"), output.flush())  # noqa: E731
+    if config.ports:
+        check_ports_free(config.ports, config.host)
+    ready_dir = tempfile.mkdtemp(prefix="tfdist-launch-")
+    restarts = port_retries = 0
+    try:
+        with _SignalForwarder() as forwarder:
+            while True:
+                for stale in os.listdir(ready_dir):
+                    os.remove(os.path.join(ready_dir, stale))
+                ports = config.ports or free_ports(config.num_tasks, config.host)
+                tasks = make_tasks(config, ports, ready_dir)
+                emit(f"[launcher] cluster: {json.dumps([t.name + '@' + str(p) for t, p in zip(tasks, ports)])}")
+                group = ProcessGroup(tasks, command, log_dir=config.log_dir, output=output)
+                forwarder.group = group
+                group.start()
+                try:
+                    result = group.wait(start_timeout=config.start_timeout,
+                                        stop_event=forwarder.stop)
+                finally:
+                    group.close(config.grace_period)
+                    forwarder.group = None
+                if result.ok or forwarder.stop.is_set():
+                    break
+                if _port_conflict(result) and not config.ports and port_retries < _PORT_RETRIES:
+                    port_retries += 1
+                    emit(f"[launcher] a port was taken; starting again with new ports ({result.failed_task})")
+                    continue
+                if restarts >= config.max_restarts:
+                    break
+                restarts += 1
+                emit(f"[launcher] {result.summary().splitlines()[0]}")
+                emit(f"[launcher] restart {restarts}/{config.max_restarts}: starting all tasks again")
+    finally:
+        shutil.rmtree(ready_dir, ignore_errors=True)
+    emit(f"[launcher] {'done' if result.ok else 'FAILED'}: {result.summary()}")
+    return result
