@@ -365,7 +365,9 @@ class Trainer:
                 self._save()
             if watcher is not None and watcher.should_stop():
                 self._save()
-                raise Preempted(position.step)
+                stop = Preempted(position.step)
+                print(f"{cluster.task_type() or 'worker'}-{cluster.task_id()}: {stop}", flush=True)
+                raise stop
             if ran < num_steps:
                 return True
         return False

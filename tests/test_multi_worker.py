@@ -1,0 +1,104 @@
+"""Multi-worker training with real processes, real TF_CONFIG, real signals.
+
+Every test runs `tfdist-run` with tests/programs/train_reference_mlp.py and
+compares each worker's result with single-device Keras `fit` on the same
+global batches (70 examples, batch 16: a partial last batch).
+"""
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import tfdist
+from tests import reference as ref
+from tests.launcher_harness import LauncherRun
+
+PROGRAM = ["python", "tests/programs/train_reference_mlp.py"]
+EPOCHS, EXAMPLES, BATCH = 3, 70, 16
+
+
+@pytest.fixture(scope="module")
+def keras_reference():
+    model, history = ref.keras_fit(ref.global_batches(EXAMPLES, BATCH), EPOCHS, "adam")
+    evaluation = model.evaluate(ref.global_batches(EXAMPLES, BATCH), verbose=0, return_dict=True)
+    return model.get_weights(), history, evaluation
+
+
+def _results(output_dir, workers=2):
+    return [json.loads((output_dir / f"worker-{i}.json").read_text()) for i in range(workers)]
+
+
+def _assert_equals_reference(result, keras_reference, check_history=True):
+    weights, history, evaluation = keras_reference
+    for index, (expected, actual) in enumerate(zip(weights, result["weights"])):
+        np.testing.assert_allclose(np.asarray(actual), expected, atol=1e-5, rtol=0, err_msg=f"weight {index}")
+    if check_history:
+        ref.assert_logs_close(history, result["history"])
+    ref.assert_logs_close(evaluation, result["evaluate"])
+
+
+@pytest.mark.parametrize("replicas_per_worker", [1, 2])
+def test_workers_train_like_one_device(tmp_path, keras_reference, replicas_per_worker):
+    args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            f"--replicas_per_worker={replicas_per_worker}"]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for result in _results(tmp_path / "out"):  # every worker has the same history
+        _assert_equals_reference(result, keras_reference)
+    # Only the chief wrote checkpoints and summaries; no worker temp dirs remain.
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.endswith(".index")) == [
+        "ckpt-10.index", "ckpt-15.index", "ckpt-5.index"]
+    assert not list((tmp_path / "ckpt" / "logs").glob("*/events*worker-1*"))
+    assert "[worker-1] train |" not in run.output and "[worker-0] train |" in run.output
+
+
+def _slow_run_args(tmp_path):
+    return [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            "--checkpoint_every_steps=2", "--step_delay=0.4"]
+
+
+def test_killed_worker_ends_the_run_naming_it(tmp_path):
+    with LauncherRun(["--num_workers=2", "--grace_period=5"], PROGRAM + _slow_run_args(tmp_path)) as run:
+        run.wait_for(r"\[worker-0\] train \| epoch 1 \| step 2/5", timeout=240)
+        os.kill(run.pids()["worker-1"], signal.SIGKILL)
+        code = run.wait(timeout=90)  # collective timeout is 60 s; the launcher is faster
+    assert code == 128 + signal.SIGKILL
+    assert "FAILED: worker-1: exited (exit code 137)" in run.output
+
+
+def test_killed_worker_with_a_restart_finishes_exactly(tmp_path, keras_reference):
+    launcher = ["--num_workers=2", "--max_restarts=1", "--grace_period=5"]
+    with LauncherRun(launcher, PROGRAM + _slow_run_args(tmp_path)) as run:
+        run.wait_for(r"\[worker-0\] train \| epoch 2 \| step 2/5", timeout=240)
+        os.kill(run.pids()["worker-1"], signal.SIGKILL)
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    assert "restart 1/1" in run.output
+    for result in _results(tmp_path / "out"):
+        # Weights and evaluation: exact. History: only the epochs after the restart.
+        _assert_equals_reference(result, keras_reference, check_history=False)
+
+
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_reference):
+    launcher = ["--num_workers=2", "--max_restarts=1", "--grace_period=20"]
+    args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            "--step_delay=0.4"]  # epoch checkpoints only: the mid-epoch one is the preemption's
+    with LauncherRun(launcher, PROGRAM + args) as run:
+        run.wait_for(r"\[worker-0\] train \| epoch 2 \| step 2/5", timeout=240)
+        os.kill(run.pids()["worker-1"], signal.SIGTERM)
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    preempted = [l for l in run.output.splitlines() if "preempted (SIGTERM): checkpoint saved at step" in l]
+    assert preempted, run.output[-4000:]
+    step = int(preempted[0].rsplit(" ", 1)[1])
+    assert step % 5 != 0  # mid-epoch
+    assert "exit code 143" in run.output
+    for result in _results(tmp_path / "out"):
+        _assert_equals_reference(result, keras_reference, check_history=False)
+
+
+def test_bad_tf_config_fails_before_tensorflow_starts(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}')
+    with pytest.raises(tfdist.cluster.TFConfigError, match=r"task.index \(3\) is out of range"):
+        tfdist.make_strategy("multi_worker_mirrored")
