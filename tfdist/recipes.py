@@ -108,3 +108,4 @@ def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=N
     if getattr(strategy.extended, "should_checkpoint", True):
         print("final | " + " | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
     return results
+
