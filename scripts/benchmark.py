@@ -39,7 +39,8 @@ from absl import app, flags
 
 flags.DEFINE_string("output_dir", "/tmp/tfdist_benchmark", "Where results go.")
 flags.DEFINE_list("strategies", ["one_device", "mirrored:2", "mirrored:4"],
-                  "Strategies: one_device or mirrored:N.")
+                  "Strategies: one_device, mirrored:N (N logical CPUs without "
+                  "GPUs, N GPUs with them) or mirrored (all local GPUs).")
 flags.DEFINE_list("models", ["mlp", "convnet"], "Models from tfdist.recipes.")
 flags.DEFINE_list("steps_per_execution", ["1", "16"], "Values to run.")
 flags.DEFINE_integer("global_batch_size", 256, "Global batch size.")
@@ -69,7 +70,8 @@ def _make_contenders(config):
 
     kind, _, replicas = config["strategy"].partition(":")
     strategy = (
-        tfdist.make_strategy("mirrored", num_replicas=int(replicas))
+        # "mirrored" alone: every local GPU (one CPU device without GPUs).
+        tfdist.make_strategy("mirrored", num_replicas=int(replicas) if replicas else None)
         if kind == "mirrored" else tfdist.make_strategy("one_device")
     )
     import keras  # pylint: disable=import-outside-toplevel
