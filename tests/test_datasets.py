@@ -39,3 +39,18 @@ def test_other_tfds_datasets_go_through_the_same_pipeline():
     assert info["input_shape"] == (28, 28, 1)
     assert x.shape == (16, 28, 28, 1) and float(x.numpy().max()) <= 1.0
     assert y.shape == (16,)
+
+
+def test_prepare_data_command_generates_the_default_dataset(tmp_path):
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    program = (
+        "import sys; sys.argv = ['tfdist-prepare-data', '--data_dir=%s'];"
+        "from tfdist.datasets.prepare import main; main()" % tmp_path
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"synthetic_patterns/train: 10000 examples in {tmp_path}" in result.stdout
+    assert f"synthetic_patterns/test: 2000 examples in {tmp_path}" in result.stdout
