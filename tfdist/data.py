@@ -123,6 +123,13 @@ def batch_size_of(batch: dict) -> tf.Tensor:
     return tf.shape(tf.nest.flatten(batch["x"])[0])[0]
 
 
+def real_examples(batch: dict) -> tf.Tensor:
+    """Examples in a batch dict that are not padding, as float32."""
+    if "mask" in batch:
+        return tf.reduce_sum(tf.cast(batch["mask"], tf.float32))
+    return tf.cast(batch_size_of(batch), tf.float32)
+
+
 def infer_global_batch_size(dataset: tf.data.Dataset) -> int:
     """The batch size: static from the element_spec, else the first batch's."""
     first_spec = tf.nest.flatten(dataset.element_spec)[0]
@@ -144,14 +151,9 @@ def with_global_count(batch: dict) -> dict:
     nothing and needs no count). `tfdist.step` uses it instead of an
     all-reduce wherever the loss's denominators follow from example counts.
     """
-    size = batch_size_of(batch)
-    count = (
-        tf.reduce_sum(tf.cast(batch["mask"], tf.float32))
-        if "mask" in batch
-        else tf.cast(size, tf.float32)
-    )
+    count = real_examples(batch)
     batch = dict(batch)
-    batch[GLOBAL_EXAMPLES] = tf.fill(tf.expand_dims(size, 0), count)
+    batch[GLOBAL_EXAMPLES] = tf.fill(tf.expand_dims(batch_size_of(batch), 0), count)
     return batch
 
 

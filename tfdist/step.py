@@ -23,16 +23,8 @@ import keras
 import tensorflow as tf
 
 from tfdist import losses
-from tfdist.data import GLOBAL_EXAMPLES
+from tfdist.data import GLOBAL_EXAMPLES, real_examples
 from tfdist.metrics import MetricState
-
-
-def _local_examples(batch: dict) -> tf.Tensor:
-    """Real (unpadded) examples in the batch, as float32."""
-    if "mask" in batch:
-        return tf.reduce_sum(tf.cast(batch["mask"], tf.float32))
-    first = tf.nest.flatten(batch["x"])[0]
-    return tf.cast(tf.shape(first)[0], tf.float32)
 
 
 def _global_examples_in_data(batch: dict):
@@ -124,7 +116,7 @@ class ReplicaSteps:
         model = self._model
         x, y = batch["x"], batch["y"]
         sample_weight, mask = batch.get("sample_weight"), batch.get("mask")
-        local_examples = _local_examples(batch)
+        local_examples = real_examples(batch)
         global_examples = _global_examples_in_data(batch)
         if self._jit_compile:
             if global_examples is None:
@@ -154,7 +146,7 @@ class ReplicaSteps:
         model = self._model
         x, y = batch["x"], batch["y"]
         sample_weight, mask = batch.get("sample_weight"), batch.get("mask")
-        local_examples = _local_examples(batch)
+        local_examples = real_examples(batch)
         y_pred = self._xla_forward(x) if self._jit_compile else model(x, training=False)
         terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
         denominators, global_examples = _global_denominators(
