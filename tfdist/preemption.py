@@ -38,7 +38,10 @@ class PreemptionWatcher:
         self._strategy = strategy
         self._flag = threading.Event()
         self._previous = None
-        self._multi_worker = getattr(strategy.extended, "_num_workers", 1) > 1
+        self._multi_worker = (
+            isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and getattr(strategy.extended, "_num_workers", 1) > 1
+        )
         if self._multi_worker:
             self._any_worker = self._make_any_worker()
 

@@ -108,3 +108,24 @@ def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=N
     if getattr(strategy.extended, "should_checkpoint", True):
         print("final | " + " | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
     return results
+
+
+def pixel_tokens(image, label, buckets: int = 16):
+    """An image as tokens ``position * buckets + intensity bucket``.
+
+    Turns the image datasets into input for an embedding model, so the
+    parameter-server program has a table large enough to shard.
+    """
+    flat = tf.reshape(tf.cast(image * (buckets - 1e-3), tf.int32), [-1])
+    positions = tf.range(tf.shape(flat)[0])
+    return positions * buckets + flat, label
+
+
+def build_embedding_model(vocabulary: int, sequence_length: int, num_classes: int,
+                          dimension: int = 16) -> keras.Model:
+    """Embedding table -> mean over tokens -> softmax. Call inside the scope."""
+    inputs = keras.Input((sequence_length,), dtype="int32")
+    embedded = keras.layers.Embedding(vocabulary, dimension, name="embedding")(inputs)
+    pooled = keras.layers.GlobalAveragePooling1D()(embedded)
+    outputs = keras.layers.Dense(num_classes, activation="softmax")(pooled)
+    return keras.Model(inputs, outputs, name="embedding_classifier")

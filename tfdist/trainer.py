@@ -33,7 +33,8 @@ from tfdist.errors import ConfigurationError
 from tfdist.metrics import MetricState
 from tfdist.preemption import Preempted, PreemptionWatcher
 from tfdist.progress import ProgressReporter
-from tfdist.runners import SynchronousRunner
+from tfdist.parameter_server import is_parameter_server
+from tfdist.runners import CoordinatorRunner, SynchronousRunner
 from tfdist.step import ReplicaSteps
 
 
@@ -165,7 +166,6 @@ class Trainer:
         self.steps_per_execution = steps_per_execution
         self._partial_batch = partial_batch
         self._global_batch_size = global_batch_size
-        self._shard_policy = shard_policy
         self._log_every_steps = log_every_steps
         self._checkpoint_every_steps = checkpoint_every_steps
         self._checkpoint_every_epoch = checkpoint_every_epoch
@@ -178,7 +178,8 @@ class Trainer:
         with strategy.scope():
             self._metrics = MetricState(model)
         steps = ReplicaSteps(model, self._metrics, jit_compile=jit_compile)
-        self._runner = SynchronousRunner(strategy, steps.train, steps.evaluate)
+        runner = CoordinatorRunner if is_parameter_server(strategy) else SynchronousRunner
+        self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy)
         self._checkpoint = (
             TrainingCheckpoint(
                 model, checkpoint_dir, max_to_keep=max_to_keep,
@@ -190,7 +191,6 @@ class Trainer:
         )
         self._position = _Position()
         self._built_spec = None
-        self._distributed = {}
 
     # -- set-up ------------------------------------------------------------
 
@@ -201,30 +201,6 @@ class Trainer:
             with self.strategy.scope():
                 _keras.build_model_state(self.model, spec)
             self._built_spec = spec
-
-    def _distribute(self, data, *, epoch=0, skip_steps=0, partial_batch=None):
-        """The distributed dataset; reused while the data, epoch source and
-        position are unchanged (building one costs tens of milliseconds)."""
-        key = (data, None if isinstance(data, tf.data.Dataset) else epoch,
-               skip_steps, partial_batch)
-        if key not in self._distributed:
-            if len(self._distributed) >= 4:
-                self._distributed.clear()
-            self._distributed[key] = self._build_distributed(
-                data, epoch=epoch, skip_steps=skip_steps, partial_batch=partial_batch
-            )
-        return self._distributed[key]
-
-    def _build_distributed(self, data, *, epoch, skip_steps, partial_batch):
-        return data_lib.distribute(
-            self.strategy,
-            data,
-            epoch=epoch,
-            skip_steps=skip_steps,
-            partial_batch=partial_batch or self._partial_batch,
-            global_batch_size=self._global_batch_size,
-            shard_policy=self._shard_policy,
-        )
 
     def _restore(self) -> None:
         if self._checkpoint is None:
@@ -269,6 +245,11 @@ class Trainer:
         """
         _positive_int("epochs", epochs)
         _positive_int("steps_per_epoch", steps_per_epoch, True)
+        if steps_per_epoch is None and self._runner.needs_steps_per_epoch:
+            raise ConfigurationError(
+                "Parameter-server training needs `steps_per_epoch`: workers read "
+                "repeated shards of the data, so an epoch has no natural end."
+            )
         verbose = 1 if verbose == "auto" else verbose
         verbose = verbose if self._is_chief else 0
         self._build(data)
@@ -298,7 +279,11 @@ class Trainer:
                     skip = self._position.step_in_epoch + (
                         epoch * steps_per_epoch if persistent else 0
                     )
-                    iterator = iter(self._distribute(data, epoch=epoch, skip_steps=skip))
+                    iterator = self._runner.iterator(
+                        data, epoch=epoch, skip_steps=skip,
+                        partial_batch=self._partial_batch,
+                        global_batch_size=self._global_batch_size,
+                    )
                 callback_list.on_epoch_begin(epoch)
                 exhausted = self._train_epoch(
                     iterator, epoch, steps_per_epoch, reporter, callback_list,
@@ -312,6 +297,7 @@ class Trainer:
                         "* epochs batches (e.g. with `.repeat()`)."
                     )
                     self.model.stop_training = True
+                self._runner.sync()
                 logs = self._metrics.results()
                 if validation_data is not None:
                     val_logs = self.evaluate(validation_data, steps=validation_steps)
@@ -349,6 +335,11 @@ class Trainer:
             position.step += ran
             position.step_in_epoch += ran
             logs = {}
+            at_save = ran and self._checkpoint_every_steps and (
+                position.step % self._checkpoint_every_steps == 0
+            )
+            if position.step_in_epoch >= next_log or at_save:
+                self._runner.sync()
             if position.step_in_epoch >= next_log:
                 next_log += self._log_every_steps
                 logs = self._metrics.results()
@@ -359,11 +350,10 @@ class Trainer:
                     examples_seen=float(self._metrics.examples_seen.numpy()),
                 )
             callbacks.on_train_batch_end(position.step_in_epoch - 1, logs)
-            if ran and self._checkpoint_every_steps and (
-                position.step % self._checkpoint_every_steps == 0
-            ):
+            if at_save:
                 self._save()
             if watcher is not None and watcher.should_stop():
+                self._runner.sync()
                 self._save()
                 stop = Preempted(position.step)
                 print(f"{cluster.task_type() or 'worker'}-{cluster.task_id()}: {stop}", flush=True)
@@ -381,15 +371,7 @@ class Trainer:
         _positive_int("steps", steps, True)
         self._build(data, "evaluation dataset")
         policy = "pad" if self._partial_batch == "pad" else "exact"
-        iterator = iter(self._distribute(data, partial_batch=policy))
         self._metrics.reset()
-        done = 0
-        while steps is None or done < steps:
-            num_steps = self.steps_per_execution
-            if steps is not None:
-                num_steps = min(num_steps, steps - done)
-            ran = self._runner.evaluate(iterator, num_steps)
-            done += ran
-            if ran < num_steps:
-                break
+        self._runner.evaluate(data, steps=steps, partial_batch=policy,
+                              global_batch_size=self._global_batch_size)
         return self._metrics.results()
