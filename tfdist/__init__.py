@@ -35,7 +35,8 @@ _NAMES = {
 }
 _MODULES = (
     "checkpoint", "cluster", "data", "datasets", "launch", "losses", "metrics",
-    "multi_worker", "preemption", "recipes", "strategy",
+    "multi_worker", "parameter_server", "preemption", "recipes", "server", "sharded",
+    "strategy",
 )
 
 __all__ = sorted(list(_NAMES) + list(_MODULES))

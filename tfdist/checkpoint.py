@@ -27,6 +27,7 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
+from tfdist import sharded
 from tfdist.errors import CheckpointMismatchError, ConfigurationError
 
 
@@ -64,6 +65,14 @@ class TrainingCheckpoint:
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, directory, max_to_keep=max_to_keep
         )
+        self._model = model
+
+    def _prepare_sharded(self) -> None:
+        """Sharded variables (parameter servers) save as full tensors."""
+        optimizer = self._model.optimizer
+        sharded.save_as_full_tensors(
+            list(self._model.variables) + (list(optimizer.variables) if optimizer else [])
+        )
 
     @property
     def latest(self) -> Optional[str]:
@@ -79,6 +88,7 @@ class TrainingCheckpoint:
         path = self.latest
         if path is None:
             return None
+        self._prepare_sharded()
         try:
             status = self._checkpoint.restore(path)
             status.assert_existing_objects_matched()
@@ -96,6 +106,7 @@ class TrainingCheckpoint:
         self.step.assign(step)
         self.epoch.assign(epoch)
         self.step_in_epoch.assign(step_in_epoch)
+        self._prepare_sharded()
         if self._is_chief:
             return self._manager.save(checkpoint_number=step)
         scratch = tempfile.mkdtemp(prefix=f"tfdist-{self._task_name}-ckpt-")

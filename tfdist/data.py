@@ -301,6 +301,33 @@ def distribute(
     )
 
 
+def worker_stream(
+    dataset: tf.data.Dataset,
+    worker: int,
+    num_workers: int,
+    *,
+    skip_steps: int = 0,
+    partial_batch: str = "exact",
+    global_batch_size: Optional[int] = None,
+) -> tf.data.Dataset:
+    """One parameter-server worker's endless share of a global-batch dataset.
+
+    The dataset is repeated into one stream of batches; the first
+    ``skip_steps`` batches (already trained on) are skipped and worker
+    ``worker`` of ``num_workers`` takes batches ``worker, worker +
+    num_workers, ...`` of the rest, so workers never train on the same
+    batch of a pass. Each batch keeps its own size as its global count:
+    under asynchronous training a worker's step is scaled by its own batch.
+    Every worker reads the whole stream and keeps its part (as DATA
+    sharding does), which costs input CPU but needs no file layout.
+    """
+    stream = dataset.repeat().skip(skip_steps).shard(num_workers, worker)
+    stream = apply_partial_batch_policy(
+        stream, partial_batch, global_batch_size, add_global_count=True
+    )
+    return stream.with_options(_options("off")).prefetch(tf.data.AUTOTUNE)
+
+
 def load_tfds(name: str, split: str, *, data_dir=None, shuffle_files=False):
     """Unbatched ``(features, label)`` of a TFDS dataset; never downloads.
 

@@ -109,3 +109,55 @@ def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=N
         print("final | " + " | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
     return results
 
+
+PIXEL_BUCKETS = 16
+
+
+def pixel_tokens(image, label, buckets: int = PIXEL_BUCKETS):
+    """An image (values in [0, 1]) as tokens ``position * buckets + bucket``.
+
+    Turns the image datasets into input for an embedding model, so the
+    parameter-server program has a table large enough to shard: a 16x16
+    image with 16 buckets needs 4096 rows.
+    """
+    flat = tf.reshape(tf.cast(image * (buckets - 1e-3), tf.int32), [-1])
+    positions = tf.range(tf.shape(flat)[0])
+    return positions * buckets + flat, label
+
+
+def token_classification_data(name: str, *, global_batch_size: int, data_dir=None,
+                              seed: int = 0, shuffle_buffer: int = 10_000):
+    """Returns ``(train, test, info)`` for `build_embedding_model`.
+
+    ``train`` is reshuffled every pass (parameter-server workers repeat it);
+    ``info`` adds ``sequence_length`` and ``vocabulary`` to
+    `image_classification_data`'s.
+    """
+    train = load_supervised(name, "train", data_dir=data_dir).map(_to_float)
+    test = load_supervised(name, "test", data_dir=data_dir).map(_to_float)
+    image_spec, label_spec = train.element_spec
+    labels = train.map(lambda _, label: label)
+    length = int(tf.reduce_prod(image_spec.shape))
+    info = {
+        "num_classes": int(labels.reduce(tf.constant(0, label_spec.dtype), tf.maximum)) + 1,
+        "train_examples": int(train.cardinality()),
+        "sequence_length": length,
+        "vocabulary": length * PIXEL_BUCKETS,
+    }
+    train = train.map(pixel_tokens).cache().shuffle(shuffle_buffer, seed=seed)
+    test = test.map(pixel_tokens).cache()
+    return train.batch(global_batch_size), test.batch(global_batch_size), info
+
+
+def build_embedding_model(vocabulary: int, sequence_length: int, num_classes: int,
+                          dimension: int = 16) -> keras.Model:
+    """Embedding table -> mean over tokens -> softmax. Call inside the scope.
+
+    The table (``vocabulary x dimension`` floats) is the variable a
+    parameter-server partitioner shards.
+    """
+    inputs = keras.Input((sequence_length,), dtype="int32")
+    embedded = keras.layers.Embedding(vocabulary, dimension, name="embedding")(inputs)
+    pooled = keras.layers.GlobalAveragePooling1D()(embedded)
+    outputs = keras.layers.Dense(num_classes, activation="softmax")(pooled)
+    return keras.Model(inputs, outputs, name="embedding_classifier")

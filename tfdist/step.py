@@ -22,7 +22,7 @@ static.
 import keras
 import tensorflow as tf
 
-from tfdist import losses
+from tfdist import losses, sharded
 from tfdist.data import GLOBAL_EXAMPLES, real_examples
 from tfdist.metrics import MetricState
 
@@ -105,7 +105,7 @@ class ReplicaSteps:
             denominators = losses.example_count_denominators(terms, global_examples)
             loss, data_share, shares, regularization = self._loss(terms, denominators)
             scaled = model.optimizer.scale_loss(loss)
-        gradients = tape.gradient(scaled, model.trainable_variables)
+        gradients = sharded.gradients(tape, scaled, model.trainable_variables)
         return gradients, data_share, shares, regularization, y_pred
 
     # Like Keras' own step functions, no autograph: the step has no
@@ -133,7 +133,7 @@ class ReplicaSteps:
                 )
                 loss, data_share, shares, regularization = self._loss(terms, denominators)
                 scaled = model.optimizer.scale_loss(loss)
-            gradients = tape.gradient(scaled, model.trainable_variables)
+            gradients = sharded.gradients(tape, scaled, model.trainable_variables)
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         self._metrics.update(
             data_share, shares, regularization, global_examples, local_examples,

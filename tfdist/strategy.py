@@ -149,3 +149,4 @@ register_strategy("mirrored", _mirrored)
 
 # Strategies of other modules register themselves on import.
 import tfdist.multi_worker  # noqa: E402,F401  pylint: disable=wrong-import-position
+import tfdist.parameter_server  # noqa: E402,F401  pylint: disable=wrong-import-position

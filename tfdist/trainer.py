@@ -33,7 +33,8 @@ from tfdist.errors import ConfigurationError
 from tfdist.metrics import MetricState
 from tfdist.preemption import Preempted, PreemptionWatcher
 from tfdist.progress import ProgressReporter
-from tfdist.runners import SynchronousRunner
+from tfdist.parameter_server import is_parameter_server
+from tfdist.runners import CoordinatorRunner, SynchronousRunner
 from tfdist.step import ReplicaSteps
 
 
@@ -177,9 +178,8 @@ class Trainer:
         with strategy.scope():
             self._metrics = MetricState(model)
         steps = ReplicaSteps(model, self._metrics, jit_compile=jit_compile)
-        self._runner = SynchronousRunner(
-            strategy, steps.train, steps.evaluate, shard_policy=shard_policy
-        )
+        runner = CoordinatorRunner if is_parameter_server(strategy) else SynchronousRunner
+        self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy)
         self._checkpoint = (
             TrainingCheckpoint(
                 model, checkpoint_dir, max_to_keep=max_to_keep,
@@ -245,6 +245,11 @@ class Trainer:
         """
         _positive_int("epochs", epochs)
         _positive_int("steps_per_epoch", steps_per_epoch, True)
+        if steps_per_epoch is None and self._runner.needs_steps_per_epoch:
+            raise ConfigurationError(
+                "Parameter-server training needs `steps_per_epoch`: workers read "
+                "repeated shards of the data, so an epoch has no natural end."
+            )
         verbose = 1 if verbose == "auto" else verbose
         verbose = verbose if self._is_chief else 0
         self._build(data)

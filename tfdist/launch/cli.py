@@ -3,9 +3,15 @@
 Usage:
 
     tfdist-run --num_workers=2 -- python strategies/multi_worker_mirrored.py --epochs=3
+    tfdist-run --num_workers=2 --num_ps=1 -- python strategies/parameter_server.py
     python -m tfdist.launch --num_workers=2 --max_restarts=1 --log_dir=/tmp/logs -- CMD...
 
-Every task runs CMD with its own TF_CONFIG on free 127.0.0.1 ports. Output
+Without --num_ps, every worker runs CMD (MultiWorkerMirroredStrategy). With
+--num_ps, CMD runs once as the chief (the coordinator of
+ParameterServerStrategy) and the worker and ps tasks run TensorFlow servers
+(`python -m tfdist.server`); a worker server that dies is started again on
+its address while the coordinator retries its steps. Every task gets its own
+TF_CONFIG on free 127.0.0.1 ports. Output
 lines are prefixed with the task (``[worker-1] ...``) and, with --log_dir,
 also written to ``<log_dir>/worker-1.log``. Ctrl-C or SIGTERM is forwarded
 to every task (tfdist's Trainer then saves a checkpoint and stops).
@@ -23,6 +29,7 @@ programs that do not use tfdist.
 
 Options:
   --num_workers N       worker tasks (required)
+  --num_ps N            parameter-server tasks (default 0: no ps)
   --max_restarts K      restarts of the group after a failure (default 0)
   --log_dir DIR         also write each task's output to DIR/<task>.log
   --start_timeout S     seconds for all tasks to join (default 180; 0: off)
@@ -53,6 +60,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
         raise ConfigurationError("The command after `--` is empty.")
     parser = argparse.ArgumentParser(prog="tfdist-run", description=__doc__.split("\n")[0])
     parser.add_argument("--num_workers", type=int, required=True)
+    parser.add_argument("--num_ps", type=int, default=0)
     parser.add_argument("--max_restarts", type=int, default=0)
     parser.add_argument("--log_dir", default=None)
     parser.add_argument("--start_timeout", type=float, default=180.0)
@@ -61,7 +69,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     args = parser.parse_args(own)
     ports = tuple(int(p) for p in args.ports.split(",")) if args.ports else None
     config = LaunchConfig(
-        num_workers=args.num_workers, max_restarts=args.max_restarts,
+        num_workers=args.num_workers, num_ps=args.num_ps, max_restarts=args.max_restarts,
         log_dir=args.log_dir, start_timeout=args.start_timeout,
         grace_period=args.grace_period, ports=ports,
     )

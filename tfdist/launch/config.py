@@ -11,7 +11,12 @@ class LaunchConfig:
     """A local cluster to start.
 
     Attributes:
-      num_workers: worker tasks, each running the command.
+      num_workers: worker tasks. Without ps tasks each runs the command
+        (MultiWorkerMirroredStrategy); with them, each runs a server.
+      num_ps: parameter-server tasks (servers); when set, the command runs
+        once, as the chief (the coordinator).
+      max_worker_respawns: with ps tasks, how often a dead worker server is
+        started again (the coordinator retries its steps meanwhile).
       max_restarts: restarts of the whole group after a task fails.
       log_dir: if set, each task's output also goes to ``<log_dir>/<task>.log``.
       start_timeout: seconds for every task to join the cluster (to report
@@ -24,6 +29,8 @@ class LaunchConfig:
     """
 
     num_workers: int
+    num_ps: int = 0
+    max_worker_respawns: int = 3
     max_restarts: int = 0
     log_dir: Optional[str] = None
     start_timeout: float = 180.0
@@ -36,6 +43,8 @@ class LaunchConfig:
             raise ConfigurationError(
                 f"`num_workers` ({self.num_workers!r}) must be a positive integer."
             )
+        if not isinstance(self.num_ps, int) or self.num_ps < 0:
+            raise ConfigurationError(f"`num_ps` ({self.num_ps!r}) must be 0 or more.")
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigurationError(
                 f"`max_restarts` ({self.max_restarts!r}) must be 0 or more."
@@ -53,4 +62,5 @@ class LaunchConfig:
 
     @property
     def num_tasks(self) -> int:
-        return self.num_workers
+        """Workers, plus a chief and the ps tasks in parameter-server mode."""
+        return self.num_workers + (1 + self.num_ps if self.num_ps else 0)

@@ -23,11 +23,21 @@ TAIL_LINES = 15
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
-    """One task: its name (``worker-1``) and environment additions."""
+    """One task: its name (``worker-1``) and environment additions.
+
+    ``command`` replaces the group's command for this task. A ``server``
+    task (a ps or worker under ParameterServerStrategy) is not expected to
+    exit: the group succeeds when every other task exited 0, and a server
+    that exits is started again, same port, up to ``max_respawns`` times,
+    else it fails the group.
+    """
 
     name: str
     env: Dict[str, str]
     ready_file: Optional[str] = None
+    command: Optional[Sequence[str]] = None
+    server: bool = False
+    max_respawns: int = 0
 
 
 @dataclasses.dataclass
@@ -77,6 +87,7 @@ class ProcessGroup:
         self._processes: Dict[str, subprocess.Popen] = {}
         self._tails: Dict[str, collections.deque] = {}
         self._readers: List[threading.Thread] = []
+        self._respawns: Dict[str, int] = {}
 
     @property
     def pids(self) -> Dict[str, int]:
@@ -91,20 +102,23 @@ class ProcessGroup:
         if self._log_dir:
             os.makedirs(self._log_dir, exist_ok=True)
         for task in self._tasks:
-            env = dict(os.environ, PYTHONUNBUFFERED="1", **task.env)
-            process = subprocess.Popen(
-                self._command, env=env, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, text=True, errors="replace",
-            )
-            self._processes[task.name] = process
-            self._tails[task.name] = collections.deque(maxlen=TAIL_LINES)
-            self._emit(f"[launcher] started {task.name} (pid {process.pid})")
-            reader = threading.Thread(
-                target=self._copy_output, args=(task.name, process), daemon=True
-            )
-            reader.start()
-            self._readers.append(reader)
+            self._start_task(task)
+
+    def _start_task(self, task: TaskSpec) -> None:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **task.env)
+        process = subprocess.Popen(
+            list(task.command or self._command), env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, text=True, errors="replace",
+        )
+        self._processes[task.name] = process
+        self._tails.setdefault(task.name, collections.deque(maxlen=TAIL_LINES))
+        self._emit(f"[launcher] started {task.name} (pid {process.pid})")
+        reader = threading.Thread(
+            target=self._copy_output, args=(task.name, process), daemon=True
+        )
+        reader.start()
+        self._readers.append(reader)
 
     def _copy_output(self, name: str, process: subprocess.Popen) -> None:
         log = None
@@ -144,9 +158,17 @@ class ProcessGroup:
         while True:
             for task in self._tasks:
                 code = self._processes[task.name].poll()
-                if code is not None and code != 0:
-                    return self._failure(task.name, exit_code_of(code), "exited")
-            if all(p.poll() == 0 for p in self._processes.values()):
+                if code is None or (code == 0 and not task.server):
+                    continue
+                stopping = stop_event is not None and stop_event.is_set()
+                if task.server and not stopping and self._respawns.get(task.name, 0) < task.max_respawns:
+                    self._respawns[task.name] = self._respawns.get(task.name, 0) + 1
+                    self._emit(f"[launcher] {task.name} exited (exit code "
+                               f"{exit_code_of(code)}); starting it again, same address")
+                    self._start_task(task)
+                    continue
+                return self._failure(task.name, exit_code_of(code), "exited")
+            if all(self._processes[t.name].poll() == 0 for t in self._tasks if not t.server):
                 return GroupResult(0)
             if start_timeout and not (stop_event and stop_event.is_set()):
                 for task in self._tasks:

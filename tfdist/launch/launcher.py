@@ -17,19 +17,42 @@ from tfdist.launch.ports import check_ports_free, free_ports
 _PORT_RETRIES = 3
 
 
+SERVER_COMMAND = (sys.executable, "-m", "tfdist.server")
+
+
+def _cluster_layout(config: LaunchConfig, ports: Sequence[int]):
+    addresses = iter(f"{config.host}:{port}" for port in ports)
+    if not config.num_ps:
+        return {"worker": [next(addresses) for _ in range(config.num_workers)]}
+    return {
+        "chief": [next(addresses)],
+        "worker": [next(addresses) for _ in range(config.num_workers)],
+        "ps": [next(addresses) for _ in range(config.num_ps)],
+    }
+
+
 def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
-    """One `TaskSpec` per worker, with its TF_CONFIG and ready file."""
-    addresses = [f"{config.host}:{port}" for port in ports]
+    """One `TaskSpec` per task, with its TF_CONFIG and ready file.
+
+    Without ps tasks every worker runs the command. With them the command
+    runs as the chief, and workers and ps tasks run `tfdist.server`.
+    """
+    layout = _cluster_layout(config, ports)
     tasks = []
-    for index in range(config.num_workers):
-        tf_config = cluster.build_tf_config({"worker": addresses}, "worker", index)
-        name = f"worker-{index}"
-        ready = os.path.join(ready_dir, f"{name}.ready")
-        tasks.append(TaskSpec(
-            name=name,
-            env={"TF_CONFIG": tf_config.to_json(), cluster.READY_FILE_ENV: ready},
-            ready_file=ready if config.start_timeout else None,
-        ))
+    for job, addresses in layout.items():
+        for index in range(len(addresses)):
+            tf_config = cluster.build_tf_config(layout, job, index)
+            name = f"{job}-{index}"
+            ready = os.path.join(ready_dir, f"{name}.ready")
+            server = bool(config.num_ps) and job in ("worker", "ps")
+            tasks.append(TaskSpec(
+                name=name,
+                env={"TF_CONFIG": tf_config.to_json(), cluster.READY_FILE_ENV: ready},
+                ready_file=ready if config.start_timeout else None,
+                command=SERVER_COMMAND if server else None,
+                server=server,
+                max_respawns=config.max_worker_respawns if job == "worker" and server else 0,
+            ))
     return tasks
 
 

@@ -18,6 +18,8 @@ from tfdist import data as data_lib
 class SynchronousRunner:
     """Dispatches replica steps with ``strategy.run``."""
 
+    needs_steps_per_epoch = False
+
     def __init__(
         self,
         strategy: tf.distribute.Strategy,

@@ -1,0 +1,114 @@
+"""Parameter-server dispatch: ``ClusterCoordinator.schedule`` / ``join``.
+
+Each execution (``steps_per_execution`` steps) is a closure scheduled on
+whichever worker is free, reading that worker's own dataset: a global-batch
+dataset is sharded by batch across workers (worker ``i`` of ``n`` gets
+batches ``i, i+n, ...``) and repeated, so workers do not read the same
+examples and ``steps_per_epoch`` bounds an epoch. Scheduling is
+asynchronous; `sync` joins all closures and runs before metrics are read or
+a checkpoint is written (log points, epoch ends). A worker that dies has its
+closures retried on the others by the coordinator.
+
+Evaluation runs inline on the coordinator over the whole dataset, in order,
+so every evaluation example counts exactly once.
+"""
+
+from typing import Callable
+
+import tensorflow as tf
+
+from tfdist import data as data_lib
+from tfdist.errors import ConfigurationError
+from tfdist.runners.per_worker import per_worker_iterators, rebuilder
+
+
+class CoordinatorRunner:
+    """Schedules replica steps on parameter-server workers."""
+
+    needs_steps_per_epoch = True
+
+    def __init__(self, strategy, train_step: Callable, eval_step: Callable, *,
+                 shard_policy: str = "auto"):
+        del shard_policy  # Per-worker datasets are sharded by batch here.
+        self._strategy = strategy
+        self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+        self._train_execution = self._make_execution(train_step)
+        self._eval_loop = self._make_inline_loop(eval_step)
+
+    def _make_execution(self, replica_step):
+        strategy = self._strategy
+
+        @tf.function
+        def execution(iterator, num_steps):
+            for _ in tf.range(num_steps):
+                strategy.run(replica_step, args=(next(iterator),))
+
+        return execution
+
+    @staticmethod
+    def _make_inline_loop(replica_step):
+        @tf.function
+        def loop(iterator):
+            for batch in iterator:
+                replica_step(batch)
+
+        return loop
+
+    def iterator(self, data, *, epoch, skip_steps, partial_batch, global_batch_size=None):
+        """Per-worker iterators over ``data`` (`tfdist.data.worker_stream`),
+        after the ``skip_steps`` batches already trained on."""
+        if isinstance(data, data_lib.EpochDataset):
+            data = data.make_dataset(epoch)
+        if isinstance(data, tf.data.Dataset):
+            data_lib.validate_element_spec(data.element_spec)
+            rebuild = rebuilder(data)
+
+            def make_dataset(worker, num_workers):
+                return data_lib.worker_stream(
+                    rebuild(), worker, num_workers, skip_steps=skip_steps,
+                    partial_batch=partial_batch, global_batch_size=global_batch_size,
+                )
+        elif callable(data):
+            # Each worker's InputContext names it, so the dataset_fn can
+            # shard; one replica per worker means each of its batches is
+            # one step's batch.
+            dataset_fn = data
+            replicas = self._strategy.num_replicas_in_sync
+
+            def make_dataset(worker, num_workers):
+                context = tf.distribute.InputContext(
+                    num_input_pipelines=num_workers, input_pipeline_id=worker,
+                    num_replicas_in_sync=replicas,
+                )
+                dataset = dataset_fn(context).repeat().skip(skip_steps // num_workers)
+                return data_lib.apply_partial_batch_policy(
+                    dataset, partial_batch, global_batch_size, add_global_count=True,
+                ).prefetch(tf.data.AUTOTUNE)
+        else:
+            raise ConfigurationError(
+                "Parameter-server training takes a tf.data.Dataset of global "
+                "batches, a tfdist.data.EpochDataset or a dataset_fn(input_context); "
+                f"got {type(data).__name__}."
+            )
+        return per_worker_iterators(self._coordinator, make_dataset)
+
+    def train(self, iterator, num_steps: int) -> int:
+        """Schedules ``num_steps`` steps on a free worker; does not wait."""
+        self._coordinator.schedule(
+            self._train_execution, args=(iterator, tf.constant(num_steps, tf.int64))
+        )
+        return num_steps
+
+    def sync(self) -> None:
+        """Waits for every scheduled closure (raises a worker's error)."""
+        self._coordinator.join()
+
+    def evaluate(self, data, *, steps, partial_batch, global_batch_size=None) -> None:
+        """Runs the evaluation step over ``data`` inline, on the coordinator."""
+        if isinstance(data, data_lib.EpochDataset):
+            data = data.make_dataset(0)
+        dataset = data_lib.apply_partial_batch_policy(
+            data if steps is None else data.take(steps), partial_batch,
+            global_batch_size, add_global_count=True,
+        )
+        self._eval_loop(iter(dataset))

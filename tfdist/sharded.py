@@ -1,0 +1,112 @@
+"""Keras 3 models with sharded variables (ParameterServerStrategy).
+
+With a variable partitioner, ParameterServerStrategy stores a large
+variable as a ``ShardedVariable``: pieces on different ps tasks. Keras 3
+wraps it like any ``tf.Variable`` but does not support it in two places a
+training step needs:
+
+- ``GradientTape.gradient`` with the Keras variable as a source asks for its
+  ``handle``, which a ShardedVariable does not have. `gradients` takes the
+  gradient with respect to the shards and joins them into one gradient of
+  the full shape.
+- Keras' optimizer applies each update through ``strategy.extended.update``,
+  which under ParameterServerStrategy accepts only plain variables. After
+  `allow_sharded_updates`, the strategy runs the update function on the
+  ShardedVariable itself; its ``assign*`` methods split the new value over
+  the shards, so the update is the same arithmetic as for one variable.
+
+- Keras saves a variable as what its TensorFlow variable serializes to; a
+  ShardedVariable serializes to nothing usable (saving fails). After
+  `save_as_full_tensors`, it saves as one full tensor under the key a plain
+  variable uses, so a checkpoint restores into any number of shards, or
+  into an unsharded variable on one device, and back.
+"""
+
+from typing import List, Sequence
+
+import keras
+import tensorflow as tf
+
+try:  # ShardedVariable has no public class to test against.
+    from tensorflow.python.distribute.sharded_variable import (  # pylint: disable=no-name-in-module
+        ShardedVariable,
+    )
+except ImportError:  # pragma: no cover - TF moved it; nothing is sharded then.
+    ShardedVariable = ()
+
+
+def _storage(variable):
+    """The TensorFlow variable behind a Keras variable."""
+    return variable._value if isinstance(variable, keras.Variable) else variable  # pylint: disable=protected-access
+
+
+def is_sharded(variable) -> bool:
+    return bool(ShardedVariable) and isinstance(_storage(variable), ShardedVariable)
+
+
+def shards(variable) -> List[tf.Variable]:
+    """The pieces of a sharded Keras variable, in order."""
+    return list(_storage(variable).variables)
+
+
+def gradients(tape: tf.GradientTape, target, variables: Sequence) -> list:
+    """``tape.gradient(target, variables)`` that also handles sharded ones."""
+    if not any(is_sharded(v) for v in variables):
+        return tape.gradient(target, variables)
+    sources = [shards(v) if is_sharded(v) else [v] for v in variables]
+    flat = tape.gradient(target, [s for group in sources for s in group])
+    result, start = [], 0
+    for variable, group in zip(variables, sources):
+        pieces = flat[start:start + len(group)]
+        start += len(group)
+        if not is_sharded(variable):
+            result.append(pieces[0])
+        elif any(p is None for p in pieces):
+            result.append(None if all(p is None for p in pieces) else tf.concat(
+                [tf.zeros_like(s) if p is None else tf.convert_to_tensor(p)
+                 for p, s in zip(pieces, group)], 0))
+        else:
+            result.append(tf.concat([tf.convert_to_tensor(p) for p in pieces], 0))
+    return result
+
+
+def allow_sharded_updates(strategy: tf.distribute.Strategy) -> None:
+    """Lets ``strategy.extended.update`` update a ShardedVariable.
+
+    Changes only this strategy object: its ``_update`` runs ``fn`` directly
+    on a ShardedVariable (whose assign methods place each slice on its own
+    shard) and defers to the strategy for everything else.
+    """
+    extended = strategy.extended
+    original = extended._update  # pylint: disable=protected-access
+
+    def update(var, fn, args, kwargs, group):
+        if not (ShardedVariable and isinstance(var, ShardedVariable)):
+            return original(var, fn, args, kwargs, group)
+        select = extended._select_single_value  # pylint: disable=protected-access
+        result = fn(var, *select(args), **select(kwargs))
+        if group:
+            return result
+        return tf.nest.map_structure(extended._local_results, result)  # pylint: disable=protected-access
+
+    extended._update = update  # pylint: disable=protected-access
+
+
+def save_as_full_tensors(variables: Sequence) -> None:
+    """Makes the sharded ones among ``variables`` checkpoint as full tensors."""
+    for variable in variables:
+        if not is_sharded(variable):
+            continue
+        storage = _storage(variable)
+        if getattr(storage, "_tfdist_full_tensor", False):
+            continue
+
+        def serialize(storage=storage):
+            return {"VARIABLE_VALUE": tf.concat([tf.convert_to_tensor(v) for v in storage.variables], 0)}
+
+        def restore(tensors, storage=storage):
+            return storage.assign(tensors["VARIABLE_VALUE"])
+
+        storage._serialize_to_tensors = serialize  # pylint: disable=protected-access
+        storage._restore_from_tensors = restore  # pylint: disable=protected-access
+        storage._tfdist_full_tensor = True  # pylint: disable=protected-access
