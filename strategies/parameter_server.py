@@ -63,7 +63,7 @@ def main(argv):
         model.compile(optimizer=keras.optimizers.Adam(FLAGS.learning_rate),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     table = model.get_layer("embedding").embeddings
-    shards = tfdist.sharded.shards(table) if tfdist.sharded.is_sharded(table) else [table]
+    shards = tfdist.sharded.shards(table)
     print(f"embedding {tuple(table.shape)} in {len(shards)} shard(s): "
           + ", ".join(v.device for v in shards), flush=True)
     trainer = tfdist.Trainer(

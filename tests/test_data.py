@@ -109,3 +109,19 @@ def test_bad_elements_are_rejected(dataset, message):
 def test_bad_shard_policy(make_strategy):
     with pytest.raises(tfdist.ConfigurationError, match="`shard_policy` \\('rows'\\)"):
         data_lib.distribute(make_strategy(2), _batches(4, 2), shard_policy="rows")
+
+
+def test_worker_stream_deals_the_repeated_batches_round_robin():
+    # Five batches of 2 and 1 examples; batch k holds x == k.
+    sizes = [2, 2, 2, 2, 1]
+    x = np.concatenate([np.full(size, k, np.float32) for k, size in enumerate(sizes)])
+    dataset = tf.data.Dataset.from_tensor_slices((x[:, None], np.zeros(len(x), np.int32))).batch(2)
+
+    def first_batches(worker):
+        stream = data_lib.worker_stream(dataset, worker, 2, skip_steps=1)
+        return [(int(b["x"][0, 0]), int(b["global_examples"][0]), len(b["x"]))
+                for b in stream.take(5)]
+
+    # After the one batch already trained on, the stream is 1 2 3 4 0 1 2 ...
+    assert first_batches(0) == [(1, 2, 2), (3, 2, 2), (0, 2, 2), (2, 2, 2), (4, 1, 1)]
+    assert first_batches(1) == [(2, 2, 2), (4, 1, 1), (1, 2, 2), (3, 2, 2), (0, 2, 2)]

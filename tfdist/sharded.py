@@ -45,8 +45,10 @@ def is_sharded(variable) -> bool:
 
 
 def shards(variable) -> List[tf.Variable]:
-    """The pieces of a sharded Keras variable, in order."""
-    return list(_storage(variable).variables)
+    """The TensorFlow variables holding a Keras variable, in order: its
+    pieces if sharded, else the one variable. Each has a ``device``."""
+    storage = _storage(variable)
+    return list(storage.variables) if is_sharded(variable) else [storage]
 
 
 def gradients(tape: tf.GradientTape, target, variables: Sequence) -> list:

@@ -194,6 +194,11 @@ class Trainer:
 
     # -- set-up ------------------------------------------------------------
 
+    @property
+    def step(self) -> int:
+        """Training steps taken so far, checkpointed runs included."""
+        return self._position.step
+
     def _build(self, data, what: str = "dataset") -> None:
         spec = _element_spec(data, self.strategy, what)
         data_lib.validate_element_spec(spec, what)

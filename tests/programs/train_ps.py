@@ -1,9 +1,14 @@
 """Chief program for parameter-server tests (run under tfdist-run --num_ps).
 
 --model=mlp: tests/reference.py's MLP on its data (exactness with 1 worker).
---model=embedding: tfdist.recipes' embedding model on synthetic_patterns.
-Writes ``<output_dir>/chief.json``: history, evaluation, weights and where
-the embedding table's shards live; saves a checkpoint to --checkpoint_dir.
+--model=embedding: tfdist.recipes' embedding model on synthetic_patterns
+(built in --data_dir), its table sharded when there are 2+ ps tasks.
+
+Writes ``<output_dir>/chief.json``: history, evaluation, the Trainer's and
+the optimizer's step counts, weights (mlp), predictions on the first test
+batch and where the embedding table's shards live (embedding). With
+--checkpoint_dir, fit resumes from (or, at the target epoch, only restores)
+the checkpoint there.
 """
 
 import argparse
@@ -11,6 +16,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
@@ -21,46 +27,55 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--checkpoint_dir", default=None)
-    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--model", default="mlp", choices=["mlp", "embedding"])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps_per_epoch", type=int, default=5)
+    parser.add_argument("--checkpoint_every_steps", type=int, default=None)
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--step_delay", type=float, default=0.0)
     args = parser.parse_args()
 
     strategy = tfdist.make_strategy("parameter_server", timeout_seconds=60, min_shard_bytes=16 << 10)
     import keras  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from tests import reference as ref  # pylint: disable=import-outside-toplevel
 
     if args.model == "mlp":
-        data = ref.global_batches(70, 16)
+        train = test = ref.global_batches(70, 16)
         with strategy.scope():
             model = ref.compile_model(ref.build_mlp(), "adam")
     else:
-        train = tfdist.data.load_tfds("synthetic_patterns", "train", data_dir=args.data_dir)
-        data = train.map(lambda x, y: tfdist.recipes.pixel_tokens(tf.cast(x, tf.float32) / 255.0, y)).batch(64)
+        train, test, info = tfdist.recipes.token_classification_data(
+            "synthetic_patterns", global_batch_size=64, data_dir=args.data_dir)
         keras.utils.set_random_seed(0)
         with strategy.scope():
-            model = tfdist.recipes.build_embedding_model(256 * 16, 256, 10)
-            model.compile(optimizer=keras.optimizers.Adam(0.01),
+            model = tfdist.recipes.build_embedding_model(
+                info["vocabulary"], info["sequence_length"], info["num_classes"])
+            model.compile(optimizer=keras.optimizers.Adam(0.05),
                           loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     class Slow(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            import time  # pylint: disable=import-outside-toplevel
             time.sleep(args.step_delay)
 
-    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=args.checkpoint_dir, log_every_steps=5)
-    history = trainer.fit(data, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=args.checkpoint_dir, log_every_steps=5,
+                             checkpoint_every_steps=args.checkpoint_every_steps)
+    history = trainer.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
                           verbose=1, callbacks=[Slow()] if args.step_delay else None)
-    result = {"history": history.history, "evaluate": trainer.evaluate(data.take(10))}
-    result["weights"] = [w.tolist() for w in model.get_weights()] if args.model == "mlp" else None
-    if args.model != "mlp":
-        table = model.get_layer("embedding").embeddings.value
-        shards = getattr(table, "variables", [table])
-        result["embedding_shards"] = [(v.device, list(v.shape)) for v in shards]
+    first_batch = next(iter(test))[0]
+    result = {
+        "history": history.history,
+        "evaluate": trainer.evaluate(test),
+        "trainer_steps": trainer.step,
+        "optimizer_iterations": int(model.optimizer.iterations.numpy()),
+        "predictions": model(first_batch, training=False).numpy().tolist(),
+    }
+    if args.model == "mlp":
+        result["weights"] = [w.tolist() for w in model.get_weights()]
+    else:
+        table = model.get_layer("embedding").embeddings
+        pieces = tfdist.sharded.shards(table)
+        result["embedding_shards"] = [[v.device, list(v.shape)] for v in pieces]
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "chief.json"), "w", encoding="utf-8") as out:
         json.dump(result, out)

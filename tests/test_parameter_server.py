@@ -1,0 +1,188 @@
+"""Parameter-server training with real server processes on localhost.
+
+Every test runs `tfdist-run --num_ps=...`: the chief runs
+tests/programs/train_ps.py, worker and ps tasks run `python -m
+tfdist.server`. With one worker, training must equal single-device Keras
+`fit` on the same batches (70 examples, batch 16: a partial last batch).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import tfdist
+from tests import reference as ref
+from tests.launcher_harness import REPO, LauncherRun
+
+PROGRAM = ["python", "tests/programs/train_ps.py"]
+EPOCHS, STEPS, EXAMPLES, BATCH = 3, 5, 70, 16  # 5 steps: one pass per epoch
+
+
+@pytest.fixture(scope="module")
+def keras_reference():
+    model, history = ref.keras_fit(ref.global_batches(EXAMPLES, BATCH), EPOCHS, "adam")
+    evaluation = model.evaluate(ref.global_batches(EXAMPLES, BATCH), verbose=0, return_dict=True)
+    return model.get_weights(), history, evaluation
+
+
+def _result(output_dir):
+    return json.loads((output_dir / "chief.json").read_text())
+
+
+def _assert_weights_equal_reference(result, keras_reference):
+    for index, (expected, actual) in enumerate(zip(keras_reference[0], result["weights"])):
+        np.testing.assert_allclose(np.asarray(actual), expected, atol=1e-5, rtol=0, err_msg=f"weight {index}")
+
+
+def test_one_worker_trains_like_one_device(tmp_path, keras_reference):
+    with LauncherRun(["--num_workers=1", "--num_ps=1"], PROGRAM + [f"--output_dir={tmp_path}"]) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    result = _result(tmp_path)
+    _assert_weights_equal_reference(result, keras_reference)
+    ref.assert_logs_close(keras_reference[1], result["history"])
+    ref.assert_logs_close(keras_reference[2], result["evaluate"])
+    assert result["trainer_steps"] == result["optimizer_iterations"] == EPOCHS * STEPS
+    # Progress comes from the chief; the servers only serve.
+    assert "[chief-0] train | epoch 3 | step 5/5" in run.output
+    assert "[worker-0] tfdist.server: worker-0 serving at 127.0.0.1:" in run.output
+
+
+EMBEDDING_EPOCHS, EMBEDDING_STEPS = 2, 40
+# Chance is ln(10) = 2.30; the full program reaches ~0.32 in 3 x 100 steps.
+EMBEDDING_LOSS_THRESHOLD = 0.8
+
+
+@pytest.fixture(scope="module")
+def embedding_run(tmp_path_factory):
+    """2 workers + 2 ps train the embedding model; keeps its checkpoint."""
+    root = tmp_path_factory.mktemp("embedding")
+    args = [f"--output_dir={root / 'out'}", f"--checkpoint_dir={root / 'ckpt'}",
+            f"--data_dir={root / 'data'}", "--model=embedding",
+            f"--epochs={EMBEDDING_EPOCHS}", f"--steps_per_epoch={EMBEDDING_STEPS}"]
+    with LauncherRun(["--num_workers=2", "--num_ps=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=400) == 0, run.output[-4000:]
+    return root, _result(root / "out"), args
+
+
+def test_two_workers_two_ps_shard_the_embedding_and_learn(embedding_run):
+    _, result, _ = embedding_run
+    devices = sorted(device for device, _ in result["embedding_shards"])
+    assert devices == ["/job:ps/replica:0/task:0/device:CPU:0", "/job:ps/replica:0/task:1/device:CPU:0"]
+    assert sum(shape[0] for _, shape in result["embedding_shards"]) == 256 * 16
+    assert result["evaluate"]["loss"] < EMBEDDING_LOSS_THRESHOLD, result["evaluate"]
+    assert result["history"]["loss"][-1] < result["history"]["loss"][0]
+    assert result["trainer_steps"] == EMBEDDING_EPOCHS * EMBEDDING_STEPS
+
+
+def test_checkpoint_from_two_ps_restores_on_one_ps_and_on_one_device(embedding_run, tmp_path):
+    root, trained, args = embedding_run
+    expected = np.asarray(trained["predictions"])
+    # One ps (nothing sharded): fit finds the target epoch reached and only restores.
+    restore_args = [a for a in args if not a.startswith("--output_dir")] + [f"--output_dir={tmp_path}"]
+    with LauncherRun(["--num_workers=1", "--num_ps=1"], PROGRAM + restore_args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    on_one_ps = _result(tmp_path)
+    assert len(on_one_ps["embedding_shards"]) == 1
+    assert on_one_ps["trainer_steps"] == trained["trainer_steps"]
+    np.testing.assert_allclose(np.asarray(on_one_ps["predictions"]), expected, atol=1e-6)
+
+    # One device, in this process, no strategy: a plain Keras model for serving.
+    import keras  # pylint: disable=import-outside-toplevel
+
+    _, test, info = tfdist.recipes.token_classification_data(
+        "synthetic_patterns", global_batch_size=64, data_dir=str(root / "data"))
+    model = tfdist.recipes.build_embedding_model(
+        info["vocabulary"], info["sequence_length"], info["num_classes"])
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)
+    checkpoint = tfdist.checkpoint.TrainingCheckpoint(model, str(root / "ckpt"))
+    assert checkpoint.restore_latest() is not None
+    predictions = model(next(iter(test))[0], training=False).numpy()
+    np.testing.assert_allclose(predictions, expected, atol=1e-6)
+
+
+def _slow_args(tmp_path, delay=0.4):
+    return [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            "--checkpoint_every_steps=2", f"--step_delay={delay}"]
+
+
+def test_killed_worker_is_retried_and_training_completes(tmp_path):
+    with LauncherRun(["--num_workers=2", "--num_ps=1"], PROGRAM + _slow_args(tmp_path)) as run:
+        run.wait_for(r"\[chief-0\] train \| epoch 1 \| step 5/5", timeout=240)
+        os.kill(run.pids()["worker-1"], signal.SIGKILL)
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    assert "[launcher] worker-1 exited (exit code 137); starting it again" in run.output
+    result = _result(tmp_path / "out")
+    assert result["trainer_steps"] == EPOCHS * STEPS
+    # A step that was running on the dead worker may have updated the
+    # variables before it died, and is then run again elsewhere.
+    assert EPOCHS * STEPS <= result["optimizer_iterations"] <= EPOCHS * STEPS + 1
+
+
+def test_killed_ps_ends_the_run_with_a_clear_error(tmp_path):
+    launcher = ["--num_workers=1", "--num_ps=1", "--grace_period=5"]
+    with LauncherRun(launcher, PROGRAM + _slow_args(tmp_path)) as run:
+        run.wait_for(r"\[chief-0\] train \| epoch 1 \| step 5/5", timeout=240)
+        killed = time.monotonic()
+        os.kill(run.pids()["ps-0"], signal.SIGKILL)
+        code = run.wait(timeout=120)
+        elapsed = time.monotonic() - killed
+    assert code == 128 + signal.SIGKILL, run.output[-4000:]
+    assert "FAILED: ps-0: exited (exit code 137)" in run.output
+    assert elapsed < 60
+
+
+def test_killed_ps_with_a_restart_resumes_from_the_checkpoint_exactly(tmp_path, keras_reference):
+    launcher = ["--num_workers=1", "--num_ps=1", "--max_restarts=1", "--grace_period=5"]
+    with LauncherRun(launcher, PROGRAM + _slow_args(tmp_path)) as run:
+        run.wait_for(r"\[chief-0\] train \| epoch 2 \| step 5/5", timeout=240)
+        os.kill(run.pids()["ps-0"], signal.SIGKILL)
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    assert "restart 1/1" in run.output
+    result = _result(tmp_path / "out")
+    assert result["trainer_steps"] == EPOCHS * STEPS
+    # One worker: resuming at the checkpoint's data position is exact.
+    _assert_weights_equal_reference(result, keras_reference)
+
+
+def test_unreachable_servers_time_out_naming_them(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
+        "task": {"type": "chief", "index": 0}}))
+    started = time.monotonic()
+    with pytest.raises(tfdist.errors.ConfigurationError,
+                       match=r"not reachable after 2 s: ps-0 \(127.0.0.1:3\), worker-0 \(127.0.0.1:2\)"):
+        tfdist.make_strategy("parameter_server", timeout_seconds=2)
+    assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("tf_config, message", [
+    (None, "TF_CONFIG is not set"),
+    ({"cluster": {"worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}},
+     r"needs jobs \['ps'\]"),
+    ({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
+      "task": {"type": "worker", "index": 0}}, "the training program runs as the chief"),
+])
+def test_bad_tf_config_for_parameter_servers(monkeypatch, tf_config, message):
+    if tf_config is None:
+        monkeypatch.delenv("TF_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    with pytest.raises(tfdist.cluster.TFConfigError, match=message):
+        tfdist.make_strategy("parameter_server", timeout_seconds=1)
+
+
+def test_server_refuses_a_chief_task():
+    env = dict(os.environ, TF_CONFIG=json.dumps({
+        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+        "task": {"type": "chief", "index": 0}}))
+    done = subprocess.run([sys.executable, "-m", "tfdist.server"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "needs TF_CONFIG with task.type 'ps' or 'worker'; got 'chief'" in done.stderr
