@@ -40,14 +40,17 @@ def _assert_weights_equal_reference(result, keras_reference):
         np.testing.assert_allclose(np.asarray(actual), expected, atol=1e-5, rtol=0, err_msg=f"weight {index}")
 
 
-def test_one_worker_trains_like_one_device(tmp_path, keras_reference):
-    with LauncherRun(["--num_workers=1", "--num_ps=1"], PROGRAM + [f"--output_dir={tmp_path}"]) as run:
+@pytest.mark.parametrize("given", ["dataset", "dataset_fn"])
+def test_one_worker_trains_like_one_device(tmp_path, keras_reference, given):
+    args = [f"--output_dir={tmp_path}", f"--input={given}"]
+    with LauncherRun(["--num_workers=1", "--num_ps=1"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     result = _result(tmp_path)
     _assert_weights_equal_reference(result, keras_reference)
     ref.assert_logs_close(keras_reference[1], result["history"])
     ref.assert_logs_close(keras_reference[2], result["evaluate"])
     assert result["trainer_steps"] == result["optimizer_iterations"] == EPOCHS * STEPS
+    assert "needs `steps_per_epoch`" in result["missing_steps_error"]
     # Progress comes from the chief; the servers only serve.
     assert "[chief-0] train | epoch 3 | step 5/5" in run.output
     assert "[worker-0] tfdist.server: worker-0 serving at 127.0.0.1:" in run.output
@@ -107,9 +110,9 @@ def test_checkpoint_from_two_ps_restores_on_one_ps_and_on_one_device(embedding_r
     np.testing.assert_allclose(predictions, expected, atol=1e-6)
 
 
-def _slow_args(tmp_path, delay=0.4):
+def _slow_args(tmp_path, delay=0.4, checkpoint_every=2):
     return [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
-            "--checkpoint_every_steps=2", f"--step_delay={delay}"]
+            f"--checkpoint_every_steps={checkpoint_every}", f"--step_delay={delay}"]
 
 
 def test_killed_worker_is_retried_and_training_completes(tmp_path):
@@ -140,11 +143,15 @@ def test_killed_ps_ends_the_run_with_a_clear_error(tmp_path):
 
 def test_killed_ps_with_a_restart_resumes_from_the_checkpoint_exactly(tmp_path, keras_reference):
     launcher = ["--num_workers=1", "--num_ps=1", "--max_restarts=1", "--grace_period=5"]
-    with LauncherRun(launcher, PROGRAM + _slow_args(tmp_path)) as run:
+    # Checkpoints every 3 steps, the kill after step 10: the run resumes
+    # mid-epoch, from step 9, so the data position matters.
+    args = _slow_args(tmp_path, checkpoint_every=3)
+    with LauncherRun(launcher, PROGRAM + args) as run:
         run.wait_for(r"\[chief-0\] train \| epoch 2 \| step 5/5", timeout=240)
         os.kill(run.pids()["ps-0"], signal.SIGKILL)
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     assert "restart 1/1" in run.output
+    assert "ckpt-9: epoch 2, step 4 of the epoch, 9 in all" in run.output
     result = _result(tmp_path / "out")
     assert result["trainer_steps"] == EPOCHS * STEPS
     # One worker: resuming at the checkpoint's data position is exact.
@@ -186,3 +193,15 @@ def test_server_refuses_a_chief_task():
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2
     assert "needs TF_CONFIG with task.type 'ps' or 'worker'; got 'chief'" in done.stderr
+
+
+def test_parameter_server_program_runs_on_a_local_cluster(tmp_path):
+    command = ["python", "strategies/parameter_server.py", "--epochs=1", "--steps_per_epoch=10",
+               "--log_every_steps=5", f"--model_dir={tmp_path / 'model'}",
+               f"--data_dir={tmp_path / 'data'}"]
+    with LauncherRun(["--num_workers=2", "--num_ps=2"], command) as run:
+        assert run.wait(timeout=400) == 0, run.output[-4000:]
+    assert "[chief-0] embedding (4096, 16) in 2 shard(s): /job:ps/replica:0/task:0" in run.output
+    assert "[chief-0] train | epoch 1 | step 10/10 |" in run.output
+    assert "[chief-0] final | loss " in run.output
+    assert (tmp_path / "model" / "checkpoint").exists()

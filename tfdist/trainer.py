@@ -207,7 +207,7 @@ class Trainer:
                 _keras.build_model_state(self.model, spec)
             self._built_spec = spec
 
-    def _restore(self) -> None:
+    def _restore(self) -> Optional[str]:
         if self._checkpoint is None:
             # Like Keras: each fit call counts epochs from 0 (steps go on).
             self._position = _Position(step=self._position.step)
@@ -219,6 +219,7 @@ class Trainer:
                 epoch=int(self._checkpoint.epoch.numpy()),
                 step_in_epoch=int(self._checkpoint.step_in_epoch.numpy()),
             )
+        return path
 
     def _save(self) -> None:
         if self._checkpoint is not None:
@@ -260,7 +261,12 @@ class Trainer:
         self._build(data)
         if validation_data is not None:
             self._build(validation_data, "validation_data")
-        self._restore()
+        restored = self._restore()
+        if restored and verbose:
+            position = self._position
+            print(f"restored {restored}: epoch {position.epoch + 1}, step "
+                  f"{position.step_in_epoch} of the epoch, {position.step} in all",
+                  flush=True)
         reporter = ProgressReporter(verbose=verbose, log_dir=self._log_dir)
         callback_list = keras.callbacks.CallbackList(
             callbacks, add_history=True, model=self.model, verbose=verbose,

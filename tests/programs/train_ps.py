@@ -33,6 +33,8 @@ def main():
     parser.add_argument("--checkpoint_every_steps", type=int, default=None)
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--step_delay", type=float, default=0.0)
+    parser.add_argument("--input", default="dataset", choices=["dataset", "dataset_fn"],
+                        help="mlp: pass a dataset, or a dataset_fn(input_context) sharding it")
     args = parser.parse_args()
 
     strategy = tfdist.make_strategy("parameter_server", timeout_seconds=60, min_shard_bytes=16 << 10)
@@ -42,6 +44,10 @@ def main():
 
     if args.model == "mlp":
         train = test = ref.global_batches(70, 16)
+        if args.input == "dataset_fn":
+            def train(input_context):  # pylint: disable=function-redefined
+                return ref.global_batches(70, 16).shard(
+                    input_context.num_input_pipelines, input_context.input_pipeline_id)
         with strategy.scope():
             model = ref.compile_model(ref.build_mlp(), "adam")
     else:
@@ -60,10 +66,16 @@ def main():
 
     trainer = tfdist.Trainer(model, strategy, checkpoint_dir=args.checkpoint_dir, log_every_steps=5,
                              checkpoint_every_steps=args.checkpoint_every_steps)
+    try:  # Without steps_per_epoch: a clear error, and nothing trained.
+        trainer.fit(train, epochs=1)
+        missing_steps_error = None
+    except tfdist.errors.ConfigurationError as error:
+        missing_steps_error = str(error)
     history = trainer.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
                           verbose=1, callbacks=[Slow()] if args.step_delay else None)
     first_batch = next(iter(test))[0]
     result = {
+        "missing_steps_error": missing_steps_error,
         "history": history.history,
         "evaluate": trainer.evaluate(test),
         "trainer_steps": trainer.step,
