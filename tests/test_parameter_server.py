@@ -205,3 +205,43 @@ def test_parameter_server_program_runs_on_a_local_cluster(tmp_path):
     assert "[chief-0] train | epoch 1 | step 10/10 |" in run.output
     assert "[chief-0] final | loss " in run.output
     assert (tmp_path / "model" / "checkpoint").exists()
+
+
+def test_without_the_launcher_a_lost_ps_is_a_clear_error_on_the_chief(tmp_path):
+    """Real hosts have no launcher: the chief itself must end, naming the ps."""
+    ports = tfdist.launch.ports.free_ports(3)
+    layout = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"],
+              "ps": [f"127.0.0.1:{ports[2]}"]}
+
+    def start(task_type, command, log):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", TF_CONFIG=json.dumps(
+            {"cluster": layout, "task": {"type": task_type, "index": 0}}))
+        return subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+    chief_log = tmp_path / "chief.log"
+    processes = []
+    try:
+        with open(tmp_path / "servers.log", "w") as servers, open(chief_log, "w") as log:
+            processes.append(start("worker", [sys.executable, "-m", "tfdist.server"], servers))
+            ps = start("ps", [sys.executable, "-m", "tfdist.server"], servers)
+            processes.append(ps)
+            chief = start("chief", [sys.executable, "tests/programs/train_ps.py", f"--output_dir={tmp_path}",
+                                    f"--checkpoint_dir={tmp_path / 'ckpt'}", "--step_delay=0.4"], log)
+            processes.append(chief)
+            deadline = time.monotonic() + 240
+            while "epoch 1 | step 5/5" not in chief_log.read_text():
+                assert chief.poll() is None and time.monotonic() < deadline, chief_log.read_text()[-3000:]
+                time.sleep(0.2)
+            ps.kill()
+            code = chief.wait(timeout=60)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+    output = chief_log.read_text()
+    assert code != 0
+    assert (f"ParameterServerLostError: Parameter server ps-0 (127.0.0.1:{ports[2]}) is unreachable"
+            in output), output[-3000:]
+    assert f"resumes from the latest checkpoint in {tmp_path / 'ckpt'}" in output

@@ -17,3 +17,7 @@ class RuntimeAlreadyStartedError(RuntimeError):
 
 class CheckpointMismatchError(ValueError):
     """A checkpoint does not match the model and optimizer being restored."""
+
+
+class ParameterServerLostError(RuntimeError):
+    """A parameter server stopped answering: its variables are gone."""

@@ -33,7 +33,7 @@ from tfdist.errors import ConfigurationError
 from tfdist.metrics import MetricState
 from tfdist.preemption import Preempted, PreemptionWatcher
 from tfdist.progress import ProgressReporter
-from tfdist.parameter_server import is_parameter_server
+from tfdist.parameter_server import explain_lost_servers, is_parameter_server
 from tfdist.runners import CoordinatorRunner, SynchronousRunner
 from tfdist.step import ReplicaSteps
 
@@ -194,6 +194,11 @@ class Trainer:
 
     # -- set-up ------------------------------------------------------------
 
+    def _explain_lost_servers(self):
+        """Under parameter servers, a lost ps becomes a clear error."""
+        directory = self._checkpoint.directory if self._checkpoint else None
+        return explain_lost_servers(self.strategy, directory)
+
     @property
     def step(self) -> int:
         """Training steps taken so far, checkpointed runs included."""
@@ -282,7 +287,8 @@ class Trainer:
             PreemptionWatcher(self.strategy) if self._checkpoint is not None else None
         )
         callback_list.on_train_begin()
-        with watcher or contextlib.nullcontext(), contextlib.closing(reporter):
+        with self._explain_lost_servers(), watcher or contextlib.nullcontext(), \
+                contextlib.closing(reporter):
             while self._position.epoch < epochs and not self.model.stop_training:
                 epoch = self._position.epoch
                 if iterator is None or not persistent:
@@ -382,7 +388,8 @@ class Trainer:
         _positive_int("steps", steps, True)
         self._build(data, "evaluation dataset")
         policy = "pad" if self._partial_batch == "pad" else "exact"
-        self._metrics.reset()
-        self._runner.evaluate(data, steps=steps, partial_batch=policy,
-                              global_batch_size=self._global_batch_size)
-        return self._metrics.results()
+        with self._explain_lost_servers():
+            self._metrics.reset()
+            self._runner.evaluate(data, steps=steps, partial_batch=policy,
+                                  global_batch_size=self._global_batch_size)
+            return self._metrics.results()
