@@ -35,10 +35,28 @@ def test_parse_args_splits_own_flags_and_command():
     (["--num_workers=0", "--", "true"], r"`num_workers` \(0\) must be a positive integer"),
     (["--num_workers=2", "--max_restarts=-1", "--", "true"], r"`max_restarts` \(-1\)"),
     (["--num_workers=2", "--ports=1234", "--", "true"], "`ports` has 1 entries for 2 tasks"),
+    (["--num_workers=2", "--num_ps=-1", "--", "true"], r"`num_ps` \(-1\) must be 0 or more"),
 ])
 def test_bad_arguments(argv, message):
     with pytest.raises(ConfigurationError, match=message):
         launch.cli.parse_args(argv)
+
+
+def test_parameter_server_layout_runs_the_command_as_chief_and_servers_elsewhere(tmp_path):
+    config, command = launch.cli.parse_args(["--num_workers=2", "--num_ps=2", "--", "python", "train.py"])
+    tasks = launch.launcher.make_tasks(config, [7001, 7002, 7003, 7004, 7005], str(tmp_path))
+    assert [t.name for t in tasks] == ["chief-0", "worker-0", "worker-1", "ps-0", "ps-1"]
+    chief, worker_1, ps_1 = tasks[0], tasks[2], tasks[4]
+    assert chief.command is None and not chief.server  # runs the user's command
+    assert worker_1.command == ps_1.command == (PY, "-m", "tfdist.server")
+    assert worker_1.server and worker_1.max_respawns == 3
+    assert ps_1.server and ps_1.max_respawns == 0  # a lost ps fails the group
+    tf_config = json.loads(ps_1.env["TF_CONFIG"])
+    assert tf_config["task"] == {"type": "ps", "index": 1}
+    assert tf_config["cluster"] == {"chief": ["127.0.0.1:7001"],
+                                    "worker": ["127.0.0.1:7002", "127.0.0.1:7003"],
+                                    "ps": ["127.0.0.1:7004", "127.0.0.1:7005"]}
+    assert command == ["python", "train.py"]
 
 
 def test_tasks_get_tf_config_prefixed_output_and_log_files(tmp_path):

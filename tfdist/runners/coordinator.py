@@ -1,10 +1,13 @@
 """Parameter-server dispatch: ``ClusterCoordinator.schedule`` / ``join``.
 
 Each execution (``steps_per_execution`` steps) is a closure scheduled on
-whichever worker is free, reading that worker's own dataset: a global-batch
-dataset is sharded by batch across workers (worker ``i`` of ``n`` gets
-batches ``i, i+n, ...``) and repeated, so workers do not read the same
-examples and ``steps_per_epoch`` bounds an epoch. Scheduling is
+whichever worker is free, reading that worker's own iterator
+(`tfdist.runners.per_worker`), built on the worker: a dataset made on the
+coordinator is repeated and dealt out by batch (worker ``i`` of ``n`` gets
+batches ``i, i+n, ...``: `tfdist.data.worker_stream`), a
+``dataset_fn(input_context)`` is called once per worker with that worker's
+pipeline id. The streams are endless, so ``steps_per_epoch`` bounds an
+epoch. Step outputs are never fetched. Scheduling is
 asynchronous; `sync` joins all closures and runs before metrics are read or
 a checkpoint is written (log points, epoch ends). A worker that dies has its
 closures retried on the others by the coordinator.
@@ -29,7 +32,7 @@ class CoordinatorRunner:
 
     def __init__(self, strategy, train_step: Callable, eval_step: Callable, *,
                  shard_policy: str = "auto"):
-        del shard_policy  # Per-worker datasets are sharded by batch here.
+        del shard_policy  # Workers deal out batches (or a dataset_fn shards).
         self._strategy = strategy
         self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         self._train_execution = self._make_execution(train_step)
