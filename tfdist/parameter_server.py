@@ -25,9 +25,8 @@ from typing import Callable, List, Optional
 
 import tensorflow as tf
 
-from tfdist import cluster
+from tfdist import cluster, sharded
 from tfdist.errors import ConfigurationError, ParameterServerLostError
-from tfdist import sharded
 from tfdist.multi_worker import signal_ready
 from tfdist.strategy import register_strategy
 
