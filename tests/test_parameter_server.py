@@ -57,8 +57,9 @@ def test_one_worker_trains_like_one_device(tmp_path, keras_reference, given):
 
 
 EMBEDDING_EPOCHS, EMBEDDING_STEPS = 2, 40
-# Chance is ln(10) = 2.30; the full program reaches ~0.32 in 3 x 100 steps.
-EMBEDDING_LOSS_THRESHOLD = 0.8
+# Evaluation loss; chance is ln(10) = 2.30. Measured ~0.67 after these 80
+# asynchronous steps (~0.32 after the program's 3 x 100); runs vary.
+EMBEDDING_LOSS_THRESHOLD = 1.0
 
 
 @pytest.fixture(scope="module")
