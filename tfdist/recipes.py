@@ -7,6 +7,7 @@ test uses the same ones; the programs stay short enough to copy.
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdist import data as data_lib
@@ -15,6 +16,18 @@ from tfdist.datasets import load_supervised
 
 def _to_float(image, label):
     return tf.cast(image, tf.float32) / 255.0, label
+
+
+def _split_info(train: tf.data.Dataset) -> dict:
+    """``input_shape``, ``num_classes`` (largest label + 1) and
+    ``train_examples`` of a training split of ``(image, label)`` pairs."""
+    image_spec, label_spec = train.element_spec
+    labels = train.map(lambda _, label: label)
+    return {
+        "input_shape": tuple(image_spec.shape),
+        "num_classes": int(labels.reduce(tf.constant(0, label_spec.dtype), tf.maximum)) + 1,
+        "train_examples": int(train.cardinality()),
+    }
 
 
 def image_classification_data(
@@ -34,14 +47,7 @@ def image_classification_data(
     """
     train = load_supervised(name, "train", data_dir=data_dir).map(_to_float).cache()
     test = load_supervised(name, "test", data_dir=data_dir).map(_to_float).cache()
-    image_spec, label_spec = train.element_spec
-    labels = train.map(lambda _, label: label)
-    num_classes = int(labels.reduce(tf.constant(0, label_spec.dtype), tf.maximum)) + 1
-    info = {
-        "input_shape": tuple(image_spec.shape),
-        "num_classes": num_classes,
-        "train_examples": int(train.cardinality()),
-    }
+    info = _split_info(train)
     epoch_train = data_lib.EpochDataset(
         lambda epoch: train.shuffle(
             shuffle_buffer, seed=data_lib.epoch_seed(seed, epoch),
@@ -135,15 +141,9 @@ def token_classification_data(name: str, *, global_batch_size: int, data_dir=Non
     """
     train = load_supervised(name, "train", data_dir=data_dir).map(_to_float)
     test = load_supervised(name, "test", data_dir=data_dir).map(_to_float)
-    image_spec, label_spec = train.element_spec
-    labels = train.map(lambda _, label: label)
-    length = int(tf.reduce_prod(image_spec.shape))
-    info = {
-        "num_classes": int(labels.reduce(tf.constant(0, label_spec.dtype), tf.maximum)) + 1,
-        "train_examples": int(train.cardinality()),
-        "sequence_length": length,
-        "vocabulary": length * PIXEL_BUCKETS,
-    }
+    info = _split_info(train)
+    length = int(np.prod(info["input_shape"]))
+    info.update(sequence_length=length, vocabulary=length * PIXEL_BUCKETS)
     train = train.map(pixel_tokens).cache().shuffle(shuffle_buffer, seed=seed)
     test = test.map(pixel_tokens).cache()
     return train.batch(global_batch_size), test.batch(global_batch_size), info
