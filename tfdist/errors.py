@@ -21,3 +21,7 @@ class CheckpointMismatchError(ValueError):
 
 class ParameterServerLostError(RuntimeError):
     """A parameter server stopped answering: its variables are gone."""
+
+
+class PeerLostError(RuntimeError):
+    """Another task of a multi-worker job stopped answering (killed or hung)."""

@@ -17,8 +17,6 @@ single-device result (no exactness is claimed). With one worker and a
 deterministic schedule it is.
 """
 
-import contextlib
-import re
 import socket
 import time
 from typing import Callable, List, Optional
@@ -26,7 +24,7 @@ from typing import Callable, List, Optional
 import tensorflow as tf
 
 from tfdist import cluster, sharded
-from tfdist.errors import ConfigurationError, ParameterServerLostError
+from tfdist.errors import ConfigurationError
 from tfdist.multi_worker import signal_ready
 from tfdist.strategy import register_strategy
 
@@ -96,44 +94,6 @@ def _parameter_server(
     sharded.allow_sharded_updates(strategy)
     signal_ready()
     return strategy
-
-
-def is_parameter_server(strategy: tf.distribute.Strategy) -> bool:
-    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
-
-
-_PS_TASK = re.compile(r"/job:ps/replica:\d+/task:(\d+)")
-
-
-@contextlib.contextmanager
-def explain_lost_servers(strategy: tf.distribute.Strategy, checkpoint_dir: Optional[str]):
-    """Turns a ps task's connection error into `ParameterServerLostError`.
-
-    The coordinator retries a lost *worker*'s steps elsewhere, but a lost ps
-    takes its variables with it; TensorFlow then raises a raw gRPC error
-    from whatever touched them next. This names the ps task and its address
-    and says how to go on. Other errors pass through unchanged.
-    """
-    try:
-        yield
-    except (tf.errors.UnavailableError, tf.errors.AbortedError) as error:
-        match = _PS_TASK.search(str(error))
-        if not is_parameter_server(strategy) or match is None:
-            raise
-        index = int(match.group(1))
-        config = cluster.parse_tf_config()
-        addresses = config.cluster.get("ps", []) if config else []
-        address = f" ({addresses[index]})" if index < len(addresses) else ""
-        resume = (
-            f"the Trainer resumes from the latest checkpoint in {checkpoint_dir}"
-            if checkpoint_dir else "set `checkpoint_dir` to resume instead of starting over"
-        )
-        raise ParameterServerLostError(
-            f"Parameter server ps-{index}{address} is unreachable, and training "
-            "can not go on without the variables it holds. Restart the cluster "
-            f"(tfdist-run --max_restarts=N does it); {resume}. "
-            f"TensorFlow said: {str(error).splitlines()[0][:300]}"
-        ) from error
 
 
 register_strategy("parameter_server", _parameter_server)

@@ -33,8 +33,7 @@ from tfdist.errors import ConfigurationError
 from tfdist.metrics import MetricState
 from tfdist.preemption import Preempted, PreemptionWatcher
 from tfdist.progress import ProgressReporter
-from tfdist.parameter_server import explain_lost_servers, is_parameter_server
-from tfdist.runners import CoordinatorRunner, SynchronousRunner
+from tfdist import runners
 from tfdist.step import ReplicaSteps
 
 
@@ -178,8 +177,7 @@ class Trainer:
         with strategy.scope():
             self._metrics = MetricState(model)
         steps = ReplicaSteps(model, self._metrics, jit_compile=jit_compile)
-        runner = CoordinatorRunner if is_parameter_server(strategy) else SynchronousRunner
-        self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy)
+        self._runner = runners.for_strategy(strategy)(strategy, steps.train, steps.evaluate, shard_policy=shard_policy)
         self._checkpoint = (
             TrainingCheckpoint(
                 model, checkpoint_dir, max_to_keep=max_to_keep,
@@ -194,10 +192,10 @@ class Trainer:
 
     # -- set-up ------------------------------------------------------------
 
-    def _explain_lost_servers(self):
-        """Under parameter servers, a lost ps becomes a clear error."""
+    def _explain_failures(self):
+        """A lost peer or parameter server becomes an error naming it."""
         directory = self._checkpoint.directory if self._checkpoint else None
-        return explain_lost_servers(self.strategy, directory)
+        return self._runner.explain_failures(directory)
 
     @property
     def step(self) -> int:
@@ -211,6 +209,8 @@ class Trainer:
             with self.strategy.scope():
                 _keras.build_model_state(self.model, spec)
             self._built_spec = spec
+            if self._checkpoint is not None:
+                self._checkpoint.track_metrics(self._metrics.variables())
 
     def _restore(self) -> Optional[str]:
         if self._checkpoint is None:
@@ -282,13 +282,11 @@ class Trainer:
             data, data_lib.EpochDataset
         )
         iterator = None
-        # SIGTERM -> save and stop, where there is a checkpoint to save to.
-        watcher = (
-            PreemptionWatcher(self.strategy) if self._checkpoint is not None else None
-        )
+        # SIGTERM / Ctrl-C -> every worker stops at one step (saving first,
+        # where there is a checkpoint to save to).
+        watcher = PreemptionWatcher()
         callback_list.on_train_begin()
-        with self._explain_lost_servers(), watcher or contextlib.nullcontext(), \
-                contextlib.closing(reporter):
+        with self._explain_failures(), watcher, contextlib.closing(reporter):
             while self._position.epoch < epochs and not self.model.stop_training:
                 epoch = self._position.epoch
                 if iterator is None or not persistent:
@@ -331,10 +329,13 @@ class Trainer:
 
     def _train_epoch(
         self, iterator, epoch, steps_per_epoch, reporter, callbacks, total_steps,
-        watcher=None,
+        watcher,
     ) -> bool:
         """Runs one epoch's executions; returns True if the data ran out."""
-        self._metrics.reset()
+        if self._position.step_in_epoch == 0:
+            # (A run resumed mid-epoch keeps the metric state its checkpoint
+            # brought back, so the epoch reports what it would have.)
+            self._metrics.reset()
         reporter.start_epoch()
         position = self._position
         next_log = (
@@ -348,7 +349,7 @@ class Trainer:
                 to_save = self._checkpoint_every_steps - position.step % self._checkpoint_every_steps
                 num_steps = min(num_steps, to_save)
             callbacks.on_train_batch_begin(position.step_in_epoch)
-            ran = self._runner.train(iterator, num_steps)
+            ran, stop = self._runner.train(iterator, num_steps, watcher.requested)
             position.step += ran
             position.step_in_epoch += ran
             logs = {}
@@ -369,10 +370,10 @@ class Trainer:
             callbacks.on_train_batch_end(position.step_in_epoch - 1, logs)
             if at_save:
                 self._save()
-            if watcher is not None and watcher.should_stop():
+            if stop:
                 self._runner.sync()
                 self._save()
-                stop = Preempted(position.step)
+                stop = Preempted(position.step, watcher.signum, saved=self._checkpoint is not None)
                 print(f"{cluster.task_type() or 'worker'}-{cluster.task_id()}: {stop}", flush=True)
                 raise stop
             if ran < num_steps:
@@ -388,7 +389,7 @@ class Trainer:
         _positive_int("steps", steps, True)
         self._build(data, "evaluation dataset")
         policy = "pad" if self._partial_batch == "pad" else "exact"
-        with self._explain_lost_servers():
+        with self._explain_failures():
             self._metrics.reset()
             self._runner.evaluate(data, steps=steps, partial_batch=policy,
                                   global_batch_size=self._global_batch_size)

@@ -27,10 +27,14 @@ def main():
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--checkpoint_every_steps", type=int, default=None)
     parser.add_argument("--step_delay", type=float, default=0.0)
+    parser.add_argument("--log_every_steps", type=int, default=2)
+    parser.add_argument("--timeout_seconds", type=float, default=0.0,
+                        help="per-collective timeout; 0: none (tfdist's default)")
     args = parser.parse_args()
 
     strategy = tfdist.make_strategy(
-        "multi_worker_mirrored", num_replicas=args.replicas_per_worker, timeout_seconds=60
+        "multi_worker_mirrored", num_replicas=args.replicas_per_worker,
+        timeout_seconds=args.timeout_seconds or None,
     )
     import keras  # pylint: disable=import-outside-toplevel
 
@@ -44,7 +48,8 @@ def main():
         model = ref.compile_model(ref.build_mlp(), "adam")
     trainer = tfdist.Trainer(
         model, strategy, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every_steps=args.checkpoint_every_steps, log_every_steps=2,
+        checkpoint_every_steps=args.checkpoint_every_steps,
+        log_every_steps=args.log_every_steps,
     )
     dataset = ref.global_batches(args.examples, args.batch_size)
     history = trainer.fit(

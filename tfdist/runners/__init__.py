@@ -4,10 +4,22 @@
 ``strategy.run`` (one device, mirrored, multi-worker mirrored, TPU);
 `CoordinatorRunner` schedules steps on parameter-server workers. Both offer
 ``iterator`` (data for an epoch), ``train`` (dispatch an execution),
-``sync`` (wait before metrics are read) and ``evaluate``.
+``sync`` (wait before metrics are read), ``evaluate`` and
+``explain_failures`` (a lost task becomes an error naming it).
+`for_strategy` picks one, so the Trainer never names a strategy family.
 """
+
+import tensorflow as tf
 
 from tfdist.runners.coordinator import CoordinatorRunner
 from tfdist.runners.synchronous import SynchronousRunner
 
-__all__ = ["CoordinatorRunner", "SynchronousRunner"]
+
+def for_strategy(strategy: tf.distribute.Strategy):
+    """The runner class for ``strategy``."""
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        return CoordinatorRunner
+    return SynchronousRunner
+
+
+__all__ = ["CoordinatorRunner", "SynchronousRunner", "for_strategy"]

@@ -21,6 +21,7 @@ from typing import Callable
 import tensorflow as tf
 
 from tfdist import data as data_lib
+from tfdist import peers
 from tfdist.errors import ConfigurationError
 from tfdist.runners.per_worker import per_worker_iterators, rebuilder
 
@@ -95,16 +96,25 @@ class CoordinatorRunner:
             )
         return per_worker_iterators(self._coordinator, make_dataset)
 
-    def train(self, iterator, num_steps: int) -> int:
-        """Schedules ``num_steps`` steps on a free worker; does not wait."""
+    def train(self, iterator, num_steps: int, stop_requested: bool = False):
+        """Schedules ``num_steps`` steps on a free worker; does not wait.
+
+        Returns ``(num_steps, stop_requested)``: the coordinator alone
+        decides to stop, so there is nothing to agree on.
+        """
         self._coordinator.schedule(
             self._train_execution, args=(iterator, tf.constant(num_steps, tf.int64))
         )
-        return num_steps
+        return num_steps, stop_requested
 
     def sync(self) -> None:
         """Waits for every scheduled closure (raises a worker's error)."""
         self._coordinator.join()
+
+    @staticmethod
+    def explain_failures(checkpoint_dir=None):
+        """A lost ps raises `ParameterServerLostError` naming it."""
+        return peers.explain_lost_servers(checkpoint_dir)
 
     def evaluate(self, data, *, steps, partial_batch, global_batch_size=None) -> None:
         """Runs the evaluation step over ``data`` inline, on the coordinator."""

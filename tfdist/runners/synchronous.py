@@ -6,6 +6,13 @@ the distributed iterator with ``get_next_as_optional`` so it stops cleanly
 when the data ends inside an execution, and returns how many steps ran; the
 outer loop (the Trainer) uses that count to end the epoch. ``num_steps`` is a
 tensor argument, so a shorter final execution does not retrace.
+
+Under a multi-worker strategy the training loop also sums every worker's
+stop request (SIGTERM / Ctrl-C, `tfdist.preemption`) after its steps, so
+all workers learn in the same host call whether to stop. A separate call
+for it would double the host calls with cross-worker collectives, and
+TensorFlow's multi-worker runtime keeps ~1.6 KB of memory per such call
+(measured; see README "Reliability").
 """
 
 from typing import Callable
@@ -13,6 +20,7 @@ from typing import Callable
 import tensorflow as tf
 
 from tfdist import data as data_lib
+from tfdist import peers
 
 
 class SynchronousRunner:
@@ -30,15 +38,19 @@ class SynchronousRunner:
     ):
         self._strategy = strategy
         self._shard_policy = shard_policy
-        self._train_loop = self._make_loop(train_step)
+        self._multi_worker = (
+            isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and getattr(strategy.extended, "_num_workers", 1) > 1
+        )
+        self._train_loop = self._make_loop(train_step, agree_on_stop=self._multi_worker)
         self._eval_loop = self._make_loop(eval_step)
         self._distributed = {}
 
-    def _make_loop(self, replica_step: Callable):
+    def _make_loop(self, replica_step: Callable, agree_on_stop: bool = False):
         strategy = self._strategy
 
         @tf.function
-        def loop(iterator, num_steps):
+        def loop(iterator, num_steps, stop_requested):
             steps_run = tf.constant(0, tf.int64)
             for _ in tf.range(num_steps):
                 optional = iterator.get_next_as_optional()
@@ -46,7 +58,12 @@ class SynchronousRunner:
                     break
                 strategy.run(replica_step, args=(optional.get_value(),))
                 steps_run += 1
-            return steps_run
+            if agree_on_stop:
+                per_replica = strategy.run(lambda: tf.identity(stop_requested))
+                stop_requested = strategy.reduce(
+                    tf.distribute.ReduceOp.SUM, per_replica, axis=None
+                )
+            return steps_run, stop_requested > 0
 
         return loop
 
@@ -72,12 +89,25 @@ class SynchronousRunner:
             global_batch_size=global_batch_size,
         ))
 
-    def train(self, iterator, num_steps: int) -> int:
-        """Runs up to ``num_steps`` training steps; returns how many ran."""
-        return int(self._train_loop(iterator, tf.constant(num_steps, tf.int64)))
+    def train(self, iterator, num_steps: int, stop_requested: bool = False):
+        """Runs up to ``num_steps`` training steps.
+
+        Returns ``(steps run, stop)``: ``stop`` is True on every worker when
+        any worker passed ``stop_requested``.
+        """
+        ran, stop = self._train_loop(
+            iterator, tf.constant(num_steps, tf.int64),
+            tf.constant(1.0 if stop_requested else 0.0),
+        )
+        return int(ran), bool(stop)
 
     def sync(self) -> None:
         """Nothing to wait for: `train` returns when its steps are done."""
+
+    @staticmethod
+    def explain_failures(checkpoint_dir=None):
+        """A step aborted over a lost multi-worker peer raises `PeerLostError`."""
+        return peers.explain_lost_peers(checkpoint_dir)
 
     def evaluate(self, data, *, steps, partial_batch, global_batch_size=None) -> None:
         """Runs the evaluation step over ``data`` (or its first ``steps``)."""
@@ -86,7 +116,8 @@ class SynchronousRunner:
         done = 0
         while steps is None or done < steps:
             chunk = 1024 if steps is None else steps - done
-            ran = int(self._eval_loop(iterator, tf.constant(chunk, tf.int64)))
+            ran, _ = self._eval_loop(iterator, tf.constant(chunk, tf.int64), tf.constant(0.0))
+            ran = int(ran)
             done += ran
             if ran < chunk:
                 break
