@@ -14,7 +14,14 @@ its address while the coordinator retries its steps. Every task gets its own
 TF_CONFIG on free 127.0.0.1 ports. Output
 lines are prefixed with the task (``[worker-1] ...``) and, with --log_dir,
 also written to ``<log_dir>/worker-1.log``. Ctrl-C or SIGTERM is forwarded
-to every task (tfdist's Trainer then saves a checkpoint and stops).
+to every task as SIGTERM: tfdist's Trainer stops every task at one step
+(saving a checkpoint first, with a checkpoint directory), and whatever still
+runs after --grace_period seconds is killed; a second Ctrl-C or SIGTERM
+kills every task at once. The last line says what stopped the run and each
+task's exit code.
+
+A task stopped by SIGSTOP (or any other stop) for --hang_timeout seconds is
+hung: the run fails naming it, as for a task that died.
 
 When a task fails, the others are ended and tfdist-run exits with the failing
 task's exit code (128 + N for signal N), after a summary naming that task,
@@ -33,7 +40,10 @@ Options:
   --max_restarts K      restarts of the group after a failure (default 0)
   --log_dir DIR         also write each task's output to DIR/<task>.log
   --start_timeout S     seconds for all tasks to join (default 180; 0: off)
-  --grace_period S      seconds between SIGTERM and SIGKILL (default 15)
+  --grace_period S      seconds between SIGTERM and SIGKILL, and the bound on
+                        a stop asked for by SIGTERM / Ctrl-C (default 15)
+  --hang_timeout S      seconds a stopped (SIGSTOP) task may stay stopped
+                        before the run fails naming it (default 20; 0: off)
   --ports P1,P2,...     fixed ports, one per task (default: free ports)
 """
 
@@ -65,13 +75,14 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     parser.add_argument("--log_dir", default=None)
     parser.add_argument("--start_timeout", type=float, default=180.0)
     parser.add_argument("--grace_period", type=float, default=15.0)
+    parser.add_argument("--hang_timeout", type=float, default=20.0)
     parser.add_argument("--ports", default=None)
     args = parser.parse_args(own)
     ports = tuple(int(p) for p in args.ports.split(",")) if args.ports else None
     config = LaunchConfig(
         num_workers=args.num_workers, num_ps=args.num_ps, max_restarts=args.max_restarts,
         log_dir=args.log_dir, start_timeout=args.start_timeout,
-        grace_period=args.grace_period, ports=ports,
+        grace_period=args.grace_period, hang_timeout=args.hang_timeout, ports=ports,
     )
     return config, command
 

@@ -22,7 +22,10 @@ class LaunchConfig:
       start_timeout: seconds for every task to join the cluster (to report
         through ``TFDIST_READY_FILE``, as `tfdist.make_strategy` does);
         0 disables the check.
-      grace_period: seconds between SIGTERM and SIGKILL when ending tasks.
+      grace_period: seconds between SIGTERM and SIGKILL when ending tasks;
+        also how long a stop asked for with SIGTERM / Ctrl-C may take.
+      hang_timeout: a task stopped (SIGSTOP) this many seconds is hung: the
+        run fails naming it (0: never).
       ports: fixed ports (one per task); default: free ports, new each start.
       host: address the tasks bind to; loopback, since TensorFlow's gRPC
         servers have no authentication.
@@ -35,6 +38,7 @@ class LaunchConfig:
     log_dir: Optional[str] = None
     start_timeout: float = 180.0
     grace_period: float = 15.0
+    hang_timeout: float = 20.0
     ports: Optional[Tuple[int, ...]] = None
     host: str = "127.0.0.1"
 
@@ -49,11 +53,11 @@ class LaunchConfig:
             raise ConfigurationError(
                 f"`max_restarts` ({self.max_restarts!r}) must be 0 or more."
             )
-        if self.start_timeout < 0 or self.grace_period < 0:
-            raise ConfigurationError(
-                f"`start_timeout` ({self.start_timeout}) and `grace_period` "
-                f"({self.grace_period}) must be 0 or more seconds."
-            )
+        for name in ("start_timeout", "grace_period", "hang_timeout"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(
+                    f"`{name}` ({getattr(self, name)}) must be 0 or more seconds."
+                )
         if self.ports is not None and len(self.ports) != self.num_tasks:
             raise ConfigurationError(
                 f"`ports` has {len(self.ports)} entries for {self.num_tasks} tasks; "

@@ -4,8 +4,11 @@
 reaches it only through us) with its own ``TF_CONFIG``, and copies its
 output line by line to ours, prefixed ``[worker-1] ``, and to its log file.
 ``wait`` returns when every task exited 0, or at the first failure, or when
-a task has not joined the cluster by the start timeout; then ``close`` ends
-whatever still runs, by pid: SIGTERM, a grace period, SIGKILL.
+a task has not joined the cluster by the start timeout, or has been stopped
+(SIGSTOP: hung) for the hang timeout, or, once a stop was asked for, when
+every task exited or the stop timeout ran out; then ``close`` ends whatever
+still runs, by pid: SIGTERM, a grace period, SIGKILL, and returns every
+task's exit code.
 """
 
 import collections
@@ -42,21 +45,34 @@ class TaskSpec:
 
 @dataclasses.dataclass
 class GroupResult:
-    """How a start ended. ``failed_task`` is the root cause, if any."""
+    """How a start ended. ``failed_task`` is the root cause, if any;
+    ``stopped_by`` names the signal when a stop was asked for;
+    ``exit_codes`` is filled in by `ProcessGroup.close`."""
 
     exit_code: int
     failed_task: Optional[str] = None
     reason: str = ""
     tail: List[str] = dataclasses.field(default_factory=list)
+    stopped_by: Optional[str] = None
+    exit_codes: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
 
+    def codes(self) -> str:
+        """``worker-0=143, worker-1=143``."""
+        return ", ".join(f"{name}={code}" for name, code in self.exit_codes.items())
+
     def summary(self) -> str:
         if self.ok:
             return "all tasks finished"
+        if self.stopped_by:
+            return (f"stopped by {self.stopped_by}{self.reason} "
+                    f"(exit codes: {self.codes()})")
         lines = [f"{self.failed_task}: {self.reason} (exit code {self.exit_code})"]
+        if self.exit_codes:
+            lines[0] += f"; exit codes: {self.codes()}"
         if self.tail:
             lines.append(f"last lines of {self.failed_task}:")
             lines += [f"  {line}" for line in self.tail]
@@ -66,6 +82,16 @@ class GroupResult:
 def exit_code_of(returncode: int) -> int:
     """A shell-style exit code: 128 + signal for a task killed by a signal."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def is_stopped(pid: int) -> bool:
+    """True while ``pid`` is stopped (SIGSTOP / SIGTSTP), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
 
 
 class ProcessGroup:
@@ -146,36 +172,58 @@ class ProcessGroup:
                     pass
 
     def wait(self, *, start_timeout: float = 0.0, poll_interval: float = 0.1,
-             stop_event: Optional[threading.Event] = None) -> GroupResult:
+             stop_event: Optional[threading.Event] = None,
+             stop_timeout: float = 15.0, hang_timeout: float = 0.0,
+             stop_signal: str = "SIGTERM") -> GroupResult:
         """Waits for all tasks, or returns at the first failure.
 
-        ``stop_event`` set (the launcher got SIGINT/SIGTERM) means: the
-        signal was forwarded, wait for the tasks to exit and report the first
-        failure among them without treating a clean stop as success.
+        ``stop_event`` set (the launcher got SIGINT/SIGTERM and forwarded
+        it) means: wait up to ``stop_timeout`` seconds for every task to
+        exit, then return a result naming ``stop_signal`` (close kills the
+        rest). A task stopped (SIGSTOP) for ``hang_timeout`` seconds is a
+        failure naming it (0: never).
         """
         started = time.monotonic()
         joined = set()
+        stopped_since: Dict[str, float] = {}
+        stop_started = None
         while True:
+            now = time.monotonic()
+            if stop_event is not None and stop_event.is_set():
+                stop_started = stop_started or now
+                if all(p.poll() is not None for p in self._processes.values()):
+                    return GroupResult(128 + signal.SIGTERM, stopped_by=stop_signal)
+                if now - stop_started > stop_timeout:
+                    return GroupResult(128 + signal.SIGTERM, stopped_by=stop_signal, reason=(
+                        f"; tasks still running after {stop_timeout:g} s were killed"))
+                time.sleep(poll_interval)
+                continue
             for task in self._tasks:
                 code = self._processes[task.name].poll()
                 if code is None or (code == 0 and not task.server):
                     continue
-                stopping = stop_event is not None and stop_event.is_set()
-                if task.server and not stopping and self._respawns.get(task.name, 0) < task.max_respawns:
+                if task.server and self._respawns.get(task.name, 0) < task.max_respawns:
                     self._respawns[task.name] = self._respawns.get(task.name, 0) + 1
                     self._emit(f"[launcher] {task.name} exited (exit code "
                                f"{exit_code_of(code)}); starting it again, same address")
                     self._start_task(task)
                     continue
+                hung = self._hung(stopped_since, now, 0.0)
+                if hung is not None:  # the root cause, not the peer that noticed it
+                    return hung
                 return self._failure(task.name, exit_code_of(code), "exited")
             if all(self._processes[t.name].poll() == 0 for t in self._tasks if not t.server):
                 return GroupResult(0)
-            if start_timeout and not (stop_event and stop_event.is_set()):
+            if hang_timeout:
+                hung = self._hung(stopped_since, now, hang_timeout)
+                if hung is not None:
+                    return hung
+            if start_timeout:
                 for task in self._tasks:
                     if task.ready_file and os.path.exists(task.ready_file):
                         joined.add(task.name)
                 missing = [t.name for t in self._tasks if t.ready_file and t.name not in joined]
-                if missing and time.monotonic() - started > start_timeout:
+                if missing and now - started > start_timeout:
                     still_running = [n for n in missing if self._processes[n].poll() is None]
                     if still_running:
                         return self._failure(
@@ -185,11 +233,33 @@ class ProcessGroup:
                         )
             time.sleep(poll_interval)
 
+    def _hung(self, stopped_since: Dict[str, float], now: float,
+              hang_timeout: float) -> Optional[GroupResult]:
+        """A failure naming a task stopped for ``hang_timeout`` s, if any."""
+        for name, process in self._processes.items():
+            if process.poll() is None and is_stopped(process.pid):
+                stopped_since.setdefault(name, now)
+            else:
+                stopped_since.pop(name, None)
+        for name, since in stopped_since.items():
+            if now - since >= hang_timeout:
+                return self._failure(
+                    name, 128 + signal.SIGSTOP,
+                    f"hung: stopped (SIGSTOP) for {now - since:.0f} s",
+                )
+        return None
+
     def _failure(self, name: str, code: int, reason: str) -> GroupResult:
         return GroupResult(code, name, reason, list(self._tails[name]))
 
-    def close(self, grace_period: float = 15.0) -> None:
-        """Ends every task still running (SIGTERM, grace, SIGKILL), by pid."""
+    def close(self, grace_period: float = 15.0) -> Dict[str, int]:
+        """Ends every task still running (SIGTERM, grace, SIGKILL), by pid.
+
+        Returns each task's exit code (128 + N when signal N ended it).
+        """
+        for process in self._processes.values():
+            if process.poll() is None and is_stopped(process.pid):
+                os.killpg(process.pid, signal.SIGKILL)  # a stopped task can not exit
         self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_period
         for process in self._processes.values():
@@ -203,3 +273,5 @@ class ProcessGroup:
             process.wait()
         for reader in self._readers:
             reader.join(timeout=5)
+        return {name: exit_code_of(process.returncode)
+                for name, process in self._processes.items()}

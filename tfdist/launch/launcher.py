@@ -61,10 +61,17 @@ def _port_conflict(result: GroupResult) -> bool:
 
 
 class _SignalForwarder:
-    """While active, SIGINT/SIGTERM to the launcher go to every task."""
+    """While active, SIGINT/SIGTERM to the launcher go to every task.
+
+    The first one is forwarded as SIGTERM (tfdist's Trainer then stops every
+    task at one step, saving first where it has a checkpoint directory); a
+    second one kills every task at once.
+    """
 
     def __init__(self):
         self.stop = threading.Event()
+        self.signal_name = ""
+        self.exit_code = 0
         self.group: Optional[ProcessGroup] = None
         self._previous = {}
 
@@ -80,9 +87,17 @@ class _SignalForwarder:
 
     def _forward(self, signum, frame):
         del frame
+        name = signal.Signals(signum).name
+        if self.stop.is_set():
+            self.signal_name += f", then {name}: killed at once"
+            if self.group is not None:
+                self.group.signal_all(signal.SIGKILL)
+            return
+        self.signal_name = name
+        self.exit_code = 128 + signum
         self.stop.set()
         if self.group is not None:
-            self.group.signal_all(signal.SIGTERM if signum == signal.SIGINT else signum)
+            self.group.signal_all(signal.SIGTERM)
 
 
 def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupResult:
@@ -110,12 +125,19 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
                 group = ProcessGroup(tasks, command, log_dir=config.log_dir, output=output)
                 forwarder.group = group
                 group.start()
+                exit_codes = {}
                 try:
-                    result = group.wait(start_timeout=config.start_timeout,
-                                        stop_event=forwarder.stop)
+                    result = group.wait(
+                        start_timeout=config.start_timeout, stop_event=forwarder.stop,
+                        stop_timeout=config.grace_period, hang_timeout=config.hang_timeout,
+                    )
                 finally:
-                    group.close(config.grace_period)
+                    exit_codes = group.close(config.grace_period)
                     forwarder.group = None
+                result.exit_codes = exit_codes
+                if result.stopped_by:
+                    result.stopped_by = forwarder.signal_name
+                    result.exit_code = forwarder.exit_code
                 if result.ok or forwarder.stop.is_set():
                     break
                 if _port_conflict(result) and not config.ports and port_retries < _PORT_RETRIES:
@@ -129,5 +151,6 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
                 emit(f"[launcher] restart {restarts}/{config.max_restarts}: starting all tasks again")
     finally:
         shutil.rmtree(ready_dir, ignore_errors=True)
-    emit(f"[launcher] {'done' if result.ok else 'FAILED'}: {result.summary()}")
+    verdict = "" if result.stopped_by else ("done: " if result.ok else "FAILED: ")
+    emit(f"[launcher] {verdict}{result.summary()}")
     return result
