@@ -64,6 +64,23 @@ def test_resume_mid_epoch_from_step_checkpoint_equals_uninterrupted(
     assert int(second._checkpoint.step.numpy()) == 14
 
 
+@pytest.mark.parametrize("first_replicas, resume_replicas", [(4, 3), (2, 1)])
+def test_epoch_resumed_mid_way_reports_the_uninterrupted_loss_and_metrics(
+    make_strategy, tmp_path, first_replicas, resume_replicas
+):
+    dataset = ref.global_batches(100, BATCH)  # 7 batches per epoch
+    _, expected_history = ref.keras_fit(dataset, 2, "adam")
+
+    _, first = _trainer(make_strategy(first_replicas), str(tmp_path), checkpoint_every_steps=3)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(dataset, epochs=2, verbose=0, callbacks=[_StopAtStep(11)])
+    # The newest checkpoint is mid-epoch 2 (step 9: 2 of its 7 batches).
+    _, second = _trainer(make_strategy(resume_replicas), str(tmp_path))
+    history = second.fit(dataset, epochs=2, verbose=0).history
+
+    ref.assert_logs_close({k: v[1:] for k, v in expected_history.items()}, history)
+
+
 def test_fit_with_nothing_left_to_train_keeps_weights(make_strategy, tmp_path):
     dataset = ref.global_batches(40, BATCH)
     trained, first = _trainer(make_strategy(2), str(tmp_path))
@@ -127,3 +144,16 @@ def test_step_checkpoints_only_when_epoch_checkpoints_are_off(make_strategy, tmp
 
     saved = tf.train.get_checkpoint_state(str(tmp_path)).all_model_checkpoint_paths
     assert [int(p.rsplit("-", 1)[1]) for p in saved] == [2, 4, 6, 8, 10]
+
+
+def test_restore_skips_a_newest_checkpoint_whose_files_are_broken(make_strategy, tmp_path, capsys):
+    dataset = ref.global_batches(70, BATCH)
+    expected_model, _ = ref.keras_fit(dataset, 1, "adam")
+    _, first = _trainer(make_strategy(2), str(tmp_path))
+    first.fit(dataset, epochs=2, verbose=0)  # ckpt-5 (epoch 1), ckpt-10 (epoch 2)
+    for data_file in tmp_path.glob("ckpt-10.data-*"):
+        data_file.write_bytes(b"half-written")
+    model, second = _trainer(make_strategy(1), str(tmp_path))
+    assert second._restore().endswith("ckpt-5")
+    assert "skipping checkpoint" in capsys.readouterr().out
+    ref.assert_weights_close(expected_model, model)

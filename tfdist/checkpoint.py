@@ -1,10 +1,19 @@
 """What survives: model, optimizer and the data position, in a checkpoint.
 
 `TrainingCheckpoint` wraps ``tf.train.CheckpointManager`` over the model, its
-optimizer and three counters: the global ``step``, the ``epoch`` and the
-``step_in_epoch`` (global batches of that epoch already trained on). The
-counters let `Trainer.fit` resume where it stopped, mid-epoch included, by
-skipping the consumed batches of a deterministic data order.
+optimizer, the metric state of the epoch in progress (`track_metrics`) and
+three counters: the global ``step``, the ``epoch`` and the ``step_in_epoch``
+(global batches of that epoch already trained on). The counters let
+`Trainer.fit` resume where it stopped, mid-epoch included, by skipping the
+consumed batches of a deterministic data order; the metric state makes the
+resumed epoch report what an uninterrupted one would.
+
+Saves are atomic: TensorFlow writes a checkpoint's files under temporary
+names, renames them when complete, and only then rewrites the ``checkpoint``
+file that names the newest one (itself written to a temporary file and
+renamed). A task killed during a save leaves the previous checkpoint as the
+newest. `restore_latest` also skips, with a message, a newest checkpoint
+whose files are missing or unreadable and restores the newest complete one.
 
 ``tf.train.Checkpoint`` stores one copy of each mirrored variable, so a
 checkpoint written under 4 replicas restores under 1 or 2, or another
@@ -67,6 +76,10 @@ class TrainingCheckpoint:
         )
         self._model = model
 
+    def track_metrics(self, variables) -> None:
+        """Adds metric state variables (``{name: variable}``) to what is saved."""
+        self._checkpoint.metrics = dict(variables)
+
     def _prepare_sharded(self) -> None:
         """Sharded variables (parameter servers) save as full tensors."""
         optimizer = self._model.optimizer
@@ -80,26 +93,36 @@ class TrainingCheckpoint:
         return self._manager.latest_checkpoint
 
     def restore_latest(self) -> Optional[str]:
-        """Restores the newest checkpoint, if any; returns its path.
+        """Restores the newest complete checkpoint, if any; returns its path.
+
+        A newer checkpoint whose files are missing or unreadable is skipped
+        with a message naming it.
 
         Raises:
           CheckpointMismatchError: its variables do not match the model.
         """
-        path = self.latest
-        if path is None:
-            return None
-        self._prepare_sharded()
-        try:
-            status = self._checkpoint.restore(path)
-            status.assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.OpError) as error:
-            raise CheckpointMismatchError(
-                f"The checkpoint {path} does not match this model and "
-                f"optimizer: {str(error)[:500]}\nUse a new `checkpoint_dir` "
-                "for this model, or rebuild the model that wrote the "
-                f"checkpoint. Nothing in {os.path.dirname(path)} was changed."
-            ) from error
-        return path
+        for path in reversed(self._manager.checkpoints):
+            if not tf.io.gfile.exists(path + ".index"):
+                print(f"skipping checkpoint {path}: its index file is missing", flush=True)
+                continue
+            self._prepare_sharded()
+            try:
+                status = self._checkpoint.restore(path)
+                status.assert_existing_objects_matched()
+            except (tf.errors.NotFoundError, tf.errors.DataLossError, IndexError) as error:
+                # (IndexError: the reader found a data file shorter than its index says.)
+                print(f"skipping checkpoint {path}: unreadable "
+                      f"({str(error).splitlines()[0][:200]})", flush=True)
+                continue
+            except (AssertionError, ValueError, tf.errors.OpError) as error:
+                raise CheckpointMismatchError(
+                    f"The checkpoint {path} does not match this model and "
+                    f"optimizer: {str(error)[:500]}\nUse a new `checkpoint_dir` "
+                    "for this model, or rebuild the model that wrote the "
+                    f"checkpoint. Nothing in {os.path.dirname(path)} was changed."
+                ) from error
+            return path
+        return None
 
     def save(self, step: int, epoch: int, step_in_epoch: int) -> str:
         """Records the position and writes a checkpoint numbered ``step``."""

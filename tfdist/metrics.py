@@ -85,6 +85,24 @@ class MetricState:
                 values[name] = float(value)
         return values
 
+    def variables(self) -> Dict[str, tf.Variable]:
+        """Every state variable, by a stable name (for checkpoints).
+
+        Saved with the model, they let a run resumed mid-epoch report the
+        same epoch loss and metrics as an uninterrupted run. They are
+        replica-local sums; a checkpoint stores their totals, and restoring
+        under any replica count spreads them so the totals match again.
+        """
+        metrics = [self._loss] + list(_keras.output_loss_metrics(self._model))
+        if self._compiled is not None:
+            metrics.append(self._compiled)
+        found = {}
+        for index, metric in enumerate(metrics):
+            for variable in metric.variables:
+                key = f"{index}.{variable.path}".replace("/", ".")
+                found[key] = getattr(variable, "value", variable)
+        return found
+
     def reset(self) -> None:
         self._loss.reset_state()
         for mean in _keras.output_loss_metrics(self._model):
