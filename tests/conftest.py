@@ -27,3 +27,10 @@ def make_strategy():
         return tfdist.make_strategy("mirrored", num_replicas=num_replicas)
 
     return make
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "soak: a real cluster runs for minutes (short form in CI)")
+    config.addinivalue_line(
+        "markers", "chaos: seeded faults on real clusters (short form in CI)")
