@@ -40,6 +40,7 @@ from tfdist import cluster
 from tfdist.errors import ParameterServerLostError, PeerLostError
 
 _COORDINATED_JOBS = ("chief", "worker")
+SHUTDOWN_BARRIER_SECONDS = 5
 _ABORTED = "Collective ops is aborted"
 _HEARTBEAT = "CoordinationService/Heartbeat"
 _UNHEALTHY_TASK = re.compile(r"unhealthy[^\n]*\n\s*/job:(\w+)/replica:\d+/task:(\d+)")
@@ -65,6 +66,9 @@ def configure_heartbeats(config: cluster.TFConfig, peer_timeout_seconds: float) 
         service_type="standalone",
         service_leader=multi_worker_util.coordination_leader(spec),
         heartbeat_timeout_in_ms=int(peer_timeout_seconds * 1000),
+        # At exit every task waits at a shutdown barrier for the others; a
+        # task whose peers already left waits this long, then exits.
+        shutdown_barrier_timeout_in_ms=SHUTDOWN_BARRIER_SECONDS * 1000,
         coordinated_jobs=jobs,
     )
 

@@ -171,6 +171,18 @@ class ProcessGroup:
                 except ProcessLookupError:
                     pass
 
+    def request_stop(self) -> None:
+        """SIGTERM to the tasks that run the command (servers keep serving
+        until those have stopped: a chief saving its checkpoint still needs
+        its parameter servers); `close` ends the servers."""
+        for task in self._tasks:
+            process = self._processes[task.name]
+            if not task.server and process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
     def wait(self, *, start_timeout: float = 0.0, poll_interval: float = 0.1,
              stop_event: Optional[threading.Event] = None,
              stop_timeout: float = 15.0, hang_timeout: float = 0.0,
@@ -191,7 +203,8 @@ class ProcessGroup:
             now = time.monotonic()
             if stop_event is not None and stop_event.is_set():
                 stop_started = stop_started or now
-                if all(p.poll() is not None for p in self._processes.values()):
+                if all(self._processes[t.name].poll() is not None
+                       for t in self._tasks if not t.server):
                     return GroupResult(128 + signal.SIGTERM, stopped_by=stop_signal)
                 if now - stop_started > stop_timeout:
                     return GroupResult(128 + signal.SIGTERM, stopped_by=stop_signal, reason=(

@@ -97,7 +97,7 @@ class _SignalForwarder:
         self.exit_code = 128 + signum
         self.stop.set()
         if self.group is not None:
-            self.group.signal_all(signal.SIGTERM)
+            self.group.request_stop()
 
 
 def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupResult:

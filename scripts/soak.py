@@ -1,0 +1,221 @@
+"""Soak: a real local cluster trains fast steps for minutes while every task's
+threads, resident memory and open files are sampled from /proc.
+
+    python scripts/soak.py --mode=mwms --minutes=10   # long form: 2 workers (MWMS)
+    python scripts/soak.py --mode=ps --minutes=10     # long form: 1 worker + 1 ps
+    python scripts/soak.py --mode=mwms --minutes=1    # short form (tests/test_soak.py)
+
+Each run starts ``tfdist-run`` with `scripts/soak_train.py` (global batch 8,
+one step per host call, a checkpoint every 500 steps, a progress line every
+100), samples every task every ``--interval`` seconds, and at the end sends
+the launcher SIGTERM, which must stop every task (saving a checkpoint)
+within the launcher's grace period. It prints a table per task and a
+verdict, and with ``--json`` writes both.
+
+Verdict, after a warm-up (the first quarter of the run, at least 15 s):
+threads and open files may not grow by more than ``--slack`` (default 8)
+over their first value after the warm-up; resident memory may not grow by
+more than ``--max_rss_kb_per_step`` (default 8) KB per training step, a
+least-squares slope over the samples after the warm-up.
+
+Resident memory is NOT flat at one step per host call, and that is
+TensorFlow's: its distributed runtime keeps memory for every host call with
+a cross-worker collective or a remote variable access (measured here: a bare
+``tf.function`` all-reduce loop with no tfdist code keeps ~1.6 KB per call;
+tfdist's training step ~5 KB per step at ``--steps_per_execution=1`` under
+both MultiWorkerMirrored and parameter servers, 0.3-0.7 KB per step at 10).
+The default bound sits above that residue, so the check catches threads,
+files and any larger per-step growth; ``--steps_per_execution=10
+--max_rss_kb_per_step=1`` is the strict form.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_STARTED = re.compile(r"\[launcher\] started (\S+) \(pid (\d+)\)")
+_STEP = re.compile(r"\] train \| epoch \d+ \| step (\d+)")
+
+
+def read_proc(pid: int):
+    """(threads, RSS in MB, open files) of ``pid``, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            fields = dict(line.split(":", 1) for line in status if ":" in line)
+        files = len(os.listdir(f"/proc/{pid}/fd"))
+    except (OSError, ValueError):
+        return None
+    return int(fields["Threads"]), int(fields["VmRSS"].split()[0]) / 1024.0, files
+
+
+def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: int = 1):
+    train = [sys.executable, os.path.join(REPO, "scripts", "soak_train.py"),
+             f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
+             f"--steps_per_execution={steps_per_execution}"]
+    cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
+    if mode == "ps":
+        train.append("--strategy=parameter_server")
+    return [sys.executable, "-m", "tfdist.launch", *cluster, "--grace_period=30", "--", *train]
+
+
+def slope(points):
+    """Least-squares slope of (x, y) points (0 for fewer than 2)."""
+    if len(points) < 2:
+        return 0.0
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    var = sum((x - mean_x) ** 2 for x, _ in points)
+    return 0.0 if var == 0 else sum((x - mean_x) * (y - mean_y) for x, y in points) / var
+
+
+def judge(samples, *, warmup_seconds: float, slack: int, max_rss_kb_per_step: float):
+    """Per task: peaks, growth after the warm-up, and whether it is flat."""
+    verdicts = {}
+    for task in sorted({s["task"] for s in samples}):
+        rows = [s for s in samples if s["task"] == task]
+        after = [s for s in rows if s["t"] >= warmup_seconds] or rows[-1:]
+        first = after[0]
+        steps = [s for s in after if s["step"] is not None]
+        kb_per_step = 1024.0 * slope([(s["step"], s["rss_mb"]) for s in steps])
+        verdict = {
+            "samples": len(rows),
+            "peak_threads": max(s["threads"] for s in rows),
+            "peak_rss_mb": round(max(s["rss_mb"] for s in rows), 1),
+            "peak_fds": max(s["fds"] for s in rows),
+            "thread_growth": max(s["threads"] for s in after) - first["threads"],
+            "fd_growth": max(s["fds"] for s in after) - first["fds"],
+            "rss_growth_mb": round(after[-1]["rss_mb"] - first["rss_mb"], 1),
+            "rss_kb_per_step": round(kb_per_step, 3),
+        }
+        verdict["flat"] = (
+            verdict["thread_growth"] <= slack and verdict["fd_growth"] <= slack
+            and kb_per_step <= max_rss_kb_per_step
+        )
+        verdicts[task] = verdict
+    return verdicts
+
+
+class Soak:
+    """One run: start, sample until the deadline, stop with SIGTERM."""
+
+    def __init__(self, mode: str, minutes: float, interval: float, workdir: str, steps: int,
+                 steps_per_execution: int = 1):
+        self.mode, self.seconds, self.interval = mode, minutes * 60, interval
+        self.lines, self.samples = [], []
+        self.process = subprocess.Popen(
+            launcher_command(mode, workdir, steps, steps_per_execution), cwd=REPO, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def pids(self):
+        return {m.group(1): int(m.group(2)) for m in map(_STARTED.search, list(self.lines)) if m}
+
+    def step(self):
+        for line in reversed(self.lines[-50:]):
+            match = _STEP.search(line)
+            if match:
+                return int(match.group(1))
+        return None
+
+    def run(self, progress=print):
+        started = time.monotonic()
+        next_report = started
+        while time.monotonic() - started < self.seconds and self.process.poll() is None:
+            now = time.monotonic() - started
+            step = self.step()
+            for task, pid in self.pids().items():
+                found = read_proc(pid)
+                if found:
+                    threads, rss_mb, fds = found
+                    self.samples.append({"t": round(now, 1), "task": task, "step": step,
+                                         "threads": threads, "rss_mb": rss_mb, "fds": fds})
+            if time.monotonic() >= next_report:
+                progress(f"soak {self.mode}: {now:5.0f}/{self.seconds:.0f} s, step {step}, "
+                         + ", ".join(f"{s['task']} {s['threads']} thr {s['rss_mb']:.0f} MB "
+                                     f"{s['fds']} fds" for s in self.samples[-len(self.pids()):]))
+                next_report += 30
+            time.sleep(self.interval)
+        ended_early = self.process.poll() is not None
+        stop_started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            code = None
+        stop_seconds = time.monotonic() - stop_started
+        self.close()
+        return {"ended_early": ended_early, "exit_code": code,
+                "stop_seconds": round(stop_seconds, 1), "last_step": self.step(),
+                "minutes": round((stop_started - started) / 60, 2)}
+
+    def close(self):
+        """Ends the launcher and every task, by pid, whatever happened."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        for pid in self.pids().values():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._reader.join(timeout=10)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=["mwms", "ps"], default="mwms")
+    parser.add_argument("--minutes", type=float, default=1.0)
+    parser.add_argument("--interval", type=float, default=2.0)
+    parser.add_argument("--steps", type=int, default=10_000_000)
+    parser.add_argument("--steps_per_execution", type=int, default=1)
+    parser.add_argument("--slack", type=int, default=8)
+    parser.add_argument("--max_rss_kb_per_step", type=float, default=8.0)
+    parser.add_argument("--json", default=None, help="write samples and verdict here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tfdist-soak-") as workdir:
+        soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
+                    args.steps_per_execution)
+        try:
+            run = soak.run()
+        finally:
+            soak.close()
+    verdicts = judge(soak.samples, warmup_seconds=max(15.0, args.minutes * 15),
+                     slack=args.slack, max_rss_kb_per_step=args.max_rss_kb_per_step)
+    stopped = any("stopped by SIGTERM" in line for line in soak.lines[-5:])
+    ok = (not run["ended_early"] and run["exit_code"] == 143 and stopped
+          and bool(verdicts) and all(v["flat"] for v in verdicts.values()))
+    print(f"\nsoak {args.mode}: {run['minutes']} min, {run['last_step']} steps; "
+          f"SIGTERM stopped every task in {run['stop_seconds']} s (exit {run['exit_code']})")
+    print(f"{'task':10} {'peak thr':>8} {'thr +':>6} {'peak RSS MB':>11} {'RSS +MB':>8} "
+          f"{'KB/step':>8} {'peak fds':>8} {'fds +':>6}  flat")
+    for task, v in verdicts.items():
+        print(f"{task:10} {v['peak_threads']:8d} {v['thread_growth']:6d} {v['peak_rss_mb']:11.1f} "
+              f"{v['rss_growth_mb']:8.1f} {v['rss_kb_per_step']:8.3f} {v['peak_fds']:8d} "
+              f"{v['fd_growth']:6d}  {v['flat']}")
+    print("soak:", "PASSED" if ok else "FAILED")
+    if not ok:
+        print("\n".join(soak.lines[-30:]))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({"ok": ok, "run": run, "verdicts": verdicts, "samples": soak.samples,
+                       "tail": soak.lines[-30:]}, out)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

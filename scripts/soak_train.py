@@ -1,0 +1,56 @@
+"""The training program of `scripts/soak.py`: fast steps for a long time.
+
+Trains a small MLP (6 inputs, 16 hidden, 3 classes) on generated data with
+global batch 8 and ``steps_per_execution=1``: the fastest steps this machine
+can run, so per-step costs (threads, memory, files) show up quickly. Runs
+under ``tfdist-run`` as every worker (MultiWorkerMirroredStrategy) or as the
+chief of a parameter-server cluster (``--strategy=parameter_server``), with a
+checkpoint every ``--checkpoint_every_steps`` steps, until ``--steps`` are
+done or it is stopped (SIGTERM: it saves and exits 143).
+"""
+
+import argparse
+
+import tfdist
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--strategy", default="multi_worker_mirrored",
+                        choices=["multi_worker_mirrored", "parameter_server"])
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--checkpoint_dir", required=True)
+    parser.add_argument("--checkpoint_every_steps", type=int, default=500)
+    parser.add_argument("--log_every_steps", type=int, default=100)
+    parser.add_argument("--steps_per_execution", type=int, default=1)
+    args = parser.parse_args()
+
+    strategy = tfdist.make_strategy(args.strategy)
+    import keras  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.RandomState(0)
+    x = rng.randn(4096, 6).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
+    batches_per_pass = len(x) // 8
+    passes = -(-args.steps // batches_per_pass)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(passes)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(3, activation="softmax"),
+        ])
+        model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    trainer = tfdist.Trainer(
+        model, strategy, checkpoint_dir=args.checkpoint_dir, max_to_keep=2,
+        checkpoint_every_steps=args.checkpoint_every_steps,
+        log_every_steps=args.log_every_steps, steps_per_execution=args.steps_per_execution,
+    )
+    trainer.fit(data, epochs=1, steps_per_epoch=args.steps, verbose=1)
+
+
+if __name__ == "__main__":
+    main()
