@@ -1,0 +1,239 @@
+"""Chaos: seeded random faults on real local clusters, each trial judged.
+
+    python scripts/chaos.py --trials=20 --seed=1    # long form (README "Reliability")
+    python scripts/chaos.py --trials=3 --seed=7     # short form (tests/test_chaos.py)
+
+Each trial starts ``tfdist-run --num_workers=2 --max_restarts=2`` with
+tests/programs/train_reference_mlp.py (3 epochs of 5 steps, a checkpoint
+every 2 steps, 0.2 s per step) and injects one fault, drawn from the seed:
+
+* a signal: SIGKILL, SIGTERM, SIGSTOP (never continued) or SIGSTOP then
+  SIGCONT after 2-6 s;
+* a task: worker-0 (the chief) or worker-1;
+* a moment: start-up (0-4 s after launch), a training step (after the
+  N-th progress line), or right after a checkpoint save.
+
+Outcomes, exactly one per trial:
+
+* ``exact``: the run finished and every worker's weights equal single-device
+  Keras ``fit`` on the same data (1e-5);
+* ``named error``: the run failed, within the bound, with a last line naming
+  the task;
+* defects: ``WRONG`` (finished, weights differ), ``HANG`` (no end within
+  --trial_timeout), ``ORPHAN`` (a task still alive after the launcher
+  exited), ``CORRUPT`` (the newest checkpoint does not load).
+
+Prints a table of trials; exits 1 if any trial is a defect.
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+_STARTED = re.compile(r"\[launcher\] started (\S+) \(pid (\d+)\)")
+SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGSTOP+CONT")
+TASKS = ("worker-0", "worker-1")
+MOMENTS = ("start-up", "step", "checkpoint")
+
+
+def draw(rng: random.Random):
+    """One fault: (signal, task, moment, detail)."""
+    sig, task, moment = rng.choice(SIGNALS), rng.choice(TASKS), rng.choice(MOMENTS)
+    detail = {"start-up": rng.uniform(0, 4), "step": rng.randint(1, 12),
+              "checkpoint": 2 * rng.randint(1, 6)}[moment]
+    cont_after = rng.uniform(2, 6) if sig == "SIGSTOP+CONT" else None
+    return {"signal": sig, "task": task, "moment": moment, "at": round(detail, 1),
+            "cont_after": None if cont_after is None else round(cont_after, 1)}
+
+
+class Cluster:
+    """tfdist-run as a real process; output collected; everything ended by pid."""
+
+    def __init__(self, workdir: str):
+        command = [
+            sys.executable, "-m", "tfdist.launch", "--num_workers=2", "--max_restarts=2",
+            "--hang_timeout=10", "--grace_period=10", "--",
+            sys.executable, "tests/programs/train_reference_mlp.py",
+            f"--output_dir={workdir}/out", f"--checkpoint_dir={workdir}/ckpt",
+            "--checkpoint_every_steps=2", "--step_delay=0.2", "--log_every_steps=1",
+        ]
+        self.lines = []
+        self.process = subprocess.Popen(
+            command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def pids(self):
+        return {m.group(1): int(m.group(2)) for m in map(_STARTED.search, list(self.lines)) if m}
+
+    def all_pids(self):
+        return [int(m.group(2)) for m in map(_STARTED.search, list(self.lines)) if m]
+
+    def wait_for(self, pattern, timeout):
+        regex, deadline = re.compile(pattern), time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if any(regex.search(line) for line in list(self.lines)):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def orphans(self):
+        alive = []
+        for pid in self.all_pids():
+            try:
+                os.kill(pid, 0)
+                with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                    if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid)
+            except (ProcessLookupError, FileNotFoundError):
+                pass
+        return alive
+
+    def close(self):
+        for pid in [self.process.pid] + self.all_pids():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.process.wait()
+
+
+def inject(cluster: Cluster, fault) -> str:
+    """Waits for the fault's moment and sends it; returns what happened."""
+    task = fault["task"]
+    if fault["moment"] == "start-up":
+        cluster.wait_for(rf"\[launcher\] started {task}", 30)
+        time.sleep(fault["at"])
+    elif fault["moment"] == "step":
+        if not cluster.wait_for(rf"\[worker-0\] train \| epoch \d \| step {fault['at'] % 5 or 5}/5", 120):
+            return "moment never came"
+    else:  # right after the save at this global step (every 2 steps)
+        step = fault["at"]
+        epoch, in_epoch = (step - 1) // 5 + 1, (step - 1) % 5 + 1
+        if not cluster.wait_for(rf"\[worker-0\] train \| epoch {epoch} \| step {in_epoch}/5", 120):
+            return "moment never came"
+    pid = cluster.pids().get(task)
+    if pid is None:
+        return "task not started"
+    sig = signal.SIGSTOP if fault["signal"].startswith("SIGSTOP") else getattr(signal, fault["signal"])
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return "task already gone"
+    if fault["cont_after"] is not None:
+        time.sleep(fault["cont_after"])
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    return "sent"
+
+
+def checkpoint_loads(directory: str) -> bool:
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    latest = tf.train.latest_checkpoint(directory)
+    if latest is None:
+        return True  # nothing saved yet is not corruption
+    reader = tf.train.load_checkpoint(latest)
+    for name in reader.get_variable_to_shape_map():
+        reader.get_tensor(name)
+    return True
+
+
+def judge(cluster: Cluster, code, workdir: str, reference, bound_seconds: float, took: float):
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    if code is None:
+        return "HANG"
+    if cluster.orphans():
+        return "ORPHAN"
+    try:
+        checkpoint_loads(os.path.join(workdir, "ckpt"))
+    except Exception:  # pylint: disable=broad-except
+        return "CORRUPT"
+    if code == 0:
+        for worker in range(2):
+            path = os.path.join(workdir, "out", f"worker-{worker}.json")
+            if not os.path.exists(path):
+                return "WRONG"
+            weights = json.load(open(path, encoding="utf-8"))["weights"]
+            for expected, actual in zip(reference, weights):
+                if np.max(np.abs(np.asarray(actual) - expected)) > 1e-5:
+                    return "WRONG"
+        return "exact"
+    last = cluster.lines[-1] if cluster.lines else ""
+    named = re.search(r"FAILED: (worker|chief|ps)-\d+: ", last)
+    return "named error" if named and took <= bound_seconds else "UNNAMED"
+
+
+def keras_reference():
+    from tests import reference as ref  # pylint: disable=import-outside-toplevel
+
+    model, _ = ref.keras_fit(ref.global_batches(70, 16), 3, "adam")
+    return model.get_weights()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--trial_timeout", type=float, default=400.0)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    reference = keras_reference()
+    rng = random.Random(args.seed)
+    rows = []
+    for trial in range(args.trials):
+        fault = draw(rng)
+        with tempfile.TemporaryDirectory(prefix="tfdist-chaos-") as workdir:
+            cluster = Cluster(workdir)
+            started = time.monotonic()
+            try:
+                injected = inject(cluster, fault)
+                try:
+                    code = cluster.process.wait(timeout=args.trial_timeout)
+                except subprocess.TimeoutExpired:
+                    code = None
+                took = time.monotonic() - started
+                time.sleep(0.5)
+                outcome = judge(cluster, code, workdir, reference, args.trial_timeout, took)
+            finally:
+                cluster.close()
+        restarts = sum("[launcher] restart" in line for line in cluster.lines)
+        row = dict(fault, trial=trial + 1, injected=injected, exit_code=code,
+                   restarts=restarts, seconds=round(took, 1), outcome=outcome,
+                   last_line=(cluster.lines[-1] if cluster.lines else "")[:160])
+        rows.append(row)
+        print(f"trial {row['trial']:2d} | {fault['signal']:12} | {fault['task']:8} | "
+              f"{fault['moment']:10} {fault['at']:>5} | {injected:17} | exit {code} | "
+              f"restarts {restarts} | {row['seconds']:6.1f} s | {outcome}", flush=True)
+    defects = [r for r in rows if r["outcome"] not in ("exact", "named error")]
+    counts = {o: sum(r["outcome"] == o for r in rows) for o in sorted({r["outcome"] for r in rows})}
+    print(f"chaos: {len(rows)} trials, seed {args.seed}: {counts}; "
+          f"{'PASSED' if not defects else 'FAILED'}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({"ok": not defects, "trials": rows}, out)
+    return 1 if defects else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
