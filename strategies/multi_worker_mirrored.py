@@ -14,7 +14,7 @@ TF_CONFIG is checked first: a mistake is an error naming the field. Every
 worker trains on its part of each global batch; the result equals one device
 on the same batches. Only worker 0 (the chief) prints progress and writes
 checkpoints and summaries to ``--model_dir`` (a directory all workers can
-read, to resume from). SIGTERM saves a checkpoint and exits with code 143;
+read, to resume from). SIGTERM or Ctrl-C saves a checkpoint and exits with code 143;
 ``tfdist-run --max_restarts=1`` then resumes exactly where it stopped.
 """
 
@@ -27,7 +27,7 @@ import tfdist
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("replicas_per_worker", 1, "Logical CPUs per worker (if no GPU).")
 flags.DEFINE_enum("communication", "auto", ["auto", "ring", "nccl"], "Collectives.")
-flags.DEFINE_float("timeout_seconds", 300, "Collective timeout: a dead peer becomes an error.")
+flags.DEFINE_float("peer_timeout_seconds", 10, "Heartbeat timeout: a silent peer becomes an error.")
 flags.DEFINE_integer("epochs", 3, "Epochs to train.")
 flags.DEFINE_integer("batch_size", 128, "GLOBAL batch size (all workers).")
 flags.DEFINE_string("dataset", "synthetic_patterns", "TFDS dataset name.")
@@ -45,7 +45,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # tfdist prints its own progress.
     strategy = tfdist.make_strategy(
         "multi_worker_mirrored", num_replicas=FLAGS.replicas_per_worker,
-        communication=FLAGS.communication, timeout_seconds=FLAGS.timeout_seconds,
+        communication=FLAGS.communication, peer_timeout_seconds=FLAGS.peer_timeout_seconds,
     )
     tfdist.recipes.train_image_classifier(
         strategy, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
