@@ -177,7 +177,8 @@ class Trainer:
         with strategy.scope():
             self._metrics = MetricState(model)
         steps = ReplicaSteps(model, self._metrics, jit_compile=jit_compile)
-        self._runner = runners.for_strategy(strategy)(strategy, steps.train, steps.evaluate, shard_policy=shard_policy)
+        runner = runners.for_strategy(strategy)
+        self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy)
         self._checkpoint = (
             TrainingCheckpoint(
                 model, checkpoint_dir, max_to_keep=max_to_keep,
@@ -373,7 +374,9 @@ class Trainer:
             if stop:
                 self._runner.sync()
                 self._save()
-                stop = Preempted(position.step, watcher.signum, saved=self._checkpoint is not None)
+                stop = Preempted(
+                    position.step, watcher.signum, saved=self._checkpoint is not None
+                )
                 print(f"{cluster.task_type() or 'worker'}-{cluster.task_id()}: {stop}", flush=True)
                 raise stop
             if ran < num_steps:
