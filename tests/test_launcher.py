@@ -36,6 +36,7 @@ def test_parse_args_splits_own_flags_and_command():
     (["--num_workers=2", "--max_restarts=-1", "--", "true"], r"`max_restarts` \(-1\)"),
     (["--num_workers=2", "--ports=1234", "--", "true"], "`ports` has 1 entries for 2 tasks"),
     (["--num_workers=2", "--num_ps=-1", "--", "true"], r"`num_ps` \(-1\) must be 0 or more"),
+    (["--num_workers=2", "--hang_timeout=-1", "--", "true"], r"`hang_timeout` \(-1.0\) must be 0 or more"),
 ])
 def test_bad_arguments(argv, message):
     with pytest.raises(ConfigurationError, match=message):
