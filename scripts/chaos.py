@@ -1,17 +1,23 @@
 """Chaos: seeded random faults on real local clusters, each trial judged.
 
-    python scripts/chaos.py --trials=20 --seed=1    # long form (README "Reliability")
-    python scripts/chaos.py --trials=3 --seed=7     # short form (tests/test_chaos.py)
+    python scripts/chaos.py --trials=20 --seed=1             # long form, 2 workers
+    python scripts/chaos.py --mode=ps --trials=10 --seed=1   # long form, parameter servers
+    python scripts/chaos.py --trials=3 --seed=7              # short form (tests/test_chaos.py)
 
-Each trial starts ``tfdist-run --num_workers=2 --max_restarts=2`` with
-tests/programs/train_reference_mlp.py (3 epochs of 5 steps, a checkpoint
-every 2 steps, 0.2 s per step) and injects one fault, drawn from the seed:
+Each trial starts a real local cluster with ``tfdist-run --max_restarts=2``:
+``--mode=mwms``: 2 workers running tests/programs/train_reference_mlp.py;
+``--mode=ps``: a chief, 1 worker and 1 ps running tests/programs/train_ps.py.
+Both train 3 epochs of 5 steps with a checkpoint every 2 steps, 0.2 s per
+step, and validate on 4,000 examples after every epoch. One fault is
+injected, drawn from the seed:
 
 * a signal: SIGKILL, SIGTERM, SIGSTOP (never continued) or SIGSTOP then
   SIGCONT after 2-6 s;
-* a task: worker-0 (the chief) or worker-1;
+* a task: worker-0 (the chief) or worker-1 (mwms); chief-0, worker-0 or
+  ps-0 (ps);
 * a moment: start-up (0-4 s after launch), a training step (after the
-  N-th progress line), or right after a checkpoint save.
+  N-th progress line), right after a checkpoint save, or during an epoch's
+  validation.
 
 Outcomes, exactly one per trial:
 
@@ -43,15 +49,18 @@ sys.path.insert(0, REPO)
 
 _STARTED = re.compile(r"\[launcher\] started (\S+) \(pid (\d+)\)")
 SIGNALS = ("SIGKILL", "SIGTERM", "SIGSTOP", "SIGSTOP+CONT")
-TASKS = ("worker-0", "worker-1")
-MOMENTS = ("start-up", "step", "checkpoint")
+TASKS = {"mwms": ("worker-0", "worker-1"), "ps": ("chief-0", "worker-0", "ps-0")}
+MOMENTS = ("start-up", "step", "checkpoint", "evaluation")
+# The task whose progress lines mark the moments, and the result files.
+LEADER = {"mwms": "worker-0", "ps": "chief-0"}
+RESULTS = {"mwms": ("worker-0.json", "worker-1.json"), "ps": ("chief.json",)}
 
 
-def draw(rng: random.Random):
+def draw(rng: random.Random, mode: str = "mwms"):
     """One fault: (signal, task, moment, detail)."""
-    sig, task, moment = rng.choice(SIGNALS), rng.choice(TASKS), rng.choice(MOMENTS)
+    sig, task, moment = rng.choice(SIGNALS), rng.choice(TASKS[mode]), rng.choice(MOMENTS)
     detail = {"start-up": rng.uniform(0, 4), "step": rng.randint(1, 12),
-              "checkpoint": 2 * rng.randint(1, 6)}[moment]
+              "checkpoint": 2 * rng.randint(1, 6), "evaluation": rng.randint(1, 3)}[moment]
     cont_after = rng.uniform(2, 6) if sig == "SIGSTOP+CONT" else None
     return {"signal": sig, "task": task, "moment": moment, "at": round(detail, 1),
             "cont_after": None if cont_after is None else round(cont_after, 1)}
@@ -60,14 +69,20 @@ def draw(rng: random.Random):
 class Cluster:
     """tfdist-run as a real process; output collected; everything ended by pid."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, mode: str = "mwms"):
+        tasks, program = (
+            (["--num_workers=2"], "tests/programs/train_reference_mlp.py") if mode == "mwms"
+            else (["--num_workers=1", "--num_ps=1"], "tests/programs/train_ps.py")
+        )
         command = [
-            sys.executable, "-m", "tfdist.launch", "--num_workers=2", "--max_restarts=2",
+            sys.executable, "-m", "tfdist.launch", *tasks, "--max_restarts=2",
             "--hang_timeout=10", "--grace_period=10", "--",
-            sys.executable, "tests/programs/train_reference_mlp.py",
+            sys.executable, program,
             f"--output_dir={workdir}/out", f"--checkpoint_dir={workdir}/ckpt",
             "--checkpoint_every_steps=2", "--step_delay=0.2", "--log_every_steps=1",
+            "--validation_examples=4000",
         ]
+        self.leader = LEADER[mode]
         self.lines = []
         self.process = subprocess.Popen(
             command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -117,17 +132,21 @@ class Cluster:
 
 def inject(cluster: Cluster, fault) -> str:
     """Waits for the fault's moment and sends it; returns what happened."""
-    task = fault["task"]
+    task, leader = fault["task"], cluster.leader
     if fault["moment"] == "start-up":
         cluster.wait_for(rf"\[launcher\] started {task}", 30)
         time.sleep(fault["at"])
     elif fault["moment"] == "step":
-        if not cluster.wait_for(rf"\[worker-0\] train \| epoch \d \| step {fault['at'] % 5 or 5}/5", 120):
+        if not cluster.wait_for(rf"\[{leader}\] train \| epoch \d \| step {fault['at'] % 5 or 5}/5", 120):
             return "moment never came"
+    elif fault["moment"] == "evaluation":  # the epoch's last step is logged, then it validates
+        if not cluster.wait_for(rf"\[{leader}\] train \| epoch {fault['at']} \| step 5/5", 120):
+            return "moment never came"
+        time.sleep(0.1)
     else:  # right after the save at this global step (every 2 steps)
         step = fault["at"]
         epoch, in_epoch = (step - 1) // 5 + 1, (step - 1) % 5 + 1
-        if not cluster.wait_for(rf"\[worker-0\] train \| epoch {epoch} \| step {in_epoch}/5", 120):
+        if not cluster.wait_for(rf"\[{leader}\] train \| epoch {epoch} \| step {in_epoch}/5", 120):
             return "moment never came"
     pid = cluster.pids().get(task)
     if pid is None:
@@ -158,7 +177,8 @@ def checkpoint_loads(directory: str) -> bool:
     return True
 
 
-def judge(cluster: Cluster, code, workdir: str, reference, bound_seconds: float, took: float):
+def judge(cluster: Cluster, code, workdir: str, reference, bound_seconds: float, took: float,
+          mode: str = "mwms"):
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     if code is None:
@@ -170,8 +190,8 @@ def judge(cluster: Cluster, code, workdir: str, reference, bound_seconds: float,
     except Exception:  # pylint: disable=broad-except
         return "CORRUPT"
     if code == 0:
-        for worker in range(2):
-            path = os.path.join(workdir, "out", f"worker-{worker}.json")
+        for name in RESULTS[mode]:
+            path = os.path.join(workdir, "out", name)
             if not os.path.exists(path):
                 return "WRONG"
             weights = json.load(open(path, encoding="utf-8"))["weights"]
@@ -193,6 +213,7 @@ def keras_reference():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mode", choices=("mwms", "ps"), default="mwms")
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--trial_timeout", type=float, default=400.0)
@@ -202,9 +223,9 @@ def main(argv=None):
     rng = random.Random(args.seed)
     rows = []
     for trial in range(args.trials):
-        fault = draw(rng)
+        fault = draw(rng, args.mode)
         with tempfile.TemporaryDirectory(prefix="tfdist-chaos-") as workdir:
-            cluster = Cluster(workdir)
+            cluster = Cluster(workdir, args.mode)
             started = time.monotonic()
             try:
                 injected = inject(cluster, fault)
@@ -214,7 +235,8 @@ def main(argv=None):
                     code = None
                 took = time.monotonic() - started
                 time.sleep(0.5)
-                outcome = judge(cluster, code, workdir, reference, args.trial_timeout, took)
+                outcome = judge(cluster, code, workdir, reference, args.trial_timeout, took,
+                                args.mode)
             finally:
                 cluster.close()
         restarts = sum("[launcher] restart" in line for line in cluster.lines)
@@ -227,7 +249,7 @@ def main(argv=None):
               f"restarts {restarts} | {row['seconds']:6.1f} s | {outcome}", flush=True)
     defects = [r for r in rows if r["outcome"] not in ("exact", "named error")]
     counts = {o: sum(r["outcome"] == o for r in rows) for o in sorted({r["outcome"] for r in rows})}
-    print(f"chaos: {len(rows)} trials, seed {args.seed}: {counts}; "
+    print(f"chaos ({args.mode}): {len(rows)} trials, seed {args.seed}: {counts}; "
           f"{'PASSED' if not defects else 'FAILED'}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:

@@ -2,7 +2,8 @@
 either finishes exactly like one device or fails naming a task; no hang,
 no orphan process, no corrupted checkpoint.
 
-Long form: ``python scripts/chaos.py --trials=20 --seed=1`` (README "Reliability").
+Long forms: ``python scripts/chaos.py --trials=20 --seed=1`` and
+``python scripts/chaos.py --mode=ps --trials=10 --seed=1`` (README "Reliability").
 """
 
 import importlib.util
@@ -23,11 +24,14 @@ _spec.loader.exec_module(chaos)
 def test_faults_are_drawn_from_the_seed_over_every_signal_task_and_moment():
     first = [chaos.draw(random.Random(3)) for _ in range(1)]
     assert first == [chaos.draw(random.Random(3))]
-    drawn = [chaos.draw(rng) for rng in [random.Random(1)] for _ in range(200)]
-    assert {d["signal"] for d in drawn} == set(chaos.SIGNALS)
-    assert {d["task"] for d in drawn} == set(chaos.TASKS)
-    assert {d["moment"] for d in drawn} == set(chaos.MOMENTS)
-    assert all((d["cont_after"] is not None) == (d["signal"] == "SIGSTOP+CONT") for d in drawn)
+    for mode in ("mwms", "ps"):
+        drawn = [chaos.draw(rng, mode) for rng in [random.Random(1)] for _ in range(200)]
+        assert {d["signal"] for d in drawn} == set(chaos.SIGNALS)
+        assert {d["task"] for d in drawn} == set(chaos.TASKS[mode])
+        assert {d["moment"] for d in drawn} == set(chaos.MOMENTS)
+        assert all((d["cont_after"] is not None) == (d["signal"] == "SIGSTOP+CONT") for d in drawn)
+    assert {"chief-0", "worker-0", "ps-0"} == set(chaos.TASKS["ps"])
+    assert "evaluation" in chaos.MOMENTS
 
 
 @pytest.mark.chaos
@@ -41,3 +45,15 @@ def test_three_seeded_faults_end_exactly_or_with_a_named_error(tmp_path):
     assert result["ok"], done.stdout[-6000:]
     assert len(result["trials"]) == 3
     assert all(t["injected"] == "sent" for t in result["trials"]), done.stdout
+
+
+@pytest.mark.chaos
+def test_one_seeded_fault_on_a_parameter_server_cluster(tmp_path):
+    report = tmp_path / "chaos.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "chaos.py"), "--mode=ps", "--trials=1",
+         "--seed=7", f"--json={report}"], cwd=REPO, timeout=900, capture_output=True, text=True,
+    )
+    result = json.loads(report.read_text())
+    assert result["ok"], done.stdout[-6000:]
+    assert [t["injected"] for t in result["trials"]] == ["sent"], done.stdout

@@ -26,6 +26,7 @@ def _task_says(code):
 def test_parse_args_splits_own_flags_and_command():
     config, command = launch.cli.parse_args(["--num_workers=3", "--max_restarts=2", "--", "python", "x.py", "--y=1"])
     assert (config.num_workers, config.max_restarts) == (3, 2)
+    assert config.fewest_workers == 3  # no --min_workers: never shrinks
     assert command == ["python", "x.py", "--y=1"]
 
 
@@ -37,6 +38,11 @@ def test_parse_args_splits_own_flags_and_command():
     (["--num_workers=2", "--ports=1234", "--", "true"], "`ports` has 1 entries for 2 tasks"),
     (["--num_workers=2", "--num_ps=-1", "--", "true"], r"`num_ps` \(-1\) must be 0 or more"),
     (["--num_workers=2", "--hang_timeout=-1", "--", "true"], r"`hang_timeout` \(-1.0\) must be 0 or more"),
+    (["--num_workers=2", "--min_workers=3", "--", "true"],
+     r"`min_workers` \(3\) is more than `num_workers` \(2\); give --min_workers between 1 and 2"),
+    (["--num_workers=2", "--min_workers=0", "--", "true"], r"`min_workers` \(0\) must be a positive integer"),
+    (["--num_workers=3", "--num_ps=1", "--min_workers=2", "--", "true"],
+     r"`min_workers` \(2\) is for multi-worker training without ps tasks"),
 ])
 def test_bad_arguments(argv, message):
     with pytest.raises(ConfigurationError, match=message):

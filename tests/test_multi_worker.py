@@ -98,6 +98,25 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_
         _assert_equals_reference(result, keras_reference, check_history=False)
 
 
+def test_elastic_shrink_continues_exactly_on_fewer_workers(tmp_path, keras_reference):
+    """Issue 10, point 8: worker-2 of 3 dies mid-run, then keeps dying
+    before it joins; the launcher drops it and 2 workers finish the run
+    from the latest checkpoint, with the same global batches: the final
+    weights equal one device's."""
+    launcher = ["--num_workers=3", "--min_workers=2", "--max_restarts=2", "--grace_period=5"]
+    args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            "--checkpoint_every_steps=2", "--broken_worker=2", "--broken_at_step=7"]
+    with LauncherRun(launcher, PROGRAM + args) as run:
+        assert run.wait(timeout=400) == 0, run.output[-4000:]
+    assert "worker-2: exited (exit code 137)" in run.output
+    assert ("lost worker-2: it died again before joining the cluster; "
+            "continuing with 2 workers (--min_workers=2)") in run.output, run.output[-4000:]
+    assert "restart 2/2" in run.output
+    assert not (tmp_path / "out" / "worker-2.json").exists()
+    for result in _results(tmp_path / "out", workers=2):
+        _assert_equals_reference(result, keras_reference, check_history=False)
+
+
 def test_bad_tf_config_fails_before_tensorflow_starts(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}')
     with pytest.raises(tfdist.cluster.TFConfigError, match=r"task.index \(3\) is out of range"):

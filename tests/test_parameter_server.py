@@ -159,6 +159,49 @@ def test_killed_ps_with_a_restart_resumes_from_the_checkpoint_exactly(tmp_path, 
     _assert_weights_equal_reference(result, keras_reference)
 
 
+def test_sigterm_to_the_coordinator_saves_and_the_restarted_run_resumes_exactly(
+    tmp_path, keras_reference
+):
+    """Issue 10, point 6: SIGTERM to the chief (what a cluster manager sends)
+    saves a checkpoint at the step it stops and exits 143; the launcher's
+    restart resumes from it, and one worker's result equals one device's."""
+    launcher = ["--num_workers=1", "--num_ps=1", "--max_restarts=1", "--grace_period=20"]
+    # Only the preemption saves mid-run; a progress line every step.
+    args = _slow_args(tmp_path, checkpoint_every=100) + ["--log_every_steps=1"]
+    with LauncherRun(launcher, PROGRAM + args) as run:
+        run.wait_for(r"\[chief-0\] train \| epoch 2 \| step 2/5", timeout=240)
+        os.kill(run.pids()["chief-0"], signal.SIGTERM)
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    preempted = [line for line in run.output.splitlines()
+                 if "preempted (SIGTERM): checkpoint saved at step" in line]
+    assert preempted, run.output[-4000:]
+    step = int(preempted[0].rsplit(" ", 1)[1])
+    assert "chief-0: exited (exit code 143)" in run.output
+    assert f"ckpt-{step}: epoch 2, step {step - STEPS} of the epoch, {step} in all" in run.output
+    result = _result(tmp_path / "out")
+    assert result["trainer_steps"] == EPOCHS * STEPS
+    _assert_weights_equal_reference(result, keras_reference)
+
+
+def test_a_worker_stopped_forever_is_replaced_and_training_completes(tmp_path):
+    """Issue 10, point 6: a worker SIGSTOPped and never continued does not
+    stall the coordinator: after --hang_timeout the launcher kills it and
+    starts it again; its steps run elsewhere meanwhile."""
+    launcher = ["--num_workers=2", "--num_ps=1", "--hang_timeout=5"]
+    with LauncherRun(launcher, PROGRAM + _slow_args(tmp_path)) as run:
+        run.wait_for(r"\[chief-0\] train \| epoch 1 \| step 5/5", timeout=240)
+        stopped = time.monotonic()
+        os.kill(run.pids()["worker-1"], signal.SIGSTOP)
+        run.wait_for(r"\[launcher\] worker-1 hung: stopped \(SIGSTOP\) for \d+ s; killed it, "
+                     r"starting it again, same address", timeout=60)
+        replaced = time.monotonic() - stopped
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    assert replaced < 5 + 10  # hang_timeout plus the launcher's polling slack
+    result = _result(tmp_path / "out")
+    assert result["trainer_steps"] == EPOCHS * STEPS
+    assert EPOCHS * STEPS <= result["optimizer_iterations"] <= EPOCHS * STEPS + 1
+
+
 def test_unreachable_servers_time_out_naming_them(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", json.dumps({
         "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},

@@ -35,6 +35,9 @@ def main():
     parser.add_argument("--step_delay", type=float, default=0.0)
     parser.add_argument("--input", default="dataset", choices=["dataset", "dataset_fn"],
                         help="mlp: pass a dataset, or a dataset_fn(input_context) sharding it")
+    parser.add_argument("--log_every_steps", type=int, default=5)
+    parser.add_argument("--validation_examples", type=int, default=0,
+                        help="also validate on this many examples each epoch (0: no)")
     args = parser.parse_args()
 
     strategy = tfdist.make_strategy("parameter_server", timeout_seconds=60, min_shard_bytes=16 << 10)
@@ -64,15 +67,18 @@ def main():
         def on_train_batch_end(self, batch, logs=None):
             time.sleep(args.step_delay)
 
-    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=args.checkpoint_dir, log_every_steps=5,
+    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=args.checkpoint_dir, log_every_steps=args.log_every_steps,
                              checkpoint_every_steps=args.checkpoint_every_steps)
     try:  # Without steps_per_epoch: a clear error, and nothing trained.
         trainer.fit(train, epochs=1)
         missing_steps_error = None
     except tfdist.errors.ConfigurationError as error:
         missing_steps_error = str(error)
+    validation = (ref.global_batches(args.validation_examples, 16)
+                  if args.validation_examples else None)
     history = trainer.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-                          verbose=1, callbacks=[Slow()] if args.step_delay else None)
+                          verbose=1, callbacks=[Slow()] if args.step_delay else None,
+                          validation_data=validation)
     first_batch = next(iter(test))[0]
     result = {
         "missing_steps_error": missing_steps_error,

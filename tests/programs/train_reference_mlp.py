@@ -9,12 +9,42 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import tfdist  # noqa: E402
+
+
+def _broken_host(args):
+    """For elastic-shrink tests: a callback that SIGKILLs this worker at
+    ``--broken_at_step`` the first time (leaving a marker), or None; once the
+    marker exists, this worker exits before joining, as a dead host would."""
+    if args.broken_worker is None:
+        return None
+    config = json.loads(os.environ.get("TF_CONFIG", "{}"))
+    marker = pathlib.Path(args.output_dir) / f"broken-worker-{args.broken_worker}"
+    workers = config.get("cluster", {}).get("worker", [])
+    if config.get("task", {}).get("index") != args.broken_worker or len(workers) <= args.broken_worker:
+        return None
+    if marker.exists():
+        print(f"worker-{args.broken_worker}: host is broken, exiting before joining", flush=True)
+        sys.exit(3)
+    import keras  # pylint: disable=import-outside-toplevel
+
+    class KillAtStep(keras.callbacks.Callback):
+        seen = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.seen += 1
+            if self.seen >= args.broken_at_step:
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text("killed")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return KillAtStep()
 
 
 def main():
@@ -30,7 +60,15 @@ def main():
     parser.add_argument("--log_every_steps", type=int, default=2)
     parser.add_argument("--timeout_seconds", type=float, default=0.0,
                         help="per-collective timeout; 0: none (tfdist's default)")
+    parser.add_argument("--broken_worker", type=int, default=None,
+                        help="this worker index of the first cluster size is on a "
+                             "broken host: killed at --broken_at_step, then it dies "
+                             "before joining every time it is started again")
+    parser.add_argument("--broken_at_step", type=int, default=3)
+    parser.add_argument("--validation_examples", type=int, default=0,
+                        help="also validate on this many examples each epoch (0: no)")
     args = parser.parse_args()
+    broken = _broken_host(args)
 
     strategy = tfdist.make_strategy(
         "multi_worker_mirrored", num_replicas=args.replicas_per_worker,
@@ -54,7 +92,9 @@ def main():
     dataset = ref.global_batches(args.examples, args.batch_size)
     history = trainer.fit(
         dataset, epochs=args.epochs, verbose=1,
-        callbacks=[Slow()] if args.step_delay else None,
+        callbacks=[c for c in (Slow() if args.step_delay else None, broken) if c],
+        validation_data=(ref.global_batches(args.validation_examples, args.batch_size)
+                         if args.validation_examples else None),
     )
     task = f"{tfdist.cluster.task_type() or 'worker'}-{tfdist.cluster.task_id()}"
     os.makedirs(args.output_dir, exist_ok=True)

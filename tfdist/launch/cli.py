@@ -38,6 +38,9 @@ Options:
   --num_workers N       worker tasks (required)
   --num_ps N            parameter-server tasks (default 0: no ps)
   --max_restarts K      restarts of the group after a failure (default 0)
+  --min_workers M       elastic shrink: a worker that dies before joining on
+                        a restart is lost, and the group restarts with one
+                        worker fewer, never fewer than M (default: num_workers)
   --log_dir DIR         also write each task's output to DIR/<task>.log
   --start_timeout S     seconds for all tasks to join (default 180; 0: off)
   --grace_period S      seconds between SIGTERM and SIGKILL, and the bound on
@@ -72,6 +75,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     parser.add_argument("--num_workers", type=int, required=True)
     parser.add_argument("--num_ps", type=int, default=0)
     parser.add_argument("--max_restarts", type=int, default=0)
+    parser.add_argument("--min_workers", type=int, default=None)
     parser.add_argument("--log_dir", default=None)
     parser.add_argument("--start_timeout", type=float, default=180.0)
     parser.add_argument("--grace_period", type=float, default=15.0)
@@ -81,6 +85,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     ports = tuple(int(p) for p in args.ports.split(",")) if args.ports else None
     config = LaunchConfig(
         num_workers=args.num_workers, num_ps=args.num_ps, max_restarts=args.max_restarts,
+        min_workers=args.min_workers,
         log_dir=args.log_dir, start_timeout=args.start_timeout,
         grace_period=args.grace_period, hang_timeout=args.hang_timeout, ports=ports,
     )

@@ -18,6 +18,10 @@ class LaunchConfig:
       max_worker_respawns: with ps tasks, how often a dead worker server is
         started again (the coordinator retries its steps meanwhile).
       max_restarts: restarts of the whole group after a task fails.
+      min_workers: elastic shrink (no ps tasks): a worker that dies before
+        joining the cluster on a restart is lost, and the group restarts
+        with one worker fewer, never fewer than this. None: ``num_workers``
+        (no shrinking).
       log_dir: if set, each task's output also goes to ``<log_dir>/<task>.log``.
       start_timeout: seconds for every task to join the cluster (to report
         through ``TFDIST_READY_FILE``, as `tfdist.make_strategy` does);
@@ -35,6 +39,7 @@ class LaunchConfig:
     num_ps: int = 0
     max_worker_respawns: int = 3
     max_restarts: int = 0
+    min_workers: Optional[int] = None
     log_dir: Optional[str] = None
     start_timeout: float = 180.0
     grace_period: float = 15.0
@@ -53,6 +58,7 @@ class LaunchConfig:
             raise ConfigurationError(
                 f"`max_restarts` ({self.max_restarts!r}) must be 0 or more."
             )
+        self._check_min_workers()
         for name in ("start_timeout", "grace_period", "hang_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(
@@ -63,6 +69,32 @@ class LaunchConfig:
                 f"`ports` has {len(self.ports)} entries for {self.num_tasks} tasks; "
                 "give one port per task, or none for free ports."
             )
+
+    def _check_min_workers(self) -> None:
+        value = self.min_workers
+        if value is None:
+            return
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigurationError(
+                f"`min_workers` ({value!r}) must be a positive integer: the fewest "
+                f"workers training may shrink to (at most --num_workers={self.num_workers})."
+            )
+        if value > self.num_workers:
+            raise ConfigurationError(
+                f"`min_workers` ({value}) is more than `num_workers` ({self.num_workers}); "
+                f"give --min_workers between 1 and {self.num_workers}."
+            )
+        if self.num_ps and value < self.num_workers:
+            raise ConfigurationError(
+                f"`min_workers` ({value}) is for multi-worker training without ps "
+                "tasks; with parameter servers the coordinator already moves a lost "
+                "worker's steps to the others. Drop --min_workers or --num_ps."
+            )
+
+    @property
+    def fewest_workers(self) -> int:
+        """The size the group may shrink to (``num_workers`` if not elastic)."""
+        return self.num_workers if self.min_workers is None else self.min_workers
 
     @property
     def num_tasks(self) -> int:

@@ -31,8 +31,8 @@ class TaskSpec:
     ``command`` replaces the group's command for this task. A ``server``
     task (a ps or worker under ParameterServerStrategy) is not expected to
     exit: the group succeeds when every other task exited 0, and a server
-    that exits is started again, same port, up to ``max_respawns`` times,
-    else it fails the group.
+    that exits, or hangs (stopped for ``hang_timeout``), is started again,
+    same port, up to ``max_respawns`` times, else it fails the group.
     """
 
     name: str
@@ -229,7 +229,7 @@ class ProcessGroup:
                 return GroupResult(0)
             if hang_timeout:
                 hung = self._hung(stopped_since, now, hang_timeout)
-                if hung is not None:
+                if hung is not None and not self._respawn_hung(hung, stopped_since):
                     return hung
             if start_timeout:
                 for task in self._tasks:
@@ -261,6 +261,23 @@ class ProcessGroup:
                     f"hung: stopped (SIGSTOP) for {now - since:.0f} s",
                 )
         return None
+
+    def _respawn_hung(self, hung: GroupResult, stopped_since: Dict[str, float]) -> bool:
+        """A hung worker server with respawns left is killed and started
+        again at its address (the coordinator moves its steps to the other
+        workers meanwhile); returns False for any other hung task."""
+        task = next(t for t in self._tasks if t.name == hung.failed_task)
+        if not task.server or self._respawns.get(task.name, 0) >= task.max_respawns:
+            return False
+        self._respawns[task.name] = self._respawns.get(task.name, 0) + 1
+        process = self._processes[task.name]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        stopped_since.pop(task.name, None)
+        self._emit(f"[launcher] {task.name} {hung.reason}; killed it, starting it "
+                   "again, same address")
+        self._start_task(task)
+        return True
 
     def _failure(self, name: str, code: int, reason: str) -> GroupResult:
         return GroupResult(code, name, reason, list(self._tails[name]))

@@ -1,5 +1,6 @@
 """`launch(config, command)`: run a local cluster to completion, with restarts."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -56,6 +57,16 @@ def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
     return tasks
 
 
+def _lost_worker(result: GroupResult, tasks, restarts: int) -> Optional[str]:
+    """The worker to give up on, if the failed task is a worker that died
+    before joining the cluster on a restart (it can not come back)."""
+    failed = next((t for t in tasks if t.name == result.failed_task), None)
+    if (restarts == 0 or failed is None or not failed.name.startswith("worker-")
+            or failed.ready_file is None or os.path.exists(failed.ready_file)):
+        return None
+    return failed.name
+
+
 def _port_conflict(result: GroupResult) -> bool:
     return any("address already in use" in line.lower() for line in result.tail)
 
@@ -105,7 +116,11 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
 
     A failing task ends its group (the others get SIGTERM, then SIGKILL).
     With ``config.max_restarts`` the group starts again with new ports, and
-    training resumes from its latest checkpoint. Returns the last start's
+    training resumes from its latest checkpoint. With ``config.min_workers``
+    a worker that dies before joining on a restart is lost: the group
+    restarts with one worker fewer (never below ``min_workers``); the
+    remaining workers keep the same global batches, so training continues
+    exactly. Returns the last start's
     result, whose summary names the root-cause task.
     """
     output = output or sys.stdout
@@ -114,13 +129,15 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
         check_ports_free(config.ports, config.host)
     ready_dir = tempfile.mkdtemp(prefix="tfdist-launch-")
     restarts = port_retries = 0
+    size = config  # the current cluster: shrinks when a worker is lost
     try:
         with _SignalForwarder() as forwarder:
             while True:
                 for stale in os.listdir(ready_dir):
                     os.remove(os.path.join(ready_dir, stale))
-                ports = config.ports or free_ports(config.num_tasks, config.host)
-                tasks = make_tasks(config, ports, ready_dir)
+                ports = (config.ports[:size.num_tasks] if config.ports
+                         else free_ports(size.num_tasks, config.host))
+                tasks = make_tasks(size, ports, ready_dir)
                 emit(f"[launcher] cluster: {json.dumps([t.name + '@' + str(p) for t, p in zip(tasks, ports)])}")
                 group = ProcessGroup(tasks, command, log_dir=config.log_dir, output=output)
                 forwarder.group = group
@@ -146,8 +163,15 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
                     continue
                 if restarts >= config.max_restarts:
                     break
+                lost = _lost_worker(result, tasks, restarts)
                 restarts += 1
                 emit(f"[launcher] {result.summary().splitlines()[0]}")
+                if lost and size.num_workers > config.fewest_workers:
+                    size = dataclasses.replace(
+                        size, num_workers=size.num_workers - 1, ports=None, min_workers=None)
+                    emit(f"[launcher] lost {lost}: it died again before joining the cluster; "
+                         f"continuing with {size.num_workers} workers "
+                         f"(--min_workers={config.fewest_workers})")
                 emit(f"[launcher] restart {restarts}/{config.max_restarts}: starting all tasks again")
     finally:
         shutil.rmtree(ready_dir, ignore_errors=True)
