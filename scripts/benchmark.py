@@ -48,6 +48,11 @@ flags.DEFINE_integer("window_steps", None,
                      "Steps per timed window (one epoch); default 512 for the "
                      "mlp, 48 for the convnet (about half a second each here).")
 flags.DEFINE_integer("windows", 5, "Timed windows per contender.")
+flags.DEFINE_enum("batch_shape", "static", ["static", "dynamic"],
+                  "static: the batch dimension is known (like batch(..., "
+                  "drop_remainder=True)); dynamic: unknown, as after a plain "
+                  "batch(), so tfdist adds a padding mask (no replica gets an "
+                  "empty batch).")
 flags.DEFINE_bool("plot", False, "Also draw benchmark.png (matplotlib).")
 flags.DEFINE_string("child", None, "Internal: run one configuration (JSON).")
 FLAGS = flags.FLAGS
@@ -89,6 +94,11 @@ def _make_contenders(config):
     # creates its iterator per epoch, as real training does.
     window = max(spe, config["window_steps"] // spe * spe)
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat(window)
+    if config.get("batch_shape") == "dynamic":
+        # Same data, batch dimension unknown to the graph (one cheap op).
+        dataset = dataset.map(lambda a, b: (
+            tf.raw_ops.PlaceholderWithDefault(input=a, shape=[None] + a.shape[1:].as_list()),
+            tf.raw_ops.PlaceholderWithDefault(input=b, shape=[None])))
 
     def compiled_model():
         keras.utils.set_random_seed(0)
@@ -209,6 +219,7 @@ def _configurations():
                     "global_batch_size": FLAGS.global_batch_size,
                     "window_steps": FLAGS.window_steps or _DEFAULT_WINDOW[model],
                     "windows": FLAGS.windows,
+                    "batch_shape": FLAGS.batch_shape,
                 }
 
 

@@ -15,6 +15,7 @@ import os
 from absl import app, flags, logging
 
 import tfdist
+from image_classifier import train_image_classifier
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_replicas", 2, "Replicas (logical CPUs if no GPU).")
@@ -37,7 +38,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # tfdist prints its own progress.
     # First: logical devices must be configured before TensorFlow starts.
     strategy = tfdist.make_strategy("mirrored", num_replicas=FLAGS.num_replicas)
-    tfdist.recipes.train_image_classifier(
+    train_image_classifier(
         strategy, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
         batch_size=FLAGS.batch_size, model=FLAGS.model,
         learning_rate=FLAGS.learning_rate, epochs=FLAGS.epochs,

@@ -23,6 +23,7 @@ import os
 from absl import app, flags, logging
 
 import tfdist
+from image_classifier import train_image_classifier
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("replicas_per_worker", 1, "Logical CPUs per worker (if no GPU).")
@@ -47,7 +48,7 @@ def main(argv):
         "multi_worker_mirrored", num_replicas=FLAGS.replicas_per_worker,
         communication=FLAGS.communication, peer_timeout_seconds=FLAGS.peer_timeout_seconds,
     )
-    tfdist.recipes.train_image_classifier(
+    train_image_classifier(
         strategy, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
         batch_size=FLAGS.batch_size, model=FLAGS.model,
         learning_rate=FLAGS.learning_rate, epochs=FLAGS.epochs,

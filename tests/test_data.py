@@ -26,10 +26,45 @@ def _first_step_labels(strategy, distributed):
     return [t["y"].numpy().tolist() for t in strategy.experimental_local_results(batch)]
 
 
+def _real_sizes(strategy, distributed):
+    """Real (unmasked) examples per replica and step."""
+    return [
+        [int(tf.reduce_sum(t["mask"])) if "mask" in t else int(tf.shape(t["y"])[0])
+         for t in strategy.experimental_local_results(batch)]
+        for batch in distributed
+    ]
+
+
 def test_exact_policy_keeps_remainder_with_empty_replicas(make_strategy):
     strategy = make_strategy(4)
-    sizes = _replica_sizes(strategy, data_lib.distribute(strategy, _batches(10, 8)))
+    sizes = _real_sizes(strategy, data_lib.distribute(strategy, _batches(10, 8)))
     assert sizes == [[2, 2, 2, 2], [1, 1, 0, 0]]
+
+
+@pytest.mark.parametrize("replicas,num_examples,batch_size", [
+    (4, 10, 8), (4, 66, 8), (3, 11, 6), (4, 6, 6), (4, 3, 2), (2, 5, 4),
+])
+def test_exact_policy_never_hands_a_replica_an_empty_batch(
+    make_strategy, replicas, num_examples, batch_size
+):
+    """Issue 11, point 9: replicas without real examples get masked padding,
+    never a 0-row batch; every real example arrives exactly once."""
+    strategy = make_strategy(replicas)
+    distributed = data_lib.distribute(strategy, _batches(num_examples, batch_size))
+    labels = []
+    for batch in distributed:
+        for t in strategy.experimental_local_results(batch):
+            assert int(tf.shape(t["y"])[0]) >= 1
+            keep = t["mask"].numpy() > 0 if "mask" in t else slice(None)
+            labels.extend(t["y"].numpy()[keep].tolist())
+    assert labels == list(range(num_examples))
+
+
+def test_exact_policy_adds_no_padding_when_batches_always_split_evenly(make_strategy):
+    strategy = make_strategy(2)
+    fixed = _batches(8, 4).rebatch(4, drop_remainder=True)
+    distributed = data_lib.distribute(strategy, fixed)
+    assert "mask" not in strategy.experimental_local_results(next(iter(distributed)))[0]
 
 
 def test_drop_policy_drops_the_partial_batch(make_strategy):

@@ -126,3 +126,36 @@ def test_jit_compile_rejects_masked_losses(make_strategy):
     trainer = tfdist.Trainer(model, strategy, jit_compile=True, partial_batch="pad")
     with pytest.raises(Exception, match="jit_compile=True supports losses without Keras masks"):
         trainer.fit(data, verbose=0)
+
+
+def test_sample_weight_that_does_not_fit_the_loss_names_it():
+    per_example = tf.ones([4])
+    weights = tf.ones([4, 2, 2])  # one value per example expected
+    with pytest.raises(tfdist.ConfigurationError,
+                       match=r"`sample_weight` has shape \(4, 2, 2\).*shape \[batch\]"):
+        tfdist.losses.scaled_loss(per_example, weights, global_count=4)
+
+
+def test_data_of_an_unknown_kind_names_the_argument_and_the_fix(make_strategy):
+    strategy = make_strategy(2)
+    trainer = tfdist.Trainer(_compiled_in(strategy), strategy)
+    x, y, _ = ref.classification_arrays(8)
+    with pytest.raises(tfdist.ConfigurationError,
+                       match=r"The dataset must be a tf.data.Dataset.*got tuple.*from_tensor_slices"):
+        trainer.fit((x, y), verbose=0)
+
+
+def test_dataset_fn_that_returns_no_dataset(make_strategy):
+    strategy = make_strategy(2)
+    trainer = tfdist.Trainer(_compiled_in(strategy), strategy)
+    with pytest.raises(tfdist.ConfigurationError,
+                       match=r"dataset_fn\(input_context\) returned list; it must return a tf.data.Dataset"):
+        trainer.fit(lambda context: [1, 2, 3], verbose=0)
+
+
+def test_epoch_dataset_that_returns_no_dataset(make_strategy):
+    strategy = make_strategy(2)
+    trainer = tfdist.Trainer(_compiled_in(strategy), strategy)
+    with pytest.raises(tfdist.ConfigurationError,
+                       match=r"EpochDataset.make_dataset\(0\) returned NoneType"):
+        trainer.fit(tfdist.EpochDataset(lambda epoch: None), verbose=0)

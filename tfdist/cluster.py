@@ -230,3 +230,15 @@ def from_tfjob(env: Mapping[str, str] = None) -> TFConfig:
     if "TF_CONFIG" not in env:
         raise TFConfigError("TF_CONFIG is not set: not inside a TFJob replica?")
     return parse_tf_config(env["TF_CONFIG"])
+
+
+def signal_ready() -> None:
+    """Tells the launcher this task has joined the cluster (if it asked).
+
+    `tfdist-run` sets ``TFDIST_READY_FILE`` per task, so it can tell a task
+    that never joins from a slow one.
+    """
+    path = os.environ.get(READY_FILE_ENV)
+    if path:
+        with open(path, "w", encoding="utf-8") as ready:
+            ready.write(str(os.getpid()))

@@ -4,16 +4,18 @@ Users hand tfdist datasets that yield GLOBAL batches ``(x, y)`` or
 ``(x, y, sample_weight)``, or a ``dataset_fn(input_context)`` that yields
 per-replica batches, or an `EpochDataset` that builds one dataset per epoch
 (for deterministic per-epoch shuffling). `distribute` turns any of them into a
-`tf.distribute.DistributedDataset` whose elements are dicts with keys
-``x``, ``y`` and, when present, ``sample_weight``, ``mask`` and (for
-global-batch datasets) ``global_examples``, the global batch's example count
-repeated per example (see `with_global_count`).
+`tf.distribute.DistributedDataset` of `tfdist.batch.Batch` records (carried
+as dicts: see `tfdist.batch`).
 
 Partial final batches follow a policy:
 
-* ``"exact"`` (default): keep the remainder. With 4 replicas a last global
-  batch of 2 examples arrives as replica batches of 1, 1, 0 and 0 examples;
-  `tfdist.losses` makes empty replicas contribute exactly nothing.
+* ``"exact"`` (default): keep the remainder. A replica is never handed an
+  empty batch (some TensorFlow kernels, e.g. stacked convolutions, fail on
+  0 examples): on more than one replica, a batch whose size is not a
+  multiple of the replica count is padded up to the next multiple, with a
+  ``mask`` of 0.0 on the padding, so with 4 replicas a last global batch of
+  2 examples arrives as 1, 1, 0 and 0 real examples plus padding. Padding
+  contributes nothing to losses, gradients, metrics or batch statistics.
 * ``"drop"``: drop batches smaller than the global batch size.
 * ``"pad"``: pad every batch to the global batch size (static shapes, for
   XLA and TPUs) and add a ``mask`` of 1.0 for real and 0.0 for padded
@@ -25,12 +27,13 @@ Partial final batches follow a policy:
 [4, 1]
 """
 
-import dataclasses
-from typing import Callable, Optional, Union
+from typing import Optional
 
 import tensorflow as tf
 
-from tfdist import _keras
+from tfdist import epochs
+from tfdist.batch import Batch, validate_element_spec
+from tfdist.epochs import EpochDataset, epoch_seed  # noqa: F401  (public names)
 from tfdist.errors import ConfigurationError
 
 PARTIAL_BATCH_POLICIES = ("exact", "drop", "pad")
@@ -43,93 +46,6 @@ _SHARD_POLICIES = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class EpochDataset:
-    """A dataset built anew for every epoch: ``make_dataset(epoch) -> Dataset``.
-
-    Use it for shuffling that is deterministic per epoch, so a job resumed
-    at epoch 3 sees exactly the order an uninterrupted job would:
-
-    >>> base = tf.data.Dataset.range(8)
-    >>> data = EpochDataset(
-    ...     lambda epoch: base.shuffle(8, seed=epoch_seed(7, epoch)).batch(4))
-    """
-
-    make_dataset: Callable[[int], tf.data.Dataset]
-
-
-def epoch_seed(seed: int, epoch: int) -> int:
-    """A distinct, reproducible shuffle seed for each (seed, epoch) pair."""
-    return (seed * 1_000_003 + epoch * 7919 + 1) % (2**31 - 1)
-
-
-DataSource = Union[tf.data.Dataset, EpochDataset, Callable]
-
-
-def _leaves_with_paths(structure):
-    flat = _keras.tree.flatten_with_path(structure)
-    return [
-        ("/".join(str(p) for p in path) or "<tensor>", leaf) for path, leaf in flat
-    ]
-
-
-def validate_element_spec(element_spec, what: str = "dataset") -> None:
-    """Checks that elements are batched ``(x, y)`` or ``(x, y, sample_weight)``.
-
-    Raises:
-      ConfigurationError: wrong structure, or a component without a batch
-        dimension; the message names the component and its shape.
-    """
-    if not isinstance(element_spec, tuple) or len(element_spec) not in (2, 3):
-        raise ConfigurationError(
-            f"The {what} must yield tuples (x, y) or (x, y, sample_weight); "
-            f"its element_spec is {element_spec}. Map it, e.g. "
-            "`ds.map(lambda e: (e['image'], e['label']))`."
-        )
-    names = ("x", "y", "sample_weight")
-    leading_dims = {}
-    for name, part in zip(names, element_spec):
-        for path, spec in _leaves_with_paths(part):
-            if not isinstance(spec, tf.TensorSpec):
-                raise ConfigurationError(
-                    f"The {what}'s {name} component {path} is a "
-                    f"{type(spec).__name__}; tfdist needs dense tensors."
-                )
-            if spec.shape.rank == 0:
-                raise ConfigurationError(
-                    f"The {what}'s {name} component {path} has shape "
-                    f"{spec.shape}: it has no batch dimension. Batch the "
-                    "dataset, e.g. `ds.batch(global_batch_size)`."
-                )
-            if spec.shape.rank is not None and spec.shape[0] is not None:
-                leading_dims[f"{name}:{path}"] = spec.shape[0]
-    if len(set(leading_dims.values())) > 1:
-        raise ConfigurationError(
-            f"The {what}'s components disagree on the batch dimension "
-            f"({leading_dims}); is the dataset batched?"
-        )
-
-
-def to_batch_dict(element) -> dict:
-    """``(x, y[, sample_weight])`` -> ``{"x", "y"[, "sample_weight"]}``."""
-    batch = {"x": element[0], "y": element[1]}
-    if len(element) == 3:
-        batch["sample_weight"] = element[2]
-    return batch
-
-
-def batch_size_of(batch: dict) -> tf.Tensor:
-    """Number of examples in a batch dict (its leading dimension)."""
-    return tf.shape(tf.nest.flatten(batch["x"])[0])[0]
-
-
-def real_examples(batch: dict) -> tf.Tensor:
-    """Examples in a batch dict that are not padding, as float32."""
-    if "mask" in batch:
-        return tf.reduce_sum(tf.cast(batch["mask"], tf.float32))
-    return tf.cast(batch_size_of(batch), tf.float32)
-
-
 def infer_global_batch_size(dataset: tf.data.Dataset) -> int:
     """The batch size: static from the element_spec, else the first batch's."""
     first_spec = tf.nest.flatten(dataset.element_spec)[0]
@@ -140,50 +56,22 @@ def infer_global_batch_size(dataset: tf.data.Dataset) -> int:
     raise ConfigurationError("The dataset is empty: no batch to train on.")
 
 
-GLOBAL_EXAMPLES = "global_examples"
-
-
-def with_global_count(batch: dict) -> dict:
-    """Adds the global batch's real-example count as a per-example column.
-
-    Rebatching splits the column with the batch, so every non-empty replica
-    learns the global count without a collective (an empty replica contributes
-    nothing and needs no count). `tfdist.step` uses it instead of an
-    all-reduce wherever the loss's denominators follow from example counts.
-    """
-    count = real_examples(batch)
-    batch = dict(batch)
-    batch[GLOBAL_EXAMPLES] = tf.fill(tf.expand_dims(batch_size_of(batch), 0), count)
-    return batch
-
-
-def _pad_to(batch: dict, size: int) -> dict:
-    count = batch_size_of(batch)
-    missing = size - count
-
-    def pad(tensor):
-        paddings = [[0, missing]] + [[0, 0]] * (tensor.shape.rank - 1)
-        padded = tf.pad(tensor, paddings)
-        return tf.ensure_shape(padded, [size] + tensor.shape[1:].as_list())
-
-    padded = tf.nest.map_structure(pad, batch)
-    mask = tf.concat([tf.ones([count]), tf.zeros([missing])], axis=0)
-    padded["mask"] = tf.ensure_shape(mask, [size])
-    return padded
-
-
 def apply_partial_batch_policy(
     dataset: tf.data.Dataset,
     policy: str,
     global_batch_size: Optional[int] = None,
     *,
     add_global_count: bool = False,
+    pad_to_multiple_of: int = 1,
 ) -> tf.data.Dataset:
-    """Maps ``(x, y[, w])`` batches to batch dicts under ``policy``.
+    """Maps ``(x, y[, w])`` batches to `Batch` structures under ``policy``.
 
-    With ``add_global_count``, batches also get `with_global_count`'s column.
-    Each policy is a single ``map`` (plus a ``filter`` for "drop"): every
-    stage costs CPU per batch, and tf.data does not fuse maps by default.
+    With ``add_global_count``, batches also carry their real-example count
+    (`Batch.with_global_count`). With ``pad_to_multiple_of`` > 1 ("exact"
+    only), a batch whose size is not a multiple of it is padded up to one,
+    with a mask, so no replica of that many gets an empty batch. Each policy
+    is a single ``map`` (plus a ``filter`` for "drop"): every stage costs CPU
+    per batch, and tf.data does not fuse maps by default.
     """
     if policy not in PARTIAL_BATCH_POLICIES:
         raise ConfigurationError(
@@ -191,22 +79,37 @@ def apply_partial_batch_policy(
             f"{PARTIAL_BATCH_POLICIES}."
         )
     validate_element_spec(dataset.element_spec)
-    finish = with_global_count if add_global_count else (lambda batch: batch)
+
+    def finish(batch: Batch) -> dict:
+        return (batch.with_global_count() if add_global_count else batch).to_structure()
+
     if policy == "exact":
-        return dataset.map(lambda *e: finish(to_batch_dict(e)))
+        if pad_to_multiple_of > 1:
+            return dataset.map(lambda *e: finish(
+                Batch.from_element(e).padded_to_multiple(pad_to_multiple_of)))
+        return dataset.map(lambda *e: finish(Batch.from_element(e)))
     size = global_batch_size or infer_global_batch_size(dataset)
     if policy == "drop":
         full = dataset.filter(lambda *e: tf.shape(tf.nest.flatten(e)[0])[0] == size)
 
         def static(*element):
-            batch = tf.nest.map_structure(
+            fields = tf.nest.map_structure(
                 lambda t: tf.ensure_shape(t, [size] + t.shape[1:].as_list()),
-                to_batch_dict(element),
+                Batch.from_element(element).to_structure(),
             )
-            return finish(batch)
+            return finish(Batch.from_structure(fields))
 
         return full.map(static)
-    return dataset.map(lambda *e: finish(_pad_to(to_batch_dict(e), size)))
+    return dataset.map(lambda *e: finish(Batch.from_element(e).padded_to(size)))
+
+
+def _needs_padding(dataset: tf.data.Dataset, replicas: int) -> int:
+    """``replicas`` when some batch may not split into non-empty replica
+    batches (its size is unknown or not a multiple), else 1."""
+    if replicas == 1:
+        return 1
+    size = tf.nest.flatten(dataset.element_spec)[0].shape[0]
+    return 1 if size is not None and size % replicas == 0 else replicas
 
 
 def _options(shard_policy: str) -> tf.data.Options:
@@ -220,7 +123,7 @@ def _options(shard_policy: str) -> tf.data.Options:
 
 def distribute(
     strategy: tf.distribute.Strategy,
-    data: DataSource,
+    data,
     *,
     epoch: int = 0,
     skip_steps: int = 0,
@@ -228,12 +131,13 @@ def distribute(
     global_batch_size: Optional[int] = None,
     shard_policy: str = "auto",
 ):
-    """Returns a distributed dataset of batch dicts for ``epoch``.
+    """Returns a distributed dataset of `Batch` structures for ``epoch``.
 
     Args:
       strategy: where the batches go.
-      data: a `tf.data.Dataset` of global batches, an `EpochDataset`, or a
-        ``dataset_fn(input_context)`` yielding per-replica batches.
+      data: a `tf.data.Dataset` of global batches, an `EpochDataset`, a
+        ``dataset_fn(input_context)`` yielding per-replica batches, or a
+        `tfdist.epochs.Source` of one of them.
       epoch: passed to an `EpochDataset`.
       skip_steps: training steps of this epoch already taken (for resuming):
         that many global batches of a dataset are skipped, or that many
@@ -251,54 +155,51 @@ def distribute(
             f"`shard_policy` ({shard_policy!r}) must be one of "
             f"{sorted(_SHARD_POLICIES)}."
         )
+    source = epochs.as_source(data)
     replicas = strategy.num_replicas_in_sync
-    if isinstance(data, EpochDataset):
-        data = data.make_dataset(epoch)
-    if isinstance(data, tf.data.Dataset):
-        # "auto" means DATA here: every worker reads the global batches and
-        # keeps its replicas' slices, so each step trains on exactly the
-        # user's global batch. FILE (each worker reads its own files, and a
-        # step's examples are the workers' local batches together) only
-        # when asked for; then the global count is all-reduced, not carried.
-        policy = "data" if shard_policy == "auto" else shard_policy
-        options = _options(policy)
-        dataset = apply_partial_batch_policy(
-            data.skip(skip_steps), partial_batch, global_batch_size,
-            add_global_count=policy != "file",
+    if source.per_replica:
+        return _distribute_dataset_fn(
+            strategy, source, skip_steps, partial_batch, global_batch_size, shard_policy
         )
-        if partial_batch == "pad":
-            size = tf.nest.flatten(dataset.element_spec)[0].shape[0]
-            if size % replicas:
-                raise ConfigurationError(
-                    f"partial_batch='pad' needs a global batch size divisible "
-                    f"by the {replicas} replicas; got {size}."
-                )
-        dataset = dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
-        return strategy.experimental_distribute_dataset(dataset)
-    if callable(data):
-        per_replica_size = (
-            None if global_batch_size is None else global_batch_size // replicas
-        )
-
-        options = _options(shard_policy)
-
-        def dataset_fn(input_context):
-            # One pipeline feeds this many replicas, one batch each per step.
-            per_step = (
-                input_context.num_replicas_in_sync
-                // input_context.num_input_pipelines
-            )
-            dataset = data(input_context).skip(skip_steps * per_step)
-            dataset = apply_partial_batch_policy(
-                dataset, partial_batch, per_replica_size
-            )
-            return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
-
-        return strategy.distribute_datasets_from_function(dataset_fn)
-    raise ConfigurationError(
-        f"Expected a tf.data.Dataset, a tfdist.data.EpochDataset or a "
-        f"dataset_fn(input_context); got {type(data).__name__}."
+    data = source.global_batches(epoch)
+    # "auto" means DATA here: every worker reads the global batches and
+    # keeps its replicas' slices, so each step trains on exactly the
+    # user's global batch. FILE (each worker reads its own files, and a
+    # step's examples are the workers' local batches together) only
+    # when asked for; then the global count is all-reduced, not carried.
+    policy = "data" if shard_policy == "auto" else shard_policy
+    dataset = apply_partial_batch_policy(
+        data.skip(skip_steps), partial_batch, global_batch_size,
+        add_global_count=policy != "file",
+        pad_to_multiple_of=_needs_padding(data, replicas) if policy != "file" else 1,
     )
+    if partial_batch == "pad":
+        size = tf.nest.flatten(dataset.element_spec)[0].shape[0]
+        if size % replicas:
+            raise ConfigurationError(
+                f"partial_batch='pad' needs a global batch size divisible by the "
+                f"{replicas} replicas; got {size}. Batch the dataset with a "
+                f"multiple of {replicas}, or use partial_batch='exact'."
+            )
+    dataset = dataset.with_options(_options(policy)).prefetch(tf.data.AUTOTUNE)
+    return strategy.experimental_distribute_dataset(dataset)
+
+
+def _distribute_dataset_fn(strategy, source, skip_steps, partial_batch,
+                           global_batch_size, shard_policy):
+    """A dataset_fn's per-replica batches, distributed."""
+    replicas = strategy.num_replicas_in_sync
+    per_replica_size = None if global_batch_size is None else global_batch_size // replicas
+    options = _options(shard_policy)
+
+    def dataset_fn(input_context):
+        # One pipeline feeds this many replicas, one batch each per step.
+        per_step = input_context.num_replicas_in_sync // input_context.num_input_pipelines
+        dataset = source.call_dataset_fn(input_context).skip(skip_steps * per_step)
+        dataset = apply_partial_batch_policy(dataset, partial_batch, per_replica_size)
+        return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def worker_stream(

@@ -27,7 +27,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from tfdist import _keras
+from tfdist import _keras, collectives
 from tfdist.errors import ConfigurationError
 
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
@@ -91,23 +91,27 @@ def _align_structure(y_true, y_pred):
         return tree.pack_sequence_as(y_pred, tree.flatten(y_true))
 
 
-def _to_rank(tensor, values):
-    """Squeezes trailing 1-dims or appends them so ``tensor`` broadcasts
-    against ``values`` along the leading (batch) dimensions."""
+def _to_rank(tensor, values, name: str = "sample_weight", loss_name: str = "the loss"):
+    """Squeezes trailing 1-dims or appends them so ``tensor`` (named
+    ``name`` in errors) broadcasts against ``values`` along the leading
+    (batch) dimensions."""
+    original = tensor.shape
     while tensor.shape.rank > values.shape.rank and tensor.shape[-1] == 1:
         tensor = tf.squeeze(tensor, axis=-1)
     while tensor.shape.rank < values.shape.rank:
         tensor = tf.expand_dims(tensor, axis=-1)
     if tensor.shape.rank != values.shape.rank:
         raise ConfigurationError(
-            f"A weight or mask of shape {tensor.shape} does not fit loss "
-            f"values of shape {values.shape}."
+            f"`{name}` has shape {original}, which does not fit the per-example "
+            f"values of {loss_name}, shape {values.shape}. Give `{name}` one value "
+            f"per example (shape [batch]) or the values' shape ({values.shape})."
         )
     return tensor
 
 
 def _output_terms(loss_fn, y_true, y_pred, sample_weight, example_mask):
     dtype = loss_fn.dtype or "float32"
+    name = f"loss {loss_fn.name!r}"
     in_mask = _keras.get_keras_mask(y_pred)
     values = loss_fn.call(tf.cast(y_true, dtype), tf.cast(y_pred, dtype))
     out_mask = _keras.get_keras_mask(values)
@@ -130,18 +134,20 @@ def _output_terms(loss_fn, y_true, y_pred, sample_weight, example_mask):
         valid = None
         weights = (
             None if sample_weight is None
-            else _to_rank(tf.cast(sample_weight, values.dtype), values)
+            else _to_rank(tf.cast(sample_weight, values.dtype), values, loss_name=name)
         )
         numerator = tf.reduce_sum(values if weights is None else values * weights)
     else:
         valid = tf.ones_like(values)
         for mask in masks:
-            valid = valid * _to_rank(tf.cast(mask, values.dtype), values)
+            valid = valid * _to_rank(tf.cast(mask, values.dtype), values, "Keras mask", name)
         if example_mask is not None:
-            valid = valid * _to_rank(tf.cast(example_mask, values.dtype), values)
+            valid = valid * _to_rank(
+                tf.cast(example_mask, values.dtype), values, "padding mask", name)
         weights = valid
         if sample_weight is not None:
-            weights = valid * _to_rank(tf.cast(sample_weight, values.dtype), values)
+            weights = valid * _to_rank(
+                tf.cast(sample_weight, values.dtype), values, loss_name=name)
         # `where` keeps NaN/inf from padded or masked entries out of the sum.
         numerator = tf.reduce_sum(tf.where(weights != 0, values * weights, 0.0))
     if reduction in _MEAN_REDUCTIONS:
@@ -222,12 +228,6 @@ def example_count_denominators(terms: LossTerms, global_examples) -> tf.Tensor:
     return tf.stack(counts) if counts else tf.zeros([0])
 
 
-def all_reduce_sum(value: tf.Tensor) -> tf.Tensor:
-    """Sums ``value`` over all replicas (call in replica context)."""
-    context = tf.distribute.get_replica_context()
-    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
-
-
 def regularization_loss(model) -> tf.Tensor:
     """``sum(model.losses)``: each replica adds it / num_replicas to its loss,
     so after the gradient SUM it counts once."""
@@ -247,7 +247,7 @@ def scaled_loss(per_example_loss, sample_weight=None, global_count=None):
     if sample_weight is not None:
         weighted = values * _to_rank(tf.cast(sample_weight, values.dtype), values)
     if global_count is None:
-        global_count = all_reduce_sum(tf.cast(tf.size(values), values.dtype))
+        global_count = collectives.all_reduce_sum(tf.cast(tf.size(values), values.dtype))
     return tf.math.divide_no_nan(
         tf.reduce_sum(weighted), tf.cast(global_count, values.dtype)
     )

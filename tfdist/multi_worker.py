@@ -15,17 +15,14 @@ joined, so `tfdist-run` can tell a task that never joins from a slow one.
 """
 
 import contextlib
-import os
 from typing import Optional
 
 import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy as _cars
 
-from tfdist import cluster, peers, preemption
+from tfdist import cluster, collectives, peers, preemption
 from tfdist.errors import ConfigurationError
-from tfdist.strategy import configure_logical_cpus, register_strategy
-
-READY_FILE_ENV = cluster.READY_FILE_ENV
+from tfdist.local_devices import configure_logical_cpus
 
 _IMPLEMENTATIONS = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
@@ -57,27 +54,7 @@ def _local_cpu_devices(count: int):
         _cars.CollectiveAllReduceExtended._initialize_local_devices = original
 
 
-def _barrier(strategy) -> None:
-    """Returns once every worker has joined (one tiny all-reduce)."""
-
-    @tf.function
-    def all_reduce_one():
-        return strategy.reduce(
-            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None
-        )
-
-    all_reduce_one()
-
-
-def signal_ready() -> None:
-    """Tells the launcher this task has joined the cluster (if it asked)."""
-    path = os.environ.get(READY_FILE_ENV)
-    if path:
-        with open(path, "w", encoding="utf-8") as ready:
-            ready.write(str(os.getpid()))
-
-
-def _multi_worker_mirrored(
+def multi_worker_mirrored(
     communication: str = "auto",
     peer_timeout_seconds: float = 10.0,
     timeout_seconds: Optional[float] = None,
@@ -126,10 +103,8 @@ def _multi_worker_mirrored(
     # a stop request must still stop this task.
     if config is not None:
         preemption.exit_on_stop_signals()
-    _barrier(strategy)
+    collectives.barrier(strategy)
     if config is not None:
-        signal_ready()
+        cluster.signal_ready()
     return strategy
 
-
-register_strategy("multi_worker_mirrored", _multi_worker_mirrored)

@@ -25,8 +25,6 @@ import tensorflow as tf
 
 from tfdist import cluster, sharded
 from tfdist.errors import ConfigurationError
-from tfdist.multi_worker import signal_ready
-from tfdist.strategy import register_strategy
 
 
 def _reachable(address: str, timeout: float) -> bool:
@@ -59,7 +57,7 @@ def wait_for_servers(config: cluster.TFConfig, timeout_seconds: float) -> None:
             time.sleep(0.5)
 
 
-def _parameter_server(
+def parameter_server(
     variable_partitioner: Optional[Callable] = None,
     min_shard_bytes: int = 256 << 10,
     max_shards: Optional[int] = None,
@@ -92,8 +90,6 @@ def _parameter_server(
         variable_partitioner=variable_partitioner,
     )
     sharded.allow_sharded_updates(strategy)
-    signal_ready()
+    cluster.signal_ready()
     return strategy
 
-
-register_strategy("parameter_server", _parameter_server)

@@ -3,7 +3,8 @@
 `ReplicaSteps` builds the per-replica functions that a runner passes to
 ``strategy.run``. A step:
 
-1. runs the model on the replica's batch (which may be empty),
+1. runs the model on the replica's batch (never empty: `tfdist.data` pads
+   it, and masked rows count in no loss, metric or batch statistic),
 2. computes local loss sums and counts (`tfdist.losses`),
 3. gets the GLOBAL counts: from the batch's ``global_examples`` column when
    the loss's denominators follow from example counts (no communication),
@@ -22,17 +23,9 @@ static.
 import keras
 import tensorflow as tf
 
-from tfdist import losses, sharded
-from tfdist.data import GLOBAL_EXAMPLES, real_examples
+from tfdist import _keras, collectives, losses, sharded
+from tfdist.batch import Batch
 from tfdist.metrics import MetricState
-
-
-def _global_examples_in_data(batch: dict):
-    """The global count carried by the batch; 0 on an empty replica (which
-    contributes nothing, so needs no count); None if not carried."""
-    if GLOBAL_EXAMPLES not in batch:
-        return None
-    return tf.reduce_sum(batch[GLOBAL_EXAMPLES][:1])
 
 
 def _without_padding(mask, y, y_pred, sample_weight):
@@ -64,7 +57,7 @@ def _global_denominators(terms, local_examples, data_global_examples):
             losses.example_count_denominators(terms, data_global_examples),
             data_global_examples,
         )
-    counts = losses.all_reduce_sum(
+    counts = collectives.all_reduce_sum(
         tf.concat([terms.local_denominators(), [local_examples]], 0)
     )
     return tf.stop_gradient(counts[:-1]), counts[-1]
@@ -111,16 +104,21 @@ class ReplicaSteps:
     # Like Keras' own step functions, no autograph: the step has no
     # tensor-dependent Python control flow, and user models run as written.
     @tf.autograph.experimental.do_not_convert
-    def train(self, batch: dict) -> None:
-        """One replica's training step on ``batch`` (replica context)."""
+    def train(self, structure: dict) -> None:
+        """One replica's training step on a `Batch` structure (replica context)."""
+        batch = Batch.from_structure(structure)
+        with _keras.statistics_over_real_rows(batch.mask):
+            self._train(batch)
+
+    @tf.autograph.experimental.do_not_convert
+    def _train(self, batch: Batch) -> None:
         model = self._model
-        x, y = batch["x"], batch["y"]
-        sample_weight, mask = batch.get("sample_weight"), batch.get("mask")
-        local_examples = real_examples(batch)
-        global_examples = _global_examples_in_data(batch)
+        x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
+        local_examples = batch.real_examples()
+        global_examples = batch.carried_global_examples()
         if self._jit_compile:
             if global_examples is None:
-                global_examples = losses.all_reduce_sum(local_examples)
+                global_examples = collectives.all_reduce_sum(local_examples)
             gradients, data_share, shares, regularization, y_pred = (
                 self._xla_forward_backward(x, y, sample_weight, mask, global_examples)
             )
@@ -141,16 +139,16 @@ class ReplicaSteps:
         )
 
     @tf.autograph.experimental.do_not_convert
-    def evaluate(self, batch: dict) -> None:
-        """One replica's evaluation step on ``batch`` (replica context)."""
+    def evaluate(self, structure: dict) -> None:
+        """One replica's evaluation step on a `Batch` structure (replica context)."""
+        batch = Batch.from_structure(structure)
         model = self._model
-        x, y = batch["x"], batch["y"]
-        sample_weight, mask = batch.get("sample_weight"), batch.get("mask")
-        local_examples = real_examples(batch)
+        x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
+        local_examples = batch.real_examples()
         y_pred = self._xla_forward(x) if self._jit_compile else model(x, training=False)
         terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
         denominators, global_examples = _global_denominators(
-            terms, local_examples, _global_examples_in_data(batch)
+            terms, local_examples, batch.carried_global_examples()
         )
         _, data_share, shares, regularization = self._loss(terms, denominators)
         self._metrics.update(

@@ -1,35 +1,31 @@
 """Strategy registry: ``make_strategy(name, **options)`` -> ``tf.distribute.Strategy``.
 
-One call picks the devices a job trains on. On a machine without GPUs,
-``make_strategy("mirrored", num_replicas=4)`` splits the CPU into 4 logical
-devices so that multi-replica code (and its tests) runs on a laptop. Logical
-devices can only be configured before the TensorFlow runtime starts; asking
-for more replicas after that raises `RuntimeAlreadyStartedError`, which says
-to call `make_strategy` first.
+One call picks the devices a job trains on:
 
 >>> strategy = make_strategy("one_device")
 >>> strategy.num_replicas_in_sync
 1
 
-Strategies of other issues (multi-worker, parameter server, TPU) register
-themselves with `register_strategy`.
+The registry imports the modules that build strategies (`tfdist.local_devices`,
+`tfdist.multi_worker`, `tfdist.parameter_server`); none of them imports this
+module back. A new strategy is one factory function in its own module plus
+one line in `_REGISTRY`; users can add their own with `register_strategy`.
 """
 
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict
 
 import tensorflow as tf
 
-from tfdist.errors import ConfigurationError, RuntimeAlreadyStartedError
+from tfdist import local_devices, multi_worker, parameter_server
+from tfdist.local_devices import configure_logical_cpus  # noqa: F401  (public)
 
 StrategyFactory = Callable[..., tf.distribute.Strategy]
 
-_REGISTRY: Dict[str, StrategyFactory] = {}
-
-_CROSS_DEVICE_OPS = {
-    "auto": lambda: None,
-    "nccl": lambda: tf.distribute.NcclAllReduce(),
-    "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(),
-    "reduce_to_one_device": lambda: tf.distribute.ReductionToOneDevice(),
+_REGISTRY: Dict[str, StrategyFactory] = {
+    "one_device": local_devices.one_device,
+    "mirrored": local_devices.mirrored,
+    "multi_worker_mirrored": multi_worker.multi_worker_mirrored,
+    "parameter_server": parameter_server.parameter_server,
 }
 
 
@@ -55,98 +51,3 @@ def make_strategy(name: str, **options) -> tf.distribute.Strategy:
             f"{', '.join(known_strategies())}."
         )
     return _REGISTRY[name](**options)
-
-
-def configure_logical_cpus(num_devices: int) -> list:
-    """Ensures the first CPU is split into at least ``num_devices`` logical devices.
-
-    Returns the names of the first ``num_devices`` logical CPU devices. If the
-    runtime already started with enough logical CPUs (e.g. a test process that
-    configured 4 and now asks for 2), those are reused.
-
-    Raises:
-      ConfigurationError: ``num_devices`` is not a positive integer.
-      RuntimeAlreadyStartedError: the runtime started with fewer devices.
-    """
-    if not isinstance(num_devices, int) or num_devices < 1:
-        raise ConfigurationError(
-            f"`num_replicas` ({num_devices!r}) must be a positive integer."
-        )
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    current = tf.config.get_logical_device_configuration(cpu)
-    if current is None or len(current) < num_devices:
-        try:
-            tf.config.set_logical_device_configuration(
-                cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices
-            )
-        except RuntimeError as error:
-            available = len(tf.config.list_logical_devices("CPU"))
-            if available < num_devices:
-                raise RuntimeAlreadyStartedError(
-                    f"`num_replicas={num_devices}` needs {num_devices} logical "
-                    f"CPU devices, but the TensorFlow runtime already started "
-                    f"with {available}. Call tfdist.make_strategy(...) before "
-                    "any other TensorFlow work (creating tensors, models or "
-                    "datasets), e.g. first thing in main()."
-                ) from error
-    return [f"/cpu:{i}" for i in range(num_devices)]
-
-
-def _cross_device_ops(communication: str):
-    if communication not in _CROSS_DEVICE_OPS:
-        raise ConfigurationError(
-            f"`communication` ({communication!r}) must be one of "
-            f"{sorted(_CROSS_DEVICE_OPS)}."
-        )
-    return _CROSS_DEVICE_OPS[communication]()
-
-
-def _one_device(device: Optional[str] = None) -> tf.distribute.Strategy:
-    if device is None:
-        gpus = tf.config.list_physical_devices("GPU")
-        device = "/gpu:0" if gpus else "/cpu:0"
-    return tf.distribute.OneDeviceStrategy(device)
-
-
-def _mirrored(
-    num_replicas: Optional[int] = None, communication: str = "auto"
-) -> tf.distribute.Strategy:
-    """All local GPUs (or ``num_replicas`` of them); else logical CPUs."""
-    cross_device_ops = _cross_device_ops(communication)
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:
-        count = len(gpus) if num_replicas is None else num_replicas
-        if count > len(gpus):
-            raise ConfigurationError(
-                f"`num_replicas` ({count}) exceeds the {len(gpus)} local GPUs."
-            )
-        devices = [f"/gpu:{i}" for i in range(count)]
-    else:
-        devices = configure_logical_cpus(
-            1 if num_replicas is None else num_replicas
-        )
-    _new_collective_key_range(tf.distribute.MirroredStrategy)
-    return tf.distribute.MirroredStrategy(
-        devices=devices, cross_device_ops=cross_device_ops
-    )
-
-
-def _new_collective_key_range(strategy_class) -> None:
-    """Gives the next strategy of ``strategy_class`` its own collective keys.
-
-    Every MirroredStrategy numbers its collective groups from the same start,
-    so two strategies over overlapping devices with different replica counts
-    in one process (a notebook, a test session, 4 then 2 replicas) collide:
-    "Device CPU:1 is joining a group with size 3, but that group has size 2".
-    TensorFlow's own tests avoid it by moving this (private) base; so do we.
-    """
-    strategy_class._collective_key_base += 100_000
-
-
-register_strategy("one_device", _one_device)
-register_strategy("mirrored", _mirrored)
-
-
-# Strategies of other modules register themselves on import.
-import tfdist.multi_worker  # noqa: E402,F401  pylint: disable=wrong-import-position
-import tfdist.parameter_server  # noqa: E402,F401  pylint: disable=wrong-import-position

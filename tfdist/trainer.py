@@ -13,93 +13,30 @@ Datasets yield GLOBAL batches. Training on N replicas gives the same weights,
 losses and metrics as Keras ``model.fit`` on one device over the same batches
 (to float32 round-off), partial and empty replica batches included.
 
-The outer loop here handles cadence (log points, checkpoints, validation,
-callbacks); the compiled inner loop lives in `tfdist.runners`, the replica
-math in `tfdist.step`.
+The outer loop here runs the effects (executions, metric reads at log points,
+saves, callbacks, validation); `tfdist.cadence` decides when they happen,
+`tfdist.epochs` what data each epoch reads, `tfdist.runners` how a step is
+dispatched, `tfdist.step` the replica math.
 """
 
 import contextlib
 import dataclasses
+import functools
 import warnings
 from typing import Dict, List, Optional
 
 import keras
 import tensorflow as tf
 
-from tfdist import _keras, cluster
+from tfdist import _keras, cluster, epochs as epochs_lib, runners, validation
 from tfdist import data as data_lib
+from tfdist.cadence import Cadence
 from tfdist.checkpoint import TrainingCheckpoint
 from tfdist.errors import ConfigurationError
 from tfdist.metrics import MetricState
 from tfdist.preemption import Preempted, PreemptionWatcher
 from tfdist.progress import ProgressReporter
-from tfdist import runners
 from tfdist.step import ReplicaSteps
-
-
-def _positive_int(name: str, value, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigurationError(f"`{name}` ({value!r}) must be a positive integer.")
-
-
-def _check_compiled(model) -> None:
-    if not isinstance(model, keras.Model):
-        raise ConfigurationError(
-            f"`model` must be a keras.Model; got {type(model).__name__}."
-        )
-    if not getattr(model, "compiled", False) or model.optimizer is None:
-        raise ConfigurationError(
-            f"Model {model.name!r} is not compiled. Call `model.compile("
-            "optimizer=..., loss=..., metrics=[...])` inside strategy.scope() "
-            "before creating the Trainer."
-        )
-
-
-def _check_created_in_scope(model, strategy) -> None:
-    variables = list(model.variables)
-    if model.optimizer.built:
-        variables += list(model.optimizer.variables)
-    for variable in variables:
-        tf_variable = getattr(variable, "value", variable)
-        if not strategy.extended.variable_created_in_scope(tf_variable):
-            raise ConfigurationError(
-                f"Variable {variable.path!r} of model {model.name!r} was "
-                "created outside strategy.scope(). Build and compile the "
-                "model inside `with strategy.scope():` so its variables are "
-                "placed on every replica."
-            )
-
-
-def _element_spec(data, strategy, what: str):
-    if isinstance(data, data_lib.EpochDataset):
-        data = data.make_dataset(0)
-    if isinstance(data, tf.data.Dataset):
-        return data.element_spec
-    if callable(data):
-        context = tf.distribute.InputContext(
-            num_input_pipelines=1,
-            input_pipeline_id=0,
-            num_replicas_in_sync=strategy.num_replicas_in_sync,
-        )
-        return data(context).element_spec
-    raise ConfigurationError(
-        f"The {what} must be a tf.data.Dataset of global batches "
-        f"(x, y[, sample_weight]), a tfdist.data.EpochDataset or a "
-        f"dataset_fn(input_context); got {type(data).__name__}. For arrays, "
-        "use tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size)."
-    )
-
-
-def _known_steps(data, epoch) -> Optional[int]:
-    """Batches per epoch when the dataset knows its cardinality, else None."""
-    if isinstance(data, data_lib.EpochDataset):
-        data = data.make_dataset(epoch)
-    if isinstance(data, tf.data.Dataset):
-        cardinality = int(data.cardinality())
-        return cardinality if cardinality >= 0 else None
-    return None
 
 
 @dataclasses.dataclass
@@ -150,11 +87,11 @@ class Trainer:
         checkpoint_every_epoch: bool = True,
         max_to_keep: int = 3,
     ):
-        _check_compiled(model)
-        _check_created_in_scope(model, strategy)
-        _positive_int("steps_per_execution", steps_per_execution)
-        _positive_int("log_every_steps", log_every_steps)
-        _positive_int("checkpoint_every_steps", checkpoint_every_steps, True)
+        validation.check_compiled(model)
+        validation.check_created_in_scope(model, strategy)
+        validation.positive_int("steps_per_execution", steps_per_execution)
+        validation.positive_int("log_every_steps", log_every_steps)
+        validation.positive_int("checkpoint_every_steps", checkpoint_every_steps, True)
         if partial_batch not in data_lib.PARTIAL_BATCH_POLICIES:
             raise ConfigurationError(
                 f"`partial_batch` ({partial_batch!r}) must be one of "
@@ -203,36 +140,57 @@ class Trainer:
         """Training steps taken so far, checkpointed runs included."""
         return self._position.step
 
-    def _build(self, data, what: str = "dataset") -> None:
-        spec = _element_spec(data, self.strategy, what)
-        data_lib.validate_element_spec(spec, what)
+    def _source(self, data, what: str) -> epochs_lib.Source:
+        """Classifies and validates ``data``; builds the model's state on first use."""
+        source = epochs_lib.as_source(data, what)
+        spec = source.element_spec(self.strategy.num_replicas_in_sync)
         if self._built_spec is None:
             with self.strategy.scope():
                 _keras.build_model_state(self.model, spec)
             self._built_spec = spec
             if self._checkpoint is not None:
                 self._checkpoint.track_metrics(self._metrics.variables())
+        return source
 
-    def _restore(self) -> Optional[str]:
+    def _restore(self, verbose=0) -> Optional[str]:
+        """Restores the newest checkpoint, if any; returns its path."""
         if self._checkpoint is None:
             # Like Keras: each fit call counts epochs from 0 (steps go on).
             self._position = _Position(step=self._position.step)
-            return
+            return None
         path = self._checkpoint.restore_latest()
-        if path is not None:
-            self._position = _Position(
-                step=int(self._checkpoint.step.numpy()),
-                epoch=int(self._checkpoint.epoch.numpy()),
-                step_in_epoch=int(self._checkpoint.step_in_epoch.numpy()),
-            )
+        if path is None:
+            return None
+        position = self._position = _Position(
+            step=int(self._checkpoint.step.numpy()),
+            epoch=int(self._checkpoint.epoch.numpy()),
+            step_in_epoch=int(self._checkpoint.step_in_epoch.numpy()),
+        )
+        if verbose:
+            print(f"restored {path}: epoch {position.epoch + 1}, step "
+                  f"{position.step_in_epoch} of the epoch, {position.step} in all",
+                  flush=True)
         return path
 
     def _save(self) -> None:
         if self._checkpoint is not None:
             position = self._position
-            self._checkpoint.save(
-                position.step, position.epoch, position.step_in_epoch
+            self._checkpoint.save(position.step, position.epoch, position.step_in_epoch)
+
+    def _check_fit_arguments(self, epochs, steps_per_epoch) -> None:
+        validation.positive_int("epochs", epochs)
+        validation.positive_int("steps_per_epoch", steps_per_epoch, True)
+        if steps_per_epoch is None and self._runner.needs_steps_per_epoch:
+            raise ConfigurationError(
+                "Parameter-server training needs `steps_per_epoch`: workers read "
+                "repeated shards of the data, so an epoch has no natural end."
             )
+
+    def _iterator(self, source, epoch: int, skip_steps: int):
+        return self._runner.iterator(
+            source, epoch=epoch, skip_steps=skip_steps, partial_batch=self._partial_batch,
+            global_batch_size=self._global_batch_size,
+        )
 
     # -- training ----------------------------------------------------------
 
@@ -255,133 +213,119 @@ class Trainer:
         iterator runs on across the epochs of a call (as in Keras); without
         it, every epoch is one full pass over the data.
         """
-        _positive_int("epochs", epochs)
-        _positive_int("steps_per_epoch", steps_per_epoch, True)
-        if steps_per_epoch is None and self._runner.needs_steps_per_epoch:
-            raise ConfigurationError(
-                "Parameter-server training needs `steps_per_epoch`: workers read "
-                "repeated shards of the data, so an epoch has no natural end."
-            )
-        verbose = 1 if verbose == "auto" else verbose
-        verbose = verbose if self._is_chief else 0
-        self._build(data)
-        if validation_data is not None:
-            self._build(validation_data, "validation_data")
-        restored = self._restore()
-        if restored and verbose:
-            position = self._position
-            print(f"restored {restored}: epoch {position.epoch + 1}, step "
-                  f"{position.step_in_epoch} of the epoch, {position.step} in all",
-                  flush=True)
+        self._check_fit_arguments(epochs, steps_per_epoch)
+        verbose = (1 if verbose == "auto" else verbose) if self._is_chief else 0
+        source = self._source(data, "dataset")
+        validation_source = (
+            None if validation_data is None else self._source(validation_data, "validation_data")
+        )
+        self._restore(verbose)
+        cadence = Cadence(self.steps_per_execution, self._log_every_steps,
+                          self._checkpoint_every_steps, steps_per_epoch)
         reporter = ProgressReporter(verbose=verbose, log_dir=self._log_dir)
         callback_list = keras.callbacks.CallbackList(
             callbacks, add_history=True, model=self.model, verbose=verbose,
             epochs=epochs, steps=steps_per_epoch,
         )
         self.model.stop_training = False
-        persistent = steps_per_epoch is not None and not isinstance(
-            data, data_lib.EpochDataset
-        )
-        iterator = None
-        # SIGTERM / Ctrl-C -> every worker stops at one step (saving first,
-        # where there is a checkpoint to save to).
+        # SIGTERM / Ctrl-C -> every worker stops at one step (saving first).
         watcher = PreemptionWatcher()
         callback_list.on_train_begin()
         with self._explain_failures(), watcher, contextlib.closing(reporter):
-            while self._position.epoch < epochs and not self.model.stop_training:
-                epoch = self._position.epoch
-                if iterator is None or not persistent:
-                    # Batches of this run's data already trained on.
-                    skip = self._position.step_in_epoch + (
-                        epoch * steps_per_epoch if persistent else 0
-                    )
-                    iterator = self._runner.iterator(
-                        data, epoch=epoch, skip_steps=skip,
-                        partial_batch=self._partial_batch,
-                        global_batch_size=self._global_batch_size,
-                    )
+            for epoch, iterator, total_steps, persistent in epochs_lib.epoch_iterators(
+                source, functools.partial(self._iterator, source), self._position,
+                epochs, steps_per_epoch,
+            ):
                 callback_list.on_epoch_begin(epoch)
                 exhausted = self._train_epoch(
-                    iterator, epoch, steps_per_epoch, reporter, callback_list,
-                    total_steps=steps_per_epoch or _known_steps(data, epoch),
-                    watcher=watcher,
+                    iterator, cadence, reporter, callback_list, total_steps, watcher
                 )
-                if exhausted and persistent:
-                    warnings.warn(
-                        "The input ran out of data; interrupting training. "
-                        "Make sure the dataset yields at least steps_per_epoch "
-                        "* epochs batches (e.g. with `.repeat()`)."
-                    )
-                    self.model.stop_training = True
-                self._runner.sync()
-                logs = self._metrics.results()
-                if validation_data is not None:
-                    val_logs = self.evaluate(validation_data, steps=validation_steps)
-                    logs.update({f"val_{k}": v for k, v in val_logs.items()})
-                steps_done = self._position.step_in_epoch
-                self._position.epoch += 1
-                self._position.step_in_epoch = 0
-                if self._checkpoint_every_epoch:
-                    self._save()
+                self._stop_if_out_of_data(exhausted and persistent)
+                logs = self._epoch_logs(validation_source, validation_steps)
+                steps_done = self._end_epoch()
                 reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
                 callback_list.on_epoch_end(epoch, logs)
+                if self.model.stop_training:
+                    break
         callback_list.on_train_end()
         return self.model.history
 
-    def _train_epoch(
-        self, iterator, epoch, steps_per_epoch, reporter, callbacks, total_steps,
-        watcher,
-    ) -> bool:
+    def _stop_if_out_of_data(self, ran_out: bool) -> None:
+        if ran_out:
+            warnings.warn(
+                "The input ran out of data; interrupting training. "
+                "Make sure the dataset yields at least steps_per_epoch "
+                "* epochs batches (e.g. with `.repeat()`)."
+            )
+            self.model.stop_training = True
+
+    def _epoch_logs(self, validation_source, validation_steps) -> Dict[str, float]:
+        """The epoch's training results, plus ``val_`` results when validating."""
+        self._runner.sync()
+        logs = self._metrics.results()
+        if validation_source is not None:
+            val_logs = self._evaluate(validation_source, validation_steps)
+            logs.update({f"val_{k}": v for k, v in val_logs.items()})
+        return logs
+
+    def _end_epoch(self) -> int:
+        """Advances the position to the next epoch (saving when asked);
+        returns the steps the finished epoch ran."""
+        steps_done = self._position.step_in_epoch
+        self._position.epoch += 1
+        self._position.step_in_epoch = 0
+        if self._checkpoint_every_epoch:
+            self._save()
+        return steps_done
+
+    def _train_epoch(self, iterator, cadence, reporter, callbacks, total_steps, watcher) -> bool:
         """Runs one epoch's executions; returns True if the data ran out."""
-        if self._position.step_in_epoch == 0:
+        position = self._position
+        if position.step_in_epoch == 0:
             # (A run resumed mid-epoch keeps the metric state its checkpoint
             # brought back, so the epoch reports what it would have.)
             self._metrics.reset()
         reporter.start_epoch()
-        position = self._position
-        next_log = (
-            position.step_in_epoch // self._log_every_steps + 1
-        ) * self._log_every_steps
-        while steps_per_epoch is None or position.step_in_epoch < steps_per_epoch:
-            num_steps = self.steps_per_execution
-            if steps_per_epoch is not None:
-                num_steps = min(num_steps, steps_per_epoch - position.step_in_epoch)
-            if self._checkpoint_every_steps:
-                to_save = self._checkpoint_every_steps - position.step % self._checkpoint_every_steps
-                num_steps = min(num_steps, to_save)
+        while not cadence.epoch_done(position.step_in_epoch):
+            num_steps = cadence.next_execution(position.step, position.step_in_epoch)
             callbacks.on_train_batch_begin(position.step_in_epoch)
             ran, stop = self._runner.train(iterator, num_steps, watcher.requested)
+            before = dataclasses.replace(position)
             position.step += ran
             position.step_in_epoch += ran
-            logs = {}
-            at_save = ran and self._checkpoint_every_steps and (
-                position.step % self._checkpoint_every_steps == 0
-            )
-            if position.step_in_epoch >= next_log or at_save:
+            log_point = cadence.is_log_point(before.step_in_epoch, position.step_in_epoch)
+            save_point = cadence.is_save_point(before.step, position.step)
+            if log_point or save_point or stop:
                 self._runner.sync()
-            if position.step_in_epoch >= next_log:
-                next_log += self._log_every_steps
-                logs = self._metrics.results()
-                reporter.log_point(
-                    epoch=epoch, step_in_epoch=position.step_in_epoch,
-                    total_steps=total_steps, global_step=position.step,
-                    values=logs,
-                    examples_seen=float(self._metrics.examples_seen.numpy()),
-                )
+            logs = self._log(reporter, total_steps) if log_point else {}
             callbacks.on_train_batch_end(position.step_in_epoch - 1, logs)
-            if at_save:
+            if save_point:
                 self._save()
             if stop:
-                self._runner.sync()
-                self._save()
-                stop = Preempted(
-                    position.step, watcher.signum, saved=self._checkpoint is not None
-                )
-                print(f"{cluster.task_type() or 'worker'}-{cluster.task_id()}: {stop}", flush=True)
-                raise stop
+                self._stop(watcher)
             if ran < num_steps:
                 return True
         return False
+
+    def _log(self, reporter, total_steps) -> Dict[str, float]:
+        """Reads the metrics (cross-replica) and reports a progress line."""
+        position = self._position
+        logs = self._metrics.results()
+        reporter.log_point(
+            epoch=position.epoch, step_in_epoch=position.step_in_epoch,
+            total_steps=total_steps, global_step=position.step, values=logs,
+            examples_seen=float(self._metrics.examples_seen.numpy()),
+        )
+        return logs
+
+    def _stop(self, watcher) -> None:
+        """Every worker agreed to stop at this step: save, then exit."""
+        self._save()
+        stop = Preempted(
+            self._position.step, watcher.signum, saved=self._checkpoint is not None
+        )
+        print(f"{cluster.task_type() or 'worker'}-{cluster.task_id()}: {stop}", flush=True)
+        raise stop
 
     def evaluate(self, data, steps: Optional[int] = None) -> Dict[str, float]:
         """Loss and metrics over ``data`` (or its first ``steps`` batches).
@@ -389,11 +333,13 @@ class Trainer:
         Every example counts once; the result equals Keras ``evaluate`` on one
         device. Uses "pad" when training does, else "exact" (never drops).
         """
-        _positive_int("steps", steps, True)
-        self._build(data, "evaluation dataset")
+        validation.positive_int("steps", steps, True)
+        return self._evaluate(self._source(data, "evaluation dataset"), steps)
+
+    def _evaluate(self, source, steps: Optional[int]) -> Dict[str, float]:
         policy = "pad" if self._partial_batch == "pad" else "exact"
         with self._explain_failures():
             self._metrics.reset()
-            self._runner.evaluate(data, steps=steps, partial_batch=policy,
+            self._runner.evaluate(source, steps=steps, partial_batch=policy,
                                   global_batch_size=self._global_batch_size)
             return self._metrics.results()

@@ -58,25 +58,22 @@ class CoordinatorRunner:
 
         return loop
 
-    def iterator(self, data, *, epoch, skip_steps, partial_batch, global_batch_size=None):
-        """Per-worker iterators over ``data`` (`tfdist.data.worker_stream`),
-        after the ``skip_steps`` batches already trained on."""
-        if isinstance(data, data_lib.EpochDataset):
-            data = data.make_dataset(epoch)
-        if isinstance(data, tf.data.Dataset):
-            data_lib.validate_element_spec(data.element_spec)
-            rebuild = rebuilder(data)
+    def iterator(self, source, *, epoch, skip_steps, partial_batch, global_batch_size=None):
+        """Per-worker iterators over ``source`` (`tfdist.epochs.Source`;
+        `tfdist.data.worker_stream`), after the ``skip_steps`` batches
+        already trained on."""
+        if not source.per_replica:
+            rebuild = rebuilder(source.global_batches(epoch))
 
             def make_dataset(worker, num_workers):
                 return data_lib.worker_stream(
                     rebuild(), worker, num_workers, skip_steps=skip_steps,
                     partial_batch=partial_batch, global_batch_size=global_batch_size,
                 )
-        elif callable(data):
+        else:
             # Each worker's InputContext names it, so the dataset_fn can
             # shard; one replica per worker means each of its batches is
             # one step's batch.
-            dataset_fn = data
             replicas = self._strategy.num_replicas_in_sync
 
             def make_dataset(worker, num_workers):
@@ -84,16 +81,10 @@ class CoordinatorRunner:
                     num_input_pipelines=num_workers, input_pipeline_id=worker,
                     num_replicas_in_sync=replicas,
                 )
-                dataset = dataset_fn(context).repeat().skip(skip_steps // num_workers)
+                dataset = source.call_dataset_fn(context).repeat().skip(skip_steps // num_workers)
                 return data_lib.apply_partial_batch_policy(
                     dataset, partial_batch, global_batch_size, add_global_count=True,
                 ).prefetch(tf.data.AUTOTUNE)
-        else:
-            raise ConfigurationError(
-                "Parameter-server training takes a tf.data.Dataset of global "
-                "batches, a tfdist.data.EpochDataset or a dataset_fn(input_context); "
-                f"got {type(data).__name__}."
-            )
         return per_worker_iterators(self._coordinator, make_dataset)
 
     def train(self, iterator, num_steps: int, stop_requested: bool = False):
@@ -116,10 +107,15 @@ class CoordinatorRunner:
         """A lost ps raises `ParameterServerLostError` naming it."""
         return peers.explain_lost_servers(checkpoint_dir)
 
-    def evaluate(self, data, *, steps, partial_batch, global_batch_size=None) -> None:
-        """Runs the evaluation step over ``data`` inline, on the coordinator."""
-        if isinstance(data, data_lib.EpochDataset):
-            data = data.make_dataset(0)
+    def evaluate(self, source, *, steps, partial_batch, global_batch_size=None) -> None:
+        """Runs the evaluation step over ``source`` inline, on the coordinator."""
+        if source.per_replica:
+            raise ConfigurationError(
+                f"Parameter-server evaluation takes a tf.data.Dataset of global "
+                f"batches or a tfdist.data.EpochDataset; the {source.what} is a "
+                "dataset_fn. Pass the evaluation data as global batches."
+            )
+        data = source.global_batches(0)
         dataset = data_lib.apply_partial_batch_policy(
             data if steps is None else data.take(steps), partial_batch,
             global_batch_size, add_global_count=True,

@@ -19,8 +19,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from tfdist import collectives, peers
 from tfdist import data as data_lib
-from tfdist import peers
 
 
 class SynchronousRunner:
@@ -59,33 +59,30 @@ class SynchronousRunner:
                 strategy.run(replica_step, args=(optional.get_value(),))
                 steps_run += 1
             if agree_on_stop:
-                per_replica = strategy.run(lambda: tf.identity(stop_requested))
-                stop_requested = strategy.reduce(
-                    tf.distribute.ReduceOp.SUM, per_replica, axis=None
-                )
+                return steps_run, collectives.any_worker(strategy, stop_requested)
             return steps_run, stop_requested > 0
 
         return loop
 
-    def _distribute(self, data, *, epoch, skip_steps, partial_batch, global_batch_size):
+    def _distribute(self, source, *, epoch, skip_steps, partial_batch, global_batch_size):
         """The distributed dataset; reused while the data, epoch source and
         position are unchanged (building one costs tens of milliseconds)."""
-        key = (data, None if isinstance(data, tf.data.Dataset) else epoch,
-               skip_steps, partial_batch)
+        key = (source.original, epoch if source.per_epoch else None, skip_steps, partial_batch)
         if key not in self._distributed:
             if len(self._distributed) >= 4:
                 self._distributed.clear()
             self._distributed[key] = data_lib.distribute(
-                self._strategy, data, epoch=epoch, skip_steps=skip_steps,
+                self._strategy, source, epoch=epoch, skip_steps=skip_steps,
                 partial_batch=partial_batch, global_batch_size=global_batch_size,
                 shard_policy=self._shard_policy,
             )
         return self._distributed[key]
 
-    def iterator(self, data, *, epoch, skip_steps, partial_batch, global_batch_size=None):
-        """A fresh iterator over ``data`` for ``epoch``, after ``skip_steps``."""
+    def iterator(self, source, *, epoch, skip_steps, partial_batch, global_batch_size=None):
+        """A fresh iterator over ``source`` (`tfdist.epochs.Source`) for
+        ``epoch``, after ``skip_steps``."""
         return iter(self._distribute(
-            data, epoch=epoch, skip_steps=skip_steps, partial_batch=partial_batch,
+            source, epoch=epoch, skip_steps=skip_steps, partial_batch=partial_batch,
             global_batch_size=global_batch_size,
         ))
 
@@ -109,9 +106,9 @@ class SynchronousRunner:
         """A step aborted over a lost multi-worker peer raises `PeerLostError`."""
         return peers.explain_lost_peers(checkpoint_dir)
 
-    def evaluate(self, data, *, steps, partial_batch, global_batch_size=None) -> None:
-        """Runs the evaluation step over ``data`` (or its first ``steps``)."""
-        iterator = self.iterator(data, epoch=0, skip_steps=0, partial_batch=partial_batch,
+    def evaluate(self, source, *, steps, partial_batch, global_batch_size=None) -> None:
+        """Runs the evaluation step over ``source`` (or its first ``steps``)."""
+        iterator = self.iterator(source, epoch=0, skip_steps=0, partial_batch=partial_batch,
                                  global_batch_size=global_batch_size)
         done = 0
         while steps is None or done < steps:

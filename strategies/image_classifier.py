@@ -1,0 +1,46 @@
+"""The body the image-classifier programs share: build, fit, evaluate.
+
+`strategies/mirrored.py` and `strategies/multi_worker_mirrored.py` pick a
+strategy and call `train_image_classifier`; it lives beside them (not in the
+library) because it is a program: it prints, and it drives `tfdist.Trainer`.
+"""
+
+import keras
+
+import tfdist
+
+
+def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=None,
+                           batch_size=128, model="mlp", learning_rate=1e-3, epochs=3,
+                           model_dir=None, steps_per_execution=1, partial_batch="exact",
+                           jit_compile=False, log_every_steps=20, seed=0) -> dict:
+    """The body of the ``strategies/`` programs: build, fit, evaluate.
+
+    Returns the final evaluation. Progress lines, checkpoints (resume by
+    running again) and summaries follow `tfdist.Trainer`.
+    """
+    train, test, info = tfdist.recipes.image_classification_data(
+        dataset, global_batch_size=batch_size, data_dir=data_dir, seed=seed
+    )
+    keras.utils.set_random_seed(seed)
+    with strategy.scope():
+        classifier = tfdist.recipes.build_model(model, info["input_shape"], info["num_classes"])
+        classifier.compile(
+            optimizer=keras.optimizers.Adam(learning_rate),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+        )
+    trainer = tfdist.Trainer(
+        classifier, strategy, checkpoint_dir=model_dir,
+        steps_per_execution=steps_per_execution, partial_batch=partial_batch,
+        jit_compile=jit_compile, log_every_steps=log_every_steps,
+    )
+    if getattr(strategy.extended, "should_checkpoint", True):
+        print(f"{strategy.num_replicas_in_sync} replicas | {dataset}: "
+              f"{info['train_examples']} training examples | global batch {batch_size}",
+              flush=True)
+    trainer.fit(train, epochs=epochs, validation_data=test)
+    results = trainer.evaluate(test)
+    if getattr(strategy.extended, "should_checkpoint", True):
+        print("final | " + " | ".join(f"{k} {v:.4f}" for k, v in results.items()), flush=True)
+    return results

@@ -1,0 +1,72 @@
+"""When things happen in a training run: pure arithmetic, no TensorFlow.
+
+The Trainer asks `Cadence` how many steps the next execution runs, whether
+the steps just taken reached a log point or a save point, and whether the
+epoch is over. Keeping this apart from the effects (running steps, reading
+metrics, writing checkpoints) lets it be tested on its own, resumes and
+executions that do not divide the epoch included.
+
+Positions are counted in steps: ``step`` over the whole run (what
+checkpoints count), ``step_in_epoch`` within the current epoch.
+
+>>> cadence = Cadence(steps_per_execution=8, log_every_steps=10,
+...                   checkpoint_every_steps=12, steps_per_epoch=30)
+>>> cadence.next_execution(step=0, step_in_epoch=0)
+8
+>>> cadence.next_execution(step=8, step_in_epoch=8)   # stops at the save point
+4
+>>> cadence.is_log_point(before=8, after=12), cadence.is_save_point(before=8, after=12)
+(True, True)
+"""
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    """Execution sizes, log points and save points of one ``fit`` call.
+
+    Args:
+      steps_per_execution: steps per host call.
+      log_every_steps: a log point every this many steps of an epoch.
+      checkpoint_every_steps: a save point every this many steps of the run
+        (None: only at epoch ends).
+      steps_per_epoch: the epoch's length when the caller fixed it (None:
+        an epoch ends when its data does).
+    """
+
+    steps_per_execution: int
+    log_every_steps: int
+    checkpoint_every_steps: Optional[int] = None
+    steps_per_epoch: Optional[int] = None
+
+    def next_execution(self, step: int, step_in_epoch: int) -> int:
+        """Steps the next execution runs: ``steps_per_execution``, cut at
+        the end of the epoch and at the next save point, so saves land on
+        their step exactly."""
+        size = self.steps_per_execution
+        if self.steps_per_epoch is not None:
+            size = min(size, self.steps_per_epoch - step_in_epoch)
+        if self.checkpoint_every_steps:
+            every = self.checkpoint_every_steps
+            size = min(size, every - step % every)
+        return size
+
+    def is_log_point(self, before: int, after: int) -> bool:
+        """True when an execution from ``step_in_epoch`` ``before`` to
+        ``after`` crossed (or reached) a multiple of ``log_every_steps``."""
+        every = self.log_every_steps
+        return after > before and after // every > before // every
+
+    def is_save_point(self, before: int, after: int) -> bool:
+        """True when an execution from run ``step`` ``before`` to ``after``
+        reached a multiple of ``checkpoint_every_steps`` (executions are cut
+        there, so ``after`` is that multiple)."""
+        every = self.checkpoint_every_steps
+        return bool(every) and after > before and after // every > before // every
+
+    def epoch_done(self, step_in_epoch: int) -> bool:
+        """True when a fixed-length epoch has run all its steps (an epoch of
+        unknown length ends when an execution runs short)."""
+        return self.steps_per_epoch is not None and step_in_epoch >= self.steps_per_epoch
