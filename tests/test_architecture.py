@@ -112,3 +112,10 @@ def test_trainer_fit_reads_like_a_controller():
     docstring_end = fit.body[0].end_lineno if isinstance(fit.body[0], ast.Expr) else fit.lineno
     body_lines = fit.end_lineno - docstring_end
     assert body_lines <= 40, f"Trainer.fit body is {body_lines} lines"
+
+
+def test_cadence_is_pure_python():
+    tree = ast.parse((PACKAGE / "cadence.py").read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"dataclasses", "typing"}, imported

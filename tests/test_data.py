@@ -37,8 +37,14 @@ def _real_sizes(strategy, distributed):
 
 def test_exact_policy_keeps_remainder_with_empty_replicas(make_strategy):
     strategy = make_strategy(4)
-    sizes = _real_sizes(strategy, data_lib.distribute(strategy, _batches(10, 8)))
+    sizes = _replica_sizes(strategy, data_lib.distribute(strategy, _batches(10, 8)))
     assert sizes == [[2, 2, 2, 2], [1, 1, 0, 0]]
+
+
+def test_exact_policy_can_pad_empty_replicas_keeping_the_real_split(make_strategy):
+    strategy = make_strategy(4)
+    distributed = data_lib.distribute(strategy, _batches(10, 8), avoid_empty_replicas=True)
+    assert _real_sizes(strategy, distributed) == [[2, 2, 2, 2], [1, 1, 0, 0]]
 
 
 @pytest.mark.parametrize("replicas,num_examples,batch_size", [
@@ -50,7 +56,8 @@ def test_exact_policy_never_hands_a_replica_an_empty_batch(
     """Issue 11, point 9: replicas without real examples get masked padding,
     never a 0-row batch; every real example arrives exactly once."""
     strategy = make_strategy(replicas)
-    distributed = data_lib.distribute(strategy, _batches(num_examples, batch_size))
+    distributed = data_lib.distribute(
+        strategy, _batches(num_examples, batch_size), avoid_empty_replicas=True)
     labels = []
     for batch in distributed:
         for t in strategy.experimental_local_results(batch):
@@ -63,7 +70,7 @@ def test_exact_policy_never_hands_a_replica_an_empty_batch(
 def test_exact_policy_adds_no_padding_when_batches_always_split_evenly(make_strategy):
     strategy = make_strategy(2)
     fixed = _batches(8, 4).rebatch(4, drop_remainder=True)
-    distributed = data_lib.distribute(strategy, fixed)
+    distributed = data_lib.distribute(strategy, fixed, avoid_empty_replicas=True)
     assert "mask" not in strategy.experimental_local_results(next(iter(distributed)))[0]
 
 

@@ -159,3 +159,14 @@ def test_epoch_dataset_that_returns_no_dataset(make_strategy):
     with pytest.raises(tfdist.ConfigurationError,
                        match=r"EpochDataset.make_dataset\(0\) returned NoneType"):
         trainer.fit(tfdist.EpochDataset(lambda epoch: None), verbose=0)
+
+
+def test_parameter_server_evaluation_of_a_dataset_fn_names_the_fix():
+    from tfdist import epochs
+    from tfdist.runners import CoordinatorRunner
+
+    source = epochs.as_source(lambda context: None, "validation_data")
+    # The check comes before the runner touches its coordinator.
+    with pytest.raises(tfdist.ConfigurationError,
+                       match="the validation_data is a dataset_fn. Pass the evaluation data as global batches"):
+        CoordinatorRunner.evaluate(object(), source, steps=None, partial_batch="exact")

@@ -22,11 +22,12 @@ import importlib
 __version__ = "0.1.0"
 
 _NAMES = {
+    "Batch": "tfdist.batch",
     "CheckpointMismatchError": "tfdist.errors",
     "ConfigurationError": "tfdist.errors",
     "RuntimeAlreadyStartedError": "tfdist.errors",
-    "EpochDataset": "tfdist.data",
-    "epoch_seed": "tfdist.data",
+    "EpochDataset": "tfdist.epochs",
+    "epoch_seed": "tfdist.epochs",
     "Preempted": "tfdist.preemption",
     "Trainer": "tfdist.trainer",
     "known_strategies": "tfdist.strategy",
@@ -34,9 +35,9 @@ _NAMES = {
     "register_strategy": "tfdist.strategy",
 }
 _MODULES = (
-    "checkpoint", "cluster", "data", "datasets", "launch", "losses", "metrics",
-    "multi_worker", "parameter_server", "preemption", "recipes", "server", "sharded",
-    "strategy",
+    "batch", "cadence", "checkpoint", "cluster", "collectives", "data", "datasets",
+    "epochs", "launch", "local_devices", "losses", "metrics", "multi_worker",
+    "parameter_server", "preemption", "recipes", "server", "sharded", "strategy",
 )
 
 __all__ = sorted(list(_NAMES) + list(_MODULES))

@@ -9,13 +9,14 @@ as dicts: see `tfdist.batch`).
 
 Partial final batches follow a policy:
 
-* ``"exact"`` (default): keep the remainder. A replica is never handed an
-  empty batch (some TensorFlow kernels, e.g. stacked convolutions, fail on
-  0 examples): on more than one replica, a batch whose size is not a
-  multiple of the replica count is padded up to the next multiple, with a
-  ``mask`` of 0.0 on the padding, so with 4 replicas a last global batch of
-  2 examples arrives as 1, 1, 0 and 0 real examples plus padding. Padding
-  contributes nothing to losses, gradients, metrics or batch statistics.
+* ``"exact"`` (default): keep the remainder. With 4 replicas a last global
+  batch of 2 examples arrives as replica batches of 1, 1, 0 and 0 examples.
+  With ``avoid_empty_replicas=True`` (what the Trainer uses: TensorFlow's
+  oneDNN convolutions fail on 0 rows) a batch whose size is not a multiple
+  of the replica count is padded up to the next multiple, with a ``mask``
+  of 0.0 on the padding, so those replicas get 1, 1, 0 and 0 real examples
+  plus padding; padding then contributes nothing to losses, gradients,
+  metrics or batch statistics.
 * ``"drop"``: drop batches smaller than the global batch size.
 * ``"pad"``: pad every batch to the global batch size (static shapes, for
   XLA and TPUs) and add a ``mask`` of 1.0 for real and 0.0 for padded
@@ -130,6 +131,7 @@ def distribute(
     partial_batch: str = "exact",
     global_batch_size: Optional[int] = None,
     shard_policy: str = "auto",
+    avoid_empty_replicas: bool = False,
 ):
     """Returns a distributed dataset of `Batch` structures for ``epoch``.
 
@@ -149,6 +151,10 @@ def distribute(
         workers split a global-batch dataset. For datasets "auto" is "data"
         (exact: each worker keeps its part of every global batch); "file"
         has each worker read its own files instead.
+      avoid_empty_replicas: under "exact", pad a global batch that does not
+        split evenly over the replicas up to a multiple of their number,
+        with a ``mask`` (0.0 on padding), so no replica gets a 0-row batch
+        (the Trainer does; a hand-written loop must then weight by the mask).
     """
     if shard_policy not in _SHARD_POLICIES:
         raise ConfigurationError(
@@ -171,7 +177,8 @@ def distribute(
     dataset = apply_partial_batch_policy(
         data.skip(skip_steps), partial_batch, global_batch_size,
         add_global_count=policy != "file",
-        pad_to_multiple_of=_needs_padding(data, replicas) if policy != "file" else 1,
+        pad_to_multiple_of=(_needs_padding(data, replicas)
+                            if avoid_empty_replicas and policy != "file" else 1),
     )
     if partial_batch == "pad":
         size = tf.nest.flatten(dataset.element_spec)[0].shape[0]

@@ -251,3 +251,46 @@ def scaled_loss(per_example_loss, sample_weight=None, global_count=None):
     return tf.math.divide_no_nan(
         tf.reduce_sum(weighted), tf.cast(global_count, values.dtype)
     )
+
+
+def replica_loss(per_example_loss, batch, model=None) -> tf.Tensor:
+    """This replica's share of the global batch's loss, from a `tfdist.Batch`.
+
+    ``sum(sample_weight * mask * per_example_loss) / (global examples x loss
+    elements per example)`` plus, with ``model``, ``sum(model.losses) /
+    num_replicas``: what Keras computes on one device for the whole global
+    batch (reduction "sum_over_batch_size"), split so that the optimizer's
+    gradient SUM over replicas is exact. Padded rows (``batch.mask``) count
+    nowhere; the global count comes with the batch (no collective) when the
+    data carries it, else one all-reduce. An empty replica returns 0.
+
+    >>> batch = tfdist.Batch.from_structure(element)          # in strategy.run
+    >>> per_example = loss_fn(batch.y, model(batch.x, training=True))
+    >>> loss = tfdist.losses.replica_loss(per_example, batch, model)
+    """
+    values = tf.convert_to_tensor(per_example_loss)
+    if values.shape.rank == 0:
+        raise ConfigurationError(
+            f"`per_example_loss` is a scalar ({values}); replica_loss needs one value "
+            "per example. Build the loss with reduction=None, e.g. "
+            "keras.losses.SparseCategoricalCrossentropy(reduction=None)."
+        )
+    weights = None
+    for name, weight in (("sample_weight", batch.sample_weight), ("padding mask", batch.mask)):
+        if weight is not None:
+            weight = _to_rank(tf.cast(weight, values.dtype), values, name)
+            weights = weight if weights is None else weights * weight
+    numerator = (tf.reduce_sum(values) if weights is None
+                 else tf.reduce_sum(tf.where(weights != 0, values * weights, 0.0)))
+    elements = 1
+    for dim in values.shape[1:]:
+        elements *= dim if dim is not None else 1
+    global_examples = batch.carried_global_examples()
+    if global_examples is None:
+        global_examples = collectives.all_reduce_sum(batch.real_examples())
+    loss = tf.math.divide_no_nan(
+        numerator, tf.cast(global_examples, values.dtype) * float(elements))
+    if model is not None:
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        loss += tf.cast(regularization_loss(model), values.dtype) / replicas
+    return loss

@@ -20,7 +20,7 @@ from typing import Dict, Optional
 import keras
 import tensorflow as tf
 
-from tfdist import _keras
+from tfdist import _keras, collectives, losses
 
 
 class MetricState:
@@ -109,3 +109,45 @@ class MetricState:
             mean.reset_state()
         if self._compiled is not None:
             self._compiled.reset_state()
+
+
+# -- hand-written loops ------------------------------------------------------
+
+
+def update_metrics(metrics, batch, y_pred, weighted_metrics=()) -> None:
+    """Updates Keras metrics with one replica's real rows (replica context).
+
+    As in ``model.compile``: ``metrics`` ignore sample weights,
+    ``weighted_metrics`` use ``batch.sample_weight``. Padded rows
+    (``batch.mask``) are left out of both. Read ``metric.result()`` outside
+    ``strategy.run`` (one reduction over replicas, when you log).
+    """
+    y, sample_weight = batch.y, batch.sample_weight
+    if batch.mask is not None:
+        keep = batch.mask > 0
+        drop = lambda t: tf.boolean_mask(t, keep)  # noqa: E731
+        y, y_pred = tf.nest.map_structure(drop, y), tf.nest.map_structure(drop, y_pred)
+        if sample_weight is not None:
+            sample_weight = tf.nest.map_structure(drop, sample_weight)
+    for metric in metrics:
+        metric.update_state(y, y_pred)
+    for metric in weighted_metrics:
+        metric.update_state(y, y_pred, sample_weight)
+
+
+def update_loss_mean(mean: keras.metrics.Mean, per_example_loss, batch, model=None) -> None:
+    """Adds one replica's part of the epoch ``loss`` Keras reports (the batch
+    loss weighted by the batch's examples) to ``mean`` (replica context).
+
+    Call it before ``apply_gradients``: Keras reports the loss of the
+    weights the step started from (regularization losses included).
+    """
+    data_share = losses.replica_loss(per_example_loss, batch)
+    local = batch.real_examples()
+    global_examples = batch.carried_global_examples()
+    if global_examples is None:
+        global_examples = collectives.all_reduce_sum(local)
+    regularization = 0.0 if model is None else losses.regularization_loss(model)
+    mean.total.assign_add(data_share * tf.cast(global_examples, tf.float32)
+                          + regularization * local)
+    mean.count.assign_add(local)

@@ -74,7 +74,7 @@ class SynchronousRunner:
             self._distributed[key] = data_lib.distribute(
                 self._strategy, source, epoch=epoch, skip_steps=skip_steps,
                 partial_batch=partial_batch, global_batch_size=global_batch_size,
-                shard_policy=self._shard_policy,
+                shard_policy=self._shard_policy, avoid_empty_replicas=True,
             )
         return self._distributed[key]
 
