@@ -139,3 +139,12 @@ def test_sigterm_to_the_launcher_reaches_every_task():
         run.process.send_signal(signal.SIGTERM)
         assert run.wait(timeout=60) == 143
         assert "[worker-0] got SIGTERM" in run.output and "[worker-1] got SIGTERM" in run.output
+
+
+def test_a_single_parameter_server_worker_is_not_respawned(tmp_path):
+    """With one worker a respawn would re-run its steps from a fresh
+    iterator (inexact); the group fails, and a restart resumes exactly."""
+    config, _ = launch.cli.parse_args(["--num_workers=1", "--num_ps=1", "--", "python", "train.py"])
+    tasks = launch.launcher.make_tasks(config, [7001, 7002, 7003], str(tmp_path))
+    worker = next(t for t in tasks if t.name == "worker-0")
+    assert worker.server and worker.max_respawns == 0

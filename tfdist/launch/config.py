@@ -15,8 +15,12 @@ class LaunchConfig:
         (MultiWorkerMirroredStrategy); with them, each runs a server.
       num_ps: parameter-server tasks (servers); when set, the command runs
         once, as the chief (the coordinator).
-      max_worker_respawns: with ps tasks, how often a dead worker server is
-        started again (the coordinator retries its steps meanwhile).
+      max_worker_respawns: with ps tasks and 2+ workers, how often a dead
+        or hung worker server is started again (the coordinator moves its
+        steps to the other workers). With one worker a lost worker fails the
+        group instead: a respawned worker would re-run its unfinished steps
+        from a fresh iterator (at-least-once, not exact), while a restart
+        (``max_restarts``) resumes from the checkpoint exactly.
       max_restarts: restarts of the whole group after a task fails.
       min_workers: elastic shrink (no ps tasks): a worker that dies before
         joining the cluster on a restart is lost, and the group restarts

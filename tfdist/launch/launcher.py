@@ -52,7 +52,10 @@ def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
                 ready_file=ready if config.start_timeout else None,
                 command=SERVER_COMMAND if server else None,
                 server=server,
-                max_respawns=config.max_worker_respawns if job == "worker" and server else 0,
+                # With one worker a respawn would re-run its steps from a fresh
+                # iterator (inexact); a group restart resumes from the checkpoint.
+                max_respawns=(config.max_worker_respawns
+                              if job == "worker" and server and config.num_workers > 1 else 0),
             ))
     return tasks
 
