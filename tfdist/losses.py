@@ -8,7 +8,7 @@ gradients are SUMMED, so replica ``r`` must contribute
     sum_r(sample_weight * per_example_loss) / GLOBAL_count  +  reg / num_replicas
 
 where GLOBAL_count comes with a global-batch dataset's data
-(`tfdist.data.with_global_count`) or is all-reduced across replicas. Dividing by the local batch
+(`tfdist.batch.Batch.with_global_count`) or is all-reduced across replicas. Dividing by the local batch
 times the number of replicas (what ``tf.nn.compute_average_loss`` does
 without ``global_batch_size``, and what Keras 3 ``fit`` effectively does) is
 wrong whenever replicas hold different numbers of examples: a partial last

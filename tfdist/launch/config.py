@@ -25,7 +25,8 @@ class LaunchConfig:
       min_workers: elastic shrink (no ps tasks): a worker that dies before
         joining the cluster on a restart is lost, and the group restarts
         with one worker fewer, never fewer than this. None: ``num_workers``
-        (no shrinking).
+        (no shrinking). Joins are reported through ``TFDIST_READY_FILE``,
+        so shrinking needs ``start_timeout`` > 0.
       log_dir: if set, each task's output also goes to ``<log_dir>/<task>.log``.
       start_timeout: seconds for every task to join the cluster (to report
         through ``TFDIST_READY_FILE``, as `tfdist.make_strategy` does);
