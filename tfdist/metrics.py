@@ -114,6 +114,24 @@ class MetricState:
 # -- hand-written loops ------------------------------------------------------
 
 
+def without_padding(mask, y, y_pred, sample_weight):
+    """Drops padded rows (``mask`` 0) before metrics see them.
+
+    A mask can not be passed to metrics as a sample weight: Keras applies
+    sample weights only to ``weighted_metrics``, so plain ``metrics`` would
+    count padded examples. Runs outside XLA, where dynamic shapes are fine.
+    """
+    if mask is None:
+        return y, y_pred, sample_weight
+    keep = tf.cast(mask, tf.bool)
+    drop = lambda t: tf.boolean_mask(t, keep)  # noqa: E731
+    return (
+        tf.nest.map_structure(drop, y),
+        tf.nest.map_structure(drop, y_pred),
+        None if sample_weight is None else tf.nest.map_structure(drop, sample_weight),
+    )
+
+
 def update_metrics(metrics, batch, y_pred, weighted_metrics=()) -> None:
     """Updates Keras metrics with one replica's real rows (replica context).
 
@@ -122,13 +140,7 @@ def update_metrics(metrics, batch, y_pred, weighted_metrics=()) -> None:
     (``batch.mask``) are left out of both. Read ``metric.result()`` outside
     ``strategy.run`` (one reduction over replicas, when you log).
     """
-    y, sample_weight = batch.y, batch.sample_weight
-    if batch.mask is not None:
-        keep = batch.mask > 0
-        drop = lambda t: tf.boolean_mask(t, keep)  # noqa: E731
-        y, y_pred = tf.nest.map_structure(drop, y), tf.nest.map_structure(drop, y_pred)
-        if sample_weight is not None:
-            sample_weight = tf.nest.map_structure(drop, sample_weight)
+    y, y_pred, sample_weight = without_padding(batch.mask, batch.y, y_pred, batch.sample_weight)
     for metric in metrics:
         metric.update_state(y, y_pred)
     for metric in weighted_metrics:

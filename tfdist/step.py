@@ -25,25 +25,7 @@ import tensorflow as tf
 
 from tfdist import _keras, collectives, losses, sharded
 from tfdist.batch import Batch
-from tfdist.metrics import MetricState
-
-
-def _without_padding(mask, y, y_pred, sample_weight):
-    """Drops padded rows before metrics see them.
-
-    A mask can not be passed to metrics as a sample weight: Keras applies
-    sample weights only to ``weighted_metrics``, so plain ``metrics`` would
-    count padded examples. Runs outside XLA, where dynamic shapes are fine.
-    """
-    if mask is None:
-        return y, y_pred, sample_weight
-    keep = tf.cast(mask, tf.bool)
-    drop = lambda t: tf.boolean_mask(t, keep)  # noqa: E731
-    return (
-        tf.nest.map_structure(drop, y),
-        tf.nest.map_structure(drop, y_pred),
-        None if sample_weight is None else tf.nest.map_structure(drop, sample_weight),
-    )
+from tfdist.metrics import MetricState, without_padding
 
 
 def _global_denominators(terms, local_examples, data_global_examples):
@@ -135,7 +117,7 @@ class ReplicaSteps:
         model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
         self._metrics.update(
             data_share, shares, regularization, global_examples, local_examples,
-            *_without_padding(mask, y, y_pred, sample_weight),
+            *without_padding(mask, y, y_pred, sample_weight),
         )
 
     @tf.autograph.experimental.do_not_convert
@@ -153,5 +135,5 @@ class ReplicaSteps:
         _, data_share, shares, regularization = self._loss(terms, denominators)
         self._metrics.update(
             data_share, shares, regularization, global_examples, local_examples,
-            *_without_padding(mask, y, y_pred, sample_weight),
+            *without_padding(mask, y, y_pred, sample_weight),
         )
