@@ -10,10 +10,23 @@ import keras
 import tfdist
 
 
+def build_classifier(model: str, info: dict, learning_rate: float, seed: int):
+    """The compiled classifier (call inside the strategy's scope)."""
+    keras.utils.set_random_seed(seed)
+    classifier = tfdist.recipes.build_model(model, info["input_shape"], info["num_classes"])
+    classifier.compile(
+        optimizer=keras.optimizers.Adam(learning_rate),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return classifier
+
+
 def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=None,
                            batch_size=128, model="mlp", learning_rate=1e-3, epochs=3,
-                           model_dir=None, steps_per_execution=1, partial_batch="exact",
-                           jit_compile=False, log_every_steps=20, seed=0) -> dict:
+                           model_dir=None, steps_per_execution=1, partial_batch=None,
+                           jit_compile=False, static_shapes=None, log_every_steps=20,
+                           seed=0) -> dict:
     """The body of the ``strategies/`` programs: build, fit, evaluate.
 
     Returns the final evaluation. Progress lines, checkpoints (resume by
@@ -22,18 +35,13 @@ def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=N
     train, test, info = tfdist.recipes.image_classification_data(
         dataset, global_batch_size=batch_size, data_dir=data_dir, seed=seed
     )
-    keras.utils.set_random_seed(seed)
     with strategy.scope():
-        classifier = tfdist.recipes.build_model(model, info["input_shape"], info["num_classes"])
-        classifier.compile(
-            optimizer=keras.optimizers.Adam(learning_rate),
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-        )
+        classifier = build_classifier(model, info, learning_rate, seed)
     trainer = tfdist.Trainer(
         classifier, strategy, checkpoint_dir=model_dir,
         steps_per_execution=steps_per_execution, partial_batch=partial_batch,
-        jit_compile=jit_compile, log_every_steps=log_every_steps,
+        jit_compile=jit_compile, static_shapes=static_shapes,
+        log_every_steps=log_every_steps, global_batch_size=batch_size,
     )
     if getattr(strategy.extended, "should_checkpoint", True):
         print(f"{strategy.num_replicas_in_sync} replicas | {dataset}: "

@@ -23,6 +23,15 @@ def test_compiled_model_exposes_what_tfdist_reads():
     assert model.optimizer.built
 
 
+def test_all_layers_finds_nested_layers():
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="inner_dense")],
+                             name="inner")
+    inputs = keras.Input((3,))
+    model = keras.Model(inputs, keras.layers.Dense(1, name="head")(inner(inputs)))
+    names = {layer.name for layer in _keras.all_layers(model)}
+    assert {"inner", "inner_dense", "head"} <= names and model.name not in names
+
+
 def test_metric_variables_sum_across_replicas_on_read():
     metric = keras.metrics.Mean()
     tf_variable = metric.variables[0].value

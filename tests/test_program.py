@@ -1,4 +1,5 @@
-"""strategies/mirrored.py runs as a user runs it: a real process, real files."""
+"""strategies/mirrored.py and strategies/tpu.py run as a user runs them: a
+real process, real files."""
 
 import os
 import pathlib
@@ -8,11 +9,11 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _run(args, timeout=300):
+def _run(args, timeout=300, program="mirrored.py"):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return subprocess.run(
-        [sys.executable, str(REPO / "strategies" / "mirrored.py"), *args],
+        [sys.executable, str(REPO / "strategies" / program), *args],
         capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
     )
 
@@ -36,3 +37,25 @@ def test_mirrored_program_trains_learns_and_resumes(tmp_path):
     assert accuracy_2 > accuracy_1
     assert list((tmp_path / "model").glob("ckpt-*.index"))
     assert list((tmp_path / "model" / "logs" / "train").glob("events.out.tfevents.*"))
+
+
+def test_tpu_program_preflight_passes_the_program_model(tmp_path):
+    result = _run(["--preflight", f"--data_dir={tmp_path / 'data'}"], program="tpu.py")
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "TPU preflight: OK (8 replicas, per-replica batch 16, XLA compile passed)" in result.stdout
+
+
+def test_tpu_program_trains_on_the_cpu_stand_in(tmp_path):
+    result = _run(["--cpu_replicas=2", "--epochs=1", "--model=mlp",
+                   f"--data_dir={tmp_path / 'data'}", f"--model_dir={tmp_path / 'model'}"],
+                  program="tpu.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 replicas | synthetic_patterns: 10000 training examples" in result.stdout
+    assert float(result.stdout.split("final |")[1].split("accuracy")[1].split()[0]) > 0.5
+
+
+def test_tpu_program_without_a_tpu_says_so(tmp_path):
+    result = _run(["--tpu=local", f"--model_dir={tmp_path / 'model'}"], timeout=120,
+                  program="tpu.py")
+    assert result.returncode != 0
+    assert "TPUNotFoundError: No TPU found: tpu='local'" in result.stderr, result.stderr[-3000:]

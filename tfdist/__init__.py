@@ -37,7 +37,8 @@ _NAMES = {
 _MODULES = (
     "batch", "cadence", "checkpoint", "cluster", "collectives", "data", "datasets",
     "epochs", "launch", "local_devices", "losses", "metrics", "multi_worker",
-    "parameter_server", "preemption", "recipes", "server", "sharded", "strategy",
+    "parameter_server", "preemption", "recipes", "server", "sharded", "static_shapes",
+    "strategy", "tpu",
 )
 
 __all__ = sorted(list(_NAMES) + list(_MODULES))

@@ -20,6 +20,7 @@ from keras.src.backend.tensorflow import nn as _tf_nn
 from tfdist import collectives
 
 __all__ = [
+    "all_layers",
     "build_model_state",
     "compile_metrics",
     "flat_losses",
@@ -30,6 +31,11 @@ __all__ = [
 ]
 
 get_keras_mask = keras_backend.get_keras_mask
+
+
+def all_layers(model: keras.Model) -> list:
+    """Every layer inside ``model``, nested ones included (not the model)."""
+    return list(model._flatten_layers(include_self=False))
 
 
 def build_model_state(model: keras.Model, element_spec) -> None:

@@ -25,3 +25,7 @@ class ParameterServerLostError(RuntimeError):
 
 class PeerLostError(RuntimeError):
     """Another task of a multi-worker job stopped answering (killed or hung)."""
+
+
+class TPUNotFoundError(RuntimeError):
+    """No TPU could be found or connected to (``make_strategy("tpu")``)."""

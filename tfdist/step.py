@@ -45,6 +45,33 @@ def _global_denominators(terms, local_examples, data_global_examples):
     return tf.stop_gradient(counts[:-1]), counts[-1]
 
 
+def _replica_loss(model, terms, denominators):
+    """(this replica's loss, its data-loss share, output shares, reg)."""
+    shares = terms.output_shares(denominators)
+    data_share = terms.combine(shares)
+    regularization = losses.regularization_loss(model)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return data_share + regularization / replicas, data_share, shares, regularization
+
+
+@tf.autograph.experimental.do_not_convert
+def forward_backward(model, x, y, sample_weight, mask, global_examples):
+    """Forward + backward with denominators from the global example count.
+
+    The part of a training step that XLA compiles (the static-shape / TPU
+    path); `tfdist.tpu.preflight` compiles this same function.
+    Returns (gradients, data-loss share, output shares, regularization, y_pred).
+    """
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
+        denominators = losses.example_count_denominators(terms, global_examples)
+        loss, data_share, shares, regularization = _replica_loss(model, terms, denominators)
+        scaled = model.optimizer.scale_loss(loss)
+    gradients = sharded.gradients(tape, scaled, model.trainable_variables)
+    return gradients, data_share, shares, regularization, y_pred
+
+
 class ReplicaSteps:
     """Per-replica train and evaluation steps for a compiled Keras model."""
 
@@ -63,25 +90,11 @@ class ReplicaSteps:
         )
 
     def _loss(self, terms, denominators):
-        """(this replica's loss, its data-loss share, output shares, reg)."""
-        shares = terms.output_shares(denominators)
-        data_share = terms.combine(shares)
-        regularization = losses.regularization_loss(self._model)
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        return data_share + regularization / replicas, data_share, shares, regularization
+        return _replica_loss(self._model, terms, denominators)
 
     @tf.autograph.experimental.do_not_convert
     def _forward_backward(self, x, y, sample_weight, mask, global_examples):
-        """Forward + backward with denominators from the global example count."""
-        model = self._model
-        with tf.GradientTape() as tape:
-            y_pred = model(x, training=True)
-            terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
-            denominators = losses.example_count_denominators(terms, global_examples)
-            loss, data_share, shares, regularization = self._loss(terms, denominators)
-            scaled = model.optimizer.scale_loss(loss)
-        gradients = sharded.gradients(tape, scaled, model.trainable_variables)
-        return gradients, data_share, shares, regularization, y_pred
+        return forward_backward(self._model, x, y, sample_weight, mask, global_examples)
 
     # Like Keras' own step functions, no autograph: the step has no
     # tensor-dependent Python control flow, and user models run as written.

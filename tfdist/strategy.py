@@ -7,8 +7,8 @@ One call picks the devices a job trains on:
 1
 
 The registry imports the modules that build strategies (`tfdist.local_devices`,
-`tfdist.multi_worker`, `tfdist.parameter_server`); none of them imports this
-module back. A new strategy is one factory function in its own module plus
+`tfdist.multi_worker`, `tfdist.parameter_server`, `tfdist.tpu.connect`); none
+of them imports this module back. A new strategy is one factory function in its own module plus
 one line in `_REGISTRY`; users can add their own with `register_strategy`.
 """
 
@@ -17,6 +17,7 @@ from typing import Callable, Dict
 import tensorflow as tf
 
 from tfdist import local_devices, multi_worker, parameter_server
+from tfdist.tpu import connect as tpu_connect
 from tfdist.local_devices import configure_logical_cpus  # noqa: F401  (public)
 
 StrategyFactory = Callable[..., tf.distribute.Strategy]
@@ -26,6 +27,7 @@ _REGISTRY: Dict[str, StrategyFactory] = {
     "mirrored": local_devices.mirrored,
     "multi_worker_mirrored": multi_worker.multi_worker_mirrored,
     "parameter_server": parameter_server.parameter_server,
+    "tpu": tpu_connect.tpu_strategy,
 }
 
 

@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from tfdist import _keras, cluster, epochs as epochs_lib, runners, validation
+from tfdist import static_shapes as static_shapes_lib
 from tfdist import data as data_lib
 from tfdist.cadence import Cadence
 from tfdist.checkpoint import TrainingCheckpoint
@@ -60,7 +61,10 @@ class Trainer:
       steps_per_execution: steps run per host call in a device-side loop.
       jit_compile: compile the forward/backward pass with XLA (use with
         ``partial_batch="pad"`` so shapes stay static).
-      partial_batch: "exact", "drop" or "pad" (see `tfdist.data`).
+      partial_batch: "exact" (default), "drop" or "pad" (see `tfdist.data`);
+        "pad" under static shapes.
+      static_shapes: the TPU path (`tfdist.static_shapes`): full-size padded
+        batches and XLA-compiled steps. None: on for a TPUStrategy only.
       global_batch_size: only needed by "drop"/"pad" when the batch size can
         not be read from the dataset.
       shard_policy: how workers split global-batch datasets (`tfdist.data`).
@@ -79,7 +83,8 @@ class Trainer:
         log_dir: Optional[str] = None,
         steps_per_execution: int = 1,
         jit_compile: bool = False,
-        partial_batch: str = "exact",
+        partial_batch: Optional[str] = None,
+        static_shapes: Optional[bool] = None,
         global_batch_size: Optional[int] = None,
         shard_policy: str = "auto",
         log_every_steps: int = 100,
@@ -92,15 +97,21 @@ class Trainer:
         validation.positive_int("steps_per_execution", steps_per_execution)
         validation.positive_int("log_every_steps", log_every_steps)
         validation.positive_int("checkpoint_every_steps", checkpoint_every_steps, True)
-        if partial_batch not in data_lib.PARTIAL_BATCH_POLICIES:
+        if partial_batch not in (None,) + data_lib.PARTIAL_BATCH_POLICIES:
             raise ConfigurationError(
                 f"`partial_batch` ({partial_batch!r}) must be one of "
                 f"{data_lib.PARTIAL_BATCH_POLICIES}."
             )
+        options = static_shapes_lib.resolve(
+            strategy, static_shapes=static_shapes, partial_batch=partial_batch,
+            jit_compile=jit_compile,
+        )
+        partial_batch = options.partial_batch
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
         self._partial_batch = partial_batch
+        self.static_shapes = options.static_shapes
         self._global_batch_size = global_batch_size
         self._log_every_steps = log_every_steps
         self._checkpoint_every_steps = checkpoint_every_steps
@@ -113,7 +124,7 @@ class Trainer:
         )) if getattr(strategy.extended, "should_save_summary", True) else None
         with strategy.scope():
             self._metrics = MetricState(model)
-        steps = ReplicaSteps(model, self._metrics, jit_compile=jit_compile)
+        steps = ReplicaSteps(model, self._metrics, jit_compile=options.jit_compile)
         runner = runners.for_strategy(strategy)
         self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy)
         self._checkpoint = (

@@ -1,0 +1,54 @@
+"""What `tfdist.tpu.preflight` found: a list of problems, each with its fix."""
+
+import dataclasses
+from typing import List
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One reason the step would not compile, or would run badly, on a TPU.
+
+    ``check`` is the class of problem (e.g. "dynamic shape", "host-only op",
+    "float64"), ``where`` the layer, op or data component, ``detail`` what
+    was seen and ``fix`` what to change.
+    """
+
+    check: str
+    where: str
+    detail: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"[{self.check}] {self.where}: {self.detail} Fix: {self.fix}"
+
+
+@dataclasses.dataclass
+class PreflightReport:
+    """The preflight's findings. ``ok`` when there are no problems; ``notes``
+    are advice that does not stop a TPU run (e.g. batch sizes that are
+    valid but leave the matrix units partly idle)."""
+
+    num_replicas: int
+    per_replica_batch_size: int = 0
+    compiled: bool = False
+    problems: List[Problem] = dataclasses.field(default_factory=list)
+    notes: List[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, check: str, where: str, detail: str, fix: str) -> None:
+        """Adds a problem unless the same check already named ``where``."""
+        if any(p.check == check and p.where == where for p in self.problems):
+            return
+        self.problems.append(Problem(check, where, detail, fix))
+
+    def __str__(self) -> str:
+        head = (f"TPU preflight: {'OK' if self.ok else f'{len(self.problems)} problem(s)'}"
+                f" ({self.num_replicas} replicas, per-replica batch "
+                f"{self.per_replica_batch_size or '?'}, XLA compile "
+                f"{'passed' if self.compiled else 'not passed'})")
+        lines = [head] + [f"  - {p}" for p in self.problems]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
