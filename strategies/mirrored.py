@@ -1,6 +1,7 @@
 """Train a small classifier with tfdist on one host's replicas (MirroredStrategy).
 
     python strategies/mirrored.py --num_replicas=4 --epochs=3
+    python strategies/mirrored.py --num_replicas=4 --keras_fit   # model.fit + tfdist.attach
 
 Without GPUs, ``--num_replicas`` logical CPU devices are made; with GPUs,
 all local GPUs are used unless ``--num_replicas`` says fewer. The default
@@ -15,7 +16,7 @@ import os
 from absl import app, flags, logging
 
 import tfdist
-from image_classifier import train_image_classifier
+from image_classifier import keras_fit_image_classifier, train_image_classifier
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("num_replicas", 2, "Replicas (logical CPUs if no GPU).")
@@ -31,6 +32,8 @@ flags.DEFINE_enum("partial_batch", "exact", ["exact", "drop", "pad"], "Partial-b
 flags.DEFINE_bool("jit_compile", False, "XLA-compile the step (use --partial_batch=pad).")
 flags.DEFINE_integer("log_every_steps", 20, "Steps between progress lines.")
 flags.DEFINE_integer("seed", 0, "Shuffle and initialisation seed.")
+flags.DEFINE_bool("keras_fit", False, "Train with Keras model.fit on arrays after "
+                  "tfdist.attach (no checkpoints) instead of tfdist.Trainer.")
 
 
 def main(argv):
@@ -38,6 +41,12 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # tfdist prints its own progress.
     # First: logical devices must be configured before TensorFlow starts.
     strategy = tfdist.make_strategy("mirrored", num_replicas=FLAGS.num_replicas)
+    if FLAGS.keras_fit:
+        keras_fit_image_classifier(
+            strategy, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
+            batch_size=FLAGS.batch_size, model=FLAGS.model,
+            learning_rate=FLAGS.learning_rate, epochs=FLAGS.epochs, seed=FLAGS.seed)
+        return
     train_image_classifier(
         strategy, dataset=FLAGS.dataset, data_dir=FLAGS.data_dir,
         batch_size=FLAGS.batch_size, model=FLAGS.model,

@@ -95,8 +95,10 @@ def test_only_the_package_imports_the_trainer():
         if path.name != "__init__.py" or path.parent != PACKAGE:
             if "tfdist.trainer" in source or "from tfdist import trainer" in source:
                 importers.append(str(path))
-    # tfdist/__init__.py names it for lazy loading; nothing else may.
-    assert not [p for p in importers if not p.endswith("tfdist/trainer.py")], importers
+    # tfdist/__init__.py names it for lazy loading; keras_fit.py (tfdist.attach)
+    # is the one layer above the Trainer; nothing else may.
+    allowed = ("tfdist/trainer.py", "tfdist/keras_fit.py")
+    assert not [p for p in importers if not p.endswith(allowed)], importers
 
 
 @pytest.mark.parametrize("name", sorted(_modules()))

@@ -55,6 +55,27 @@ def test_workers_train_like_one_device(tmp_path, keras_reference, replicas_per_w
     assert "[worker-1] train |" not in run.output and "[worker-0] train |" in run.output
 
 
+def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path):
+    """tfdist.attach + unchanged model.fit / evaluate / predict on arrays."""
+    x, y, _ = ref.classification_arrays(EXAMPLES)
+    expected = ref.compile_model(ref.build_mlp(), "adam")
+    history = expected.fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_split=0.2,
+                           shuffle=False, verbose=0).history
+    evaluation = expected.evaluate(x, y, batch_size=BATCH, verbose=0)
+    predictions = expected.predict(x, batch_size=BATCH, verbose=0)
+
+    args = [f"--output_dir={tmp_path / 'out'}", "--keras_fit"]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for result in _results(tmp_path / "out"):  # every worker: the full result
+        for index, (want, got) in enumerate(zip(expected.get_weights(), result["weights"])):
+            np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0,
+                                       err_msg=f"weight {index}")
+        ref.assert_logs_close(history, result["history"])
+        np.testing.assert_allclose(result["evaluate"], evaluation, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(result["predict"]), predictions, atol=1e-5, rtol=0)
+
+
 def _slow_run_args(tmp_path):
     return [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
             "--checkpoint_every_steps=2", "--step_delay=0.4"]

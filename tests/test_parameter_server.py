@@ -28,7 +28,8 @@ EPOCHS, STEPS, EXAMPLES, BATCH = 3, 5, 70, 16  # 5 steps: one pass per epoch
 def keras_reference():
     model, history = ref.keras_fit(ref.global_batches(EXAMPLES, BATCH), EPOCHS, "adam")
     evaluation = model.evaluate(ref.global_batches(EXAMPLES, BATCH), verbose=0, return_dict=True)
-    return model.get_weights(), history, evaluation
+    predictions = model.predict(ref.global_batches(EXAMPLES, BATCH), verbose=0)
+    return model.get_weights(), history, evaluation, predictions
 
 
 def _result(output_dir):
@@ -49,6 +50,9 @@ def test_one_worker_trains_like_one_device(tmp_path, keras_reference, given):
     _assert_weights_equal_reference(result, keras_reference)
     ref.assert_logs_close(keras_reference[1], result["history"])
     ref.assert_logs_close(keras_reference[2], result["evaluate"])
+    # predict runs on the coordinator: every example, in order.
+    np.testing.assert_allclose(np.asarray(result["trainer_predict"]), keras_reference[3],
+                               atol=1e-5, rtol=0)
     assert result["trainer_steps"] == result["optimizer_iterations"] == EPOCHS * STEPS
     assert "needs `steps_per_epoch`" in result["missing_steps_error"]
     # Progress comes from the chief; the servers only serve.

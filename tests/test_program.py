@@ -59,3 +59,13 @@ def test_tpu_program_without_a_tpu_says_so(tmp_path):
                   program="tpu.py")
     assert result.returncode != 0
     assert "TPUNotFoundError: No TPU found: tpu='local'" in result.stderr, result.stderr[-3000:]
+
+
+def test_mirrored_program_keras_fit_form_trains_with_attach(tmp_path):
+    result = _run(["--num_replicas=2", "--keras_fit", "--epochs=1",
+                   f"--data_dir={tmp_path / 'data'}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "train | epoch 1 | step 71/71 | loss" in result.stdout  # 9000 rows after the split
+    assert "eval | epoch 1 | loss" in result.stdout  # validation_split=0.1
+    final = result.stdout.split("final |")[1]
+    assert float(final.split("accuracy")[1].split()[0]) > 0.5 and "predictions (2000, 10)" in final

@@ -8,6 +8,10 @@
 ...                   metrics=["accuracy"])
 >>> history = tfdist.Trainer(model, strategy).fit(train_ds, epochs=3)
 
+Keras code runs unchanged after ``tfdist.attach(model, strategy)``:
+``model.fit(x, y, batch_size=64, validation_split=0.1)``, ``model.evaluate``,
+``model.predict`` (see `tfdist.keras_fit`).
+
 The lower layers work on their own in a hand-written loop:
 `tfdist.data.distribute`, `tfdist.losses.scaled_loss`, `tfdist.metrics`,
 `tfdist.checkpoint`.
@@ -30,15 +34,17 @@ _NAMES = {
     "epoch_seed": "tfdist.epochs",
     "Preempted": "tfdist.preemption",
     "Trainer": "tfdist.trainer",
+    "attach": "tfdist.keras_fit",
+    "detach": "tfdist.keras_fit",
     "known_strategies": "tfdist.strategy",
     "make_strategy": "tfdist.strategy",
     "register_strategy": "tfdist.strategy",
 }
 _MODULES = (
     "batch", "cadence", "checkpoint", "cluster", "collectives", "data", "datasets",
-    "epochs", "launch", "local_devices", "losses", "metrics", "multi_worker",
-    "parameter_server", "preemption", "recipes", "server", "sharded", "static_shapes",
-    "strategy", "tpu",
+    "epochs", "keras_fit", "keras_inputs", "launch", "local_devices", "losses",
+    "metrics", "multi_worker", "parameter_server", "predict", "preemption", "recipes",
+    "server", "sharded", "static_shapes", "strategy", "tpu",
 )
 
 __all__ = sorted(list(_NAMES) + list(_MODULES))

@@ -22,15 +22,50 @@ from tfdist import collectives
 __all__ = [
     "all_layers",
     "build_model_state",
+    "class_weight_to_sample_weights",
+    "flatten_metrics_in_order",
+    "keras_data_as_dataset",
+    "train_validation_split",
     "compile_metrics",
     "flat_losses",
     "get_keras_mask",
+    "PyDataset",
     "output_loss_metrics",
     "statistics_over_real_rows",
     "tree",
 ]
 
 get_keras_mask = keras_backend.get_keras_mask
+PyDataset = keras.utils.PyDataset
+
+
+def train_validation_split(arrays, validation_split: float):
+    """Keras' own split for ``validation_split``: the last fraction, unshuffled."""
+    from keras.src.trainers.data_adapters import array_slicing  # pylint: disable=import-outside-toplevel
+
+    return array_slicing.train_validation_split(arrays, validation_split=validation_split)
+
+
+def class_weight_to_sample_weights(y, class_weight: dict):
+    """Keras' per-example weights for ``class_weight`` (argmax of one-hot ``y``)."""
+    from keras.src.trainers.data_adapters import data_adapter_utils  # pylint: disable=import-outside-toplevel
+
+    return data_adapter_utils.class_weight_to_sample_weights(y, class_weight)
+
+
+def keras_data_as_dataset(x, y=None, sample_weight=None, batch_size=None):
+    """A `keras.utils.PyDataset` or Python generator as Keras itself reads it
+    (its data adapter), unshuffled, as a tf.data.Dataset of batches."""
+    from keras.src.trainers import data_adapters  # pylint: disable=import-outside-toplevel
+
+    return data_adapters.get_data_adapter(
+        x, y, sample_weight, batch_size=batch_size, shuffle=False).get_tf_dataset()
+
+
+def flatten_metrics_in_order(model: keras.Model, logs: dict):
+    """What Keras ``evaluate(return_dict=False)`` returns for ``logs``: a
+    scalar for one entry, else a list in ``model.metrics_names`` order."""
+    return model._flatten_metrics_in_order(logs)
 
 
 def all_layers(model: keras.Model) -> list:

@@ -127,6 +127,7 @@ def epoch_iterators(
     position,
     epochs: int,
     steps_per_epoch: Optional[int],
+    first_epoch: int = 0,
 ) -> Iterator[Tuple[int, Iterator, Optional[int], bool]]:
     """Yields ``(epoch, iterator, total_steps, persistent)`` until ``epochs``.
 
@@ -134,7 +135,8 @@ def epoch_iterators(
     epoch, so the caller advances it as it trains. ``make_iterator(epoch,
     skip_steps)`` builds an iterator past the batches already trained on.
     With ``steps_per_epoch`` and a fixed dataset, one iterator runs on
-    across epochs (``persistent``, as in Keras); otherwise every epoch is a
+    across epochs (``persistent``, as in Keras) from its start at
+    ``first_epoch`` (Keras' ``initial_epoch``); otherwise every epoch is a
     fresh pass.
     """
     persistent = steps_per_epoch is not None and not source.per_epoch
@@ -142,6 +144,7 @@ def epoch_iterators(
     while position.epoch < epochs:
         epoch = position.epoch
         if iterator is None or not persistent:
-            skip = position.step_in_epoch + (epoch * steps_per_epoch if persistent else 0)
+            skip = position.step_in_epoch + (
+                (epoch - first_epoch) * steps_per_epoch if persistent else 0)
             iterator = make_iterator(epoch, skip)
         yield epoch, iterator, steps_per_epoch or source.known_steps(epoch), persistent

@@ -35,6 +35,7 @@ from tfdist.cadence import Cadence
 from tfdist.checkpoint import TrainingCheckpoint
 from tfdist.errors import ConfigurationError
 from tfdist.metrics import MetricState
+from tfdist.predict import Predictor
 from tfdist.preemption import Preempted, PreemptionWatcher
 from tfdist.progress import ProgressReporter
 from tfdist.step import ReplicaSteps
@@ -138,6 +139,7 @@ class Trainer:
         )
         self._position = _Position()
         self._built_spec = None
+        self._predictor = None
 
     # -- set-up ------------------------------------------------------------
 
@@ -188,9 +190,15 @@ class Trainer:
             position = self._position
             self._checkpoint.save(position.step, position.epoch, position.step_in_epoch)
 
-    def _check_fit_arguments(self, epochs, steps_per_epoch) -> None:
+    def _check_fit_arguments(self, epochs, steps_per_epoch, initial_epoch,
+                             validation_freq) -> None:
         validation.positive_int("epochs", epochs)
         validation.positive_int("steps_per_epoch", steps_per_epoch, True)
+        validation.positive_int("validation_freq", validation_freq)
+        if not isinstance(initial_epoch, int) or initial_epoch < 0:
+            raise ConfigurationError(
+                f"`initial_epoch` ({initial_epoch!r}) must be an integer >= 0: the "
+                "epoch this call starts at (as in Keras, none run if it is >= epochs).")
         if steps_per_epoch is None and self._runner.needs_steps_per_epoch:
             raise ConfigurationError(
                 "Parameter-server training needs `steps_per_epoch`: workers read "
@@ -214,6 +222,8 @@ class Trainer:
         validation_steps: Optional[int] = None,
         callbacks: Optional[List[keras.callbacks.Callback]] = None,
         verbose="auto",
+        initial_epoch: int = 0,
+        validation_freq: int = 1,
     ) -> keras.callbacks.History:
         """Trains for ``epochs`` epochs; returns a Keras ``History``.
 
@@ -222,15 +232,18 @@ class Trainer:
         reach: training resumes from the newest checkpoint there, so a
         restarted job finishes the same run. With ``steps_per_epoch``, one
         iterator runs on across the epochs of a call (as in Keras); without
-        it, every epoch is one full pass over the data.
+        it, every epoch is one full pass over the data. ``initial_epoch``
+        and ``validation_freq`` are Keras' (epochs counted from
+        ``initial_epoch``; validation after every ``validation_freq``-th).
         """
-        self._check_fit_arguments(epochs, steps_per_epoch)
+        self._check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq)
         verbose = (1 if verbose == "auto" else verbose) if self._is_chief else 0
         source = self._source(data, "dataset")
         validation_source = (
             None if validation_data is None else self._source(validation_data, "validation_data")
         )
-        self._restore(verbose)
+        if self._restore(verbose) is None:
+            self._position.epoch = initial_epoch
         cadence = Cadence(self.steps_per_execution, self._log_every_steps,
                           self._checkpoint_every_steps, steps_per_epoch)
         reporter = ProgressReporter(verbose=verbose, log_dir=self._log_dir)
@@ -245,14 +258,16 @@ class Trainer:
         with self._explain_failures(), watcher, contextlib.closing(reporter):
             for epoch, iterator, total_steps, persistent in epochs_lib.epoch_iterators(
                 source, functools.partial(self._iterator, source), self._position,
-                epochs, steps_per_epoch,
+                epochs, steps_per_epoch, initial_epoch,
             ):
                 callback_list.on_epoch_begin(epoch)
                 exhausted = self._train_epoch(
                     iterator, cadence, reporter, callback_list, total_steps, watcher
                 )
                 self._stop_if_out_of_data(exhausted and persistent)
-                logs = self._epoch_logs(validation_source, validation_steps)
+                validates = (epoch + 1) % validation_freq == 0
+                logs = self._epoch_logs(validation_source if validates else None,
+                                        validation_steps)
                 steps_done = self._end_epoch()
                 reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
                 callback_list.on_epoch_end(epoch, logs)
@@ -346,6 +361,23 @@ class Trainer:
         """
         validation.positive_int("steps", steps, True)
         return self._evaluate(self._source(data, "evaluation dataset"), steps)
+
+    def predict(self, data, steps: Optional[int] = None):
+        """The model's outputs for every example of ``data`` (a dataset of
+        global batches of ``x``, ``(x,)`` or ``(x, y[, w])``), in order, as
+        NumPy arrays in the model's output structure; every worker of a
+        multi-worker job gets the whole result."""
+        validation.positive_int("steps", steps, True)
+        if not isinstance(data, tf.data.Dataset):
+            raise ConfigurationError(
+                f"`data` for predict must be a tf.data.Dataset of global batches; got "
+                f"{type(data).__name__}. For arrays use tfdist.attach(model) and "
+                "model.predict(x, batch_size=...).")
+        if self._predictor is None:
+            self._predictor = Predictor(self.model, self.strategy,
+                                        coordinator_inline=self._runner.predicts_on_coordinator)
+        with self._explain_failures():
+            return self._predictor.predict(data, steps)
 
     def _evaluate(self, source, steps: Optional[int]) -> Dict[str, float]:
         policy = "pad" if self._partial_batch == "pad" else "exact"

@@ -18,6 +18,8 @@ import pathlib
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import tfdist  # noqa: E402
@@ -87,6 +89,7 @@ def main():
         "trainer_steps": trainer.step,
         "optimizer_iterations": int(model.optimizer.iterations.numpy()),
         "predictions": model(first_batch, training=False).numpy().tolist(),
+        "trainer_predict": np.asarray(trainer.predict(test)).tolist(),
     }
     if args.model == "mlp":
         result["weights"] = [w.tolist() for w in model.get_weights()]

@@ -47,6 +47,27 @@ def _broken_host(args):
     return KillAtStep()
 
 
+def _write(args, results):
+    task = f"{tfdist.cluster.task_type() or 'worker'}-{tfdist.cluster.task_id()}"
+    os.makedirs(args.output_dir, exist_ok=True)
+    with open(os.path.join(args.output_dir, f"{task}.json"), "w", encoding="utf-8") as out:
+        json.dump(results, out)
+
+
+def _keras_fit(args, model, strategy, ref):
+    """The unchanged Keras calls, after tfdist.attach."""
+    x, y, _ = ref.classification_arrays(args.examples)
+    tfdist.attach(model, strategy)
+    history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
+                        validation_split=0.2, shuffle=False, verbose=0)
+    _write(args, {
+        "history": history.history,
+        "evaluate": model.evaluate(x, y, batch_size=args.batch_size, verbose=0),
+        "predict": model.predict(x, batch_size=args.batch_size, verbose=0).tolist(),
+        "weights": [w.tolist() for w in model.get_weights()],
+    })
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--output_dir", required=True)
@@ -67,6 +88,9 @@ def main():
     parser.add_argument("--broken_at_step", type=int, default=3)
     parser.add_argument("--validation_examples", type=int, default=0,
                         help="also validate on this many examples each epoch (0: no)")
+    parser.add_argument("--keras_fit", action="store_true",
+                        help="train with tfdist.attach + model.fit on arrays, with "
+                             "validation_split=0.2, and also predict")
     args = parser.parse_args()
     broken = _broken_host(args)
 
@@ -84,6 +108,9 @@ def main():
 
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
+    if args.keras_fit:
+        _keras_fit(args, model, strategy, ref)
+        return
     trainer = tfdist.Trainer(
         model, strategy, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every_steps=args.checkpoint_every_steps,
@@ -96,14 +123,11 @@ def main():
         validation_data=(ref.global_batches(args.validation_examples, args.batch_size)
                          if args.validation_examples else None),
     )
-    task = f"{tfdist.cluster.task_type() or 'worker'}-{tfdist.cluster.task_id()}"
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, f"{task}.json"), "w", encoding="utf-8") as out:
-        json.dump({
-            "history": history.history,
-            "evaluate": trainer.evaluate(dataset),
-            "weights": [w.tolist() for w in model.get_weights()],
-        }, out)
+    _write(args, {
+        "history": history.history,
+        "evaluate": trainer.evaluate(dataset),
+        "weights": [w.tolist() for w in model.get_weights()],
+    })
 
 
 if __name__ == "__main__":

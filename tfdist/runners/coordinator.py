@@ -30,6 +30,7 @@ class CoordinatorRunner:
     """Schedules replica steps on parameter-server workers."""
 
     needs_steps_per_epoch = True
+    predicts_on_coordinator = True  # see tfdist.predict
 
     def __init__(self, strategy, train_step: Callable, eval_step: Callable, *,
                  shard_policy: str = "auto"):

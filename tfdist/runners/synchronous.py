@@ -27,6 +27,7 @@ class SynchronousRunner:
     """Dispatches replica steps with ``strategy.run``."""
 
     needs_steps_per_epoch = False
+    predicts_on_coordinator = False  # see tfdist.predict
 
     def __init__(
         self,
