@@ -63,22 +63,8 @@ def test_steps_per_execution_equals_single_device(make_strategy, num_replicas):
     ref.assert_logs_close(expected_history, history)
 
 
-@pytest.mark.parametrize("num_replicas", [1, 2, 4])
-def test_pad_policy_with_jit_compile_equals_single_device(make_strategy, num_replicas):
-    dataset = ref.global_batches(PARTIAL, BATCH)
-    expected_model, expected_history = ref.keras_fit(dataset, EPOCHS, "adam")
-
-    model, trainer, history = _tfdist_fit(
-        make_strategy(num_replicas), dataset, "adam",
-        trainer_kwargs={"partial_batch": "pad", "jit_compile": True},
-    )
-
-    ref.assert_weights_close(expected_model, model)
-    ref.assert_logs_close(expected_history, history)
-    ref.assert_logs_close(
-        expected_model.evaluate(dataset, verbose=0, return_dict=True),
-        trainer.evaluate(dataset),
-    )
+# The "pad" policy with jit_compile (the static-shape path) is tested in
+# tests/test_static_shapes.py.
 
 
 def test_drop_policy_equals_keras_on_full_batches(make_strategy):

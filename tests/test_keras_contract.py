@@ -23,6 +23,15 @@ def test_compiled_model_exposes_what_tfdist_reads():
     assert model.optimizer.built
 
 
+def test_compile_identity_changes_when_the_model_is_compiled_again():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    first = _keras.compile_identity(model)
+    assert _keras.compile_identity(model) == first
+    model.compile(optimizer=model.optimizer, loss="mse", metrics=["mae"])
+    assert _keras.compile_identity(model) != first
+
+
 def test_all_layers_finds_nested_layers():
     inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="inner_dense")],
                              name="inner")

@@ -2,6 +2,7 @@
 XLA-compiled steps and host loops equal single-device Keras ``fit``; its
 checkpoints restore on the ordinary path and back."""
 
+import numpy as np
 import pytest
 
 import tfdist
@@ -20,8 +21,9 @@ def _trainer(strategy, **kwargs):
     return model, tfdist.Trainer(model, strategy, **kwargs)
 
 
-@pytest.mark.parametrize("num_examples", [PARTIAL, SMALLER_THAN_REPLICAS])
-@pytest.mark.parametrize("num_replicas", [1, 2, 4])
+@pytest.mark.parametrize("num_replicas, num_examples", [
+    (1, PARTIAL), (2, SMALLER_THAN_REPLICAS), (4, PARTIAL), (4, SMALLER_THAN_REPLICAS),
+])
 def test_static_shapes_equal_single_device_keras(make_strategy, num_replicas, num_examples):
     dataset = ref.global_batches(num_examples, BATCH)
     expected_model, expected_history = ref.keras_fit(dataset, EPOCHS, "adam")
@@ -82,3 +84,15 @@ def test_checkpoints_cross_between_static_and_dynamic_paths(
 def test_bad_static_shape_options_name_the_fix(make_strategy, options, named):
     with pytest.raises(ConfigurationError, match=named):
         _trainer(make_strategy(2), **options)
+
+
+def test_predict_on_the_static_path_is_in_order_and_complete(make_strategy):
+    dataset = ref.global_batches(SMALLER_THAN_REPLICAS, BATCH)
+    expected = ref.compile_model(ref.build_mlp(), "adam")
+    _, trainer = _trainer(make_strategy(4), static_shapes=True)
+
+    predicted = trainer.predict(dataset)
+
+    assert predicted.shape == (SMALLER_THAN_REPLICAS, ref.NUM_CLASSES)
+    ref.assert_weights_close(expected, trainer.model)  # same initial weights
+    np.testing.assert_allclose(predicted, expected.predict(dataset, verbose=0), atol=1e-5)

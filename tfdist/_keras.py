@@ -23,6 +23,7 @@ __all__ = [
     "all_layers",
     "build_model_state",
     "class_weight_to_sample_weights",
+    "compile_identity",
     "flatten_metrics_in_order",
     "keras_data_as_dataset",
     "train_validation_split",
@@ -66,6 +67,13 @@ def flatten_metrics_in_order(model: keras.Model, logs: dict):
     """What Keras ``evaluate(return_dict=False)`` returns for ``logs``: a
     scalar for one entry, else a list in ``model.metrics_names`` order."""
     return model._flatten_metrics_in_order(logs)
+
+
+def compile_identity(model: keras.Model) -> tuple:
+    """Changes whenever ``model.compile`` runs again (new loss, metrics and
+    optimizer objects), so a Trainer built for the old ones can be replaced."""
+    return (id(model.optimizer), id(getattr(model, "_compile_loss", None)),
+            id(getattr(model, "_compile_metrics", None)))
 
 
 def all_layers(model: keras.Model) -> list:

@@ -51,7 +51,7 @@ class Attachment:
 
         model = self._model
         validation.check_compiled(model)
-        key = (id(model.optimizer), id(getattr(model, "loss", None)))
+        key = _keras.compile_identity(model)
         if self._trainer is None or key != self._compiled_with:
             self._trainer = Trainer(model, self._strategy, **self._options)
             self._compiled_with = key

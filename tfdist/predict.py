@@ -1,7 +1,8 @@
 """``predict``: every example's output, in the data's order, on every worker.
 
 Global batches are distributed as for training (a batch that does not split
-evenly over the replicas is padded with a mask, so no replica is empty), each
+evenly over the replicas is padded with a mask, so no replica is empty; on
+the static-shape path every batch is padded to the full size), each
 replica runs the model on its slice, and ``strategy.gather`` concatenates
 the slices in replica order, which is the batch's order; padded rows are
 then dropped by their mask. ``gather`` is an all-gather, so under
@@ -50,10 +51,13 @@ def _concatenate(chunks):
 class Predictor:
     """Runs ``model`` in inference mode over global batches under ``strategy``."""
 
-    def __init__(self, model, strategy: tf.distribute.Strategy, *, coordinator_inline: bool):
+    def __init__(self, model, strategy: tf.distribute.Strategy, *, coordinator_inline: bool,
+                 static_shapes: bool = False):
         self._model = model
         self._strategy = strategy
         self._inline = coordinator_inline
+        # Static shapes (TPU): the last batch is padded to the full size.
+        self._partial_batch = "pad" if static_shapes else "exact"
         self._step = tf.function(self._distributed_step, reduce_retracing=True)
         self._inline_step = tf.function(lambda x: model(x, training=False),
                                         reduce_retracing=True)
@@ -81,7 +85,8 @@ class Predictor:
             for x, _ in dataset:
                 chunks.append(tf.nest.map_structure(np.asarray, self._inline_step(x)))
             return _concatenate(chunks)
-        distributed = data_lib.distribute(self._strategy, dataset, avoid_empty_replicas=True)
+        distributed = data_lib.distribute(self._strategy, dataset, avoid_empty_replicas=True,
+                                          partial_batch=self._partial_batch)
         for structure in distributed:
             outputs, mask = self._step(structure)
             keep = np.asarray(mask) > 0

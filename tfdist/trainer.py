@@ -375,12 +375,14 @@ class Trainer:
                 "model.predict(x, batch_size=...).")
         if self._predictor is None:
             self._predictor = Predictor(self.model, self.strategy,
-                                        coordinator_inline=self._runner.predicts_on_coordinator)
+                                        coordinator_inline=self._runner.predicts_on_coordinator,
+                                        static_shapes=self.static_shapes)
         with self._explain_failures():
             return self._predictor.predict(data, steps)
 
     def _evaluate(self, source, steps: Optional[int]) -> Dict[str, float]:
-        policy = "pad" if self._partial_batch == "pad" else "exact"
+        # Static shapes (TPU) pad the last batch; otherwise nothing is dropped.
+        policy = "pad" if self.static_shapes or self._partial_batch == "pad" else "exact"
         with self._explain_failures():
             self._metrics.reset()
             self._runner.evaluate(source, steps=steps, partial_batch=policy,
