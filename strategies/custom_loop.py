@@ -52,7 +52,8 @@ def train(strategy, model, dataset, epochs):
         tfdist.metrics.update_loss_mean(loss_mean, per_example, batch, model)
         tfdist.metrics.update_metrics([accuracy], batch, predictions)
         gradients = tape.gradient(loss, model.trainable_variables)
-        model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        # Summed over replicas, then clipped (if the optimizer clips), as on one device.
+        tfdist.gradients.apply_gradients(model.optimizer, gradients, model.trainable_variables)
 
     @tf.function
     def train_step(element):

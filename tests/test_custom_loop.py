@@ -2,7 +2,6 @@
 single-device Keras ``fit``: weights, per-epoch loss and accuracy, with
 partial and empty-replica batches; the README shows that loop verbatim."""
 
-import importlib.util
 import pathlib
 import re
 
@@ -12,11 +11,10 @@ import tensorflow as tf
 
 import tfdist
 from tests import reference as ref
+from tests.program_loader import load_program
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("custom_loop", REPO / "strategies" / "custom_loop.py")
-custom_loop = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(custom_loop)
+custom_loop = load_program("custom_loop")
 EPOCHS, BATCH = 3, 16
 
 

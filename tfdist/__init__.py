@@ -42,7 +42,7 @@ _NAMES = {
 }
 _MODULES = (
     "batch", "cadence", "checkpoint", "cluster", "collectives", "data", "datasets",
-    "epochs", "keras_fit", "keras_inputs", "launch", "local_devices", "losses",
+    "epochs", "gradients", "keras_fit", "keras_inputs", "launch", "local_devices", "losses",
     "metrics", "multi_worker", "parameter_server", "predict", "preemption", "recipes",
     "server", "sharded", "static_shapes", "strategy", "tpu",
 )

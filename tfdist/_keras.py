@@ -23,6 +23,7 @@ __all__ = [
     "all_layers",
     "build_model_state",
     "class_weight_to_sample_weights",
+    "clip_gradients",
     "compile_identity",
     "flatten_metrics_in_order",
     "keras_data_as_dataset",
@@ -74,6 +75,11 @@ def compile_identity(model: keras.Model) -> tuple:
     optimizer objects), so a Trainer built for the old ones can be replaced."""
     return (id(model.optimizer), id(getattr(model, "_compile_loss", None)),
             id(getattr(model, "_compile_metrics", None)))
+
+
+def clip_gradients(optimizer, gradients: list) -> list:
+    """Keras' own clipping (clipnorm / global_clipnorm / clipvalue) of ``gradients``."""
+    return list(optimizer._clip_gradients(gradients))
 
 
 def all_layers(model: keras.Model) -> list:

@@ -5,13 +5,14 @@ function here:
 
 * `all_reduce_sum`: global counts a replica can not read from its batch
   (loss denominators under Keras masks, the example count without a
-  carried count column, synchronized batch statistics over real rows);
+  carried count column, synchronized batch statistics over real rows),
+  and the batch's gradient when the optimizer clips (`tfdist.gradients`);
 * `any_worker`: the stop agreement (SIGTERM / Ctrl-C on any worker stops
   every worker at the same step), folded into the training function so it
   costs no host call of its own;
 * `barrier`: every worker has joined the cluster.
 
-Gradient sums belong to the optimizer (``apply_gradients``) and metric
+Otherwise gradient sums belong to the optimizer (``apply_gradients``) and metric
 totals are reduced by Keras when read; tfdist adds no other collective.
 """
 

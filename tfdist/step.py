@@ -10,7 +10,8 @@
    the loss's denominators follow from example counts (no communication),
    else by an all-reduce,
 4. takes the gradient of its share and lets the optimizer SUM-reduce and
-   apply the gradients,
+   apply the gradients (clipping, if any, applies to the sum:
+   `tfdist.gradients`),
 5. adds its examples to the replica-local metric state (no communication).
 
 With ``jit_compile=True`` steps 1, 2 and 4 (the forward and backward pass)
@@ -24,6 +25,7 @@ import keras
 import tensorflow as tf
 
 from tfdist import _keras, collectives, losses, sharded
+from tfdist import gradients as gradients_lib
 from tfdist.batch import Batch
 from tfdist.metrics import MetricState, without_padding
 
@@ -127,7 +129,7 @@ class ReplicaSteps:
                 loss, data_share, shares, regularization = self._loss(terms, denominators)
                 scaled = model.optimizer.scale_loss(loss)
             gradients = sharded.gradients(tape, scaled, model.trainable_variables)
-        model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        gradients_lib.apply_gradients(model.optimizer, gradients, model.trainable_variables)
         self._metrics.update(
             data_share, shares, regularization, global_examples, local_examples,
             *without_padding(mask, y, y_pred, sample_weight),
