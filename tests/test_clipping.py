@@ -33,8 +33,8 @@ def unclipped():
     return _keras_fit(ref.global_batches(66, BATCH), {})[0]
 
 
-@pytest.mark.parametrize("clip", CLIPS, ids=lambda c: next(iter(c)))
-@pytest.mark.parametrize("num_replicas", [2, 4])
+@pytest.mark.parametrize("num_replicas, clip", [(4, CLIPS[0]), (2, CLIPS[1]), (4, CLIPS[2])],
+                         ids=["global_clipnorm-4", "clipnorm-2", "clipvalue-4"])
 def test_trainer_clips_the_batch_gradient(make_strategy, unclipped, num_replicas, clip):
     dataset = ref.global_batches(66, BATCH)  # last batch of 2: empty replicas at 4
     expected, history = _keras_fit(dataset, clip)

@@ -31,9 +31,14 @@ def _tfdist_fit(strategy, dataset, optimizer, epochs=EPOCHS, trainer_kwargs=None
     return model, trainer, history.history
 
 
-@pytest.mark.parametrize("num_examples", [PARTIAL, SMALLER_THAN_REPLICAS])
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-@pytest.mark.parametrize("num_replicas", [1, 2, 3, 4])
+# Every replica count with both data sizes where they differ, both
+# optimizers; the other test files add more combinations (keras_fit,
+# static_shapes, clipping, empty_replicas).
+@pytest.mark.parametrize("num_replicas, optimizer, num_examples", [
+    (1, "adam", PARTIAL), (2, "sgd", PARTIAL), (2, "adam", SMALLER_THAN_REPLICAS),
+    (3, "sgd", PARTIAL), (3, "adam", SMALLER_THAN_REPLICAS), (4, "sgd", SMALLER_THAN_REPLICAS),
+    (4, "adam", PARTIAL), (4, "adam", SMALLER_THAN_REPLICAS),
+])
 def test_fit_equals_single_device_keras(make_strategy, num_replicas, optimizer, num_examples):
     dataset = ref.global_batches(num_examples, BATCH)
     expected_model, expected_history = ref.keras_fit(dataset, EPOCHS, optimizer)
