@@ -5,9 +5,11 @@ strategy and call `train_image_classifier`; it lives beside them (not in the
 library) because it is a program: it prints, and it drives `tfdist.Trainer`.
 """
 
-import keras
-
 import tfdist
+
+tfdist.tf_logs.import_tensorflow()  # without C++ start-up noise (TFDIST_TF_LOGS=1 shows it)
+
+import keras  # noqa: E402
 
 
 def build_classifier(model: str, info: dict, learning_rate: float, seed: int):

@@ -234,3 +234,40 @@ def test_bad_fit_arguments_name_the_argument(make_strategy, call, named):
     x, y, w = ref.classification_arrays(32)
     with pytest.raises(ConfigurationError, match=named):
         call(model, x, y, w)
+
+
+def test_verbose_prints_keras_progress_bar_or_one_line_per_epoch(make_strategy, capfd):
+    x, y, _ = ref.classification_arrays(66)
+    model = _attached(make_strategy(2))
+    model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0)
+    assert capfd.readouterr().out == ""
+    model.fit(x, y, batch_size=BATCH, epochs=2, verbose=2, validation_split=0.2)
+    lines = [l for l in capfd.readouterr().out.splitlines() if l.strip()]
+    assert lines[0] == "Epoch 1/2" and lines[2] == "Epoch 2/2" and len(lines) == 4
+    assert lines[1].startswith("4/4 - ") and " - loss: " in lines[1] and "val_loss" in lines[1]
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=1)
+    out = capfd.readouterr().out
+    assert "5/5" in out and "━" in out
+    with pytest.raises(ConfigurationError, match=r"`verbose` \(3\)"):
+        model.fit(x, y, batch_size=BATCH, verbose=3)
+
+
+def test_on_batch_methods_equal_keras_with_empty_replicas(make_strategy):
+    x, y, w = ref.classification_arrays(50)
+    batches = [(x[:16], y[:16], w[:16]), (x[16:18], y[16:18], w[16:18]), (x[18:], y[18:], w[18:])]
+
+    def calls(model):
+        results = [model.train_on_batch(bx, by, sample_weight=bw) for bx, by, bw in batches]
+        results.append(model.test_on_batch(x[:7], y[:7]))
+        results.append(model.train_on_batch(x[:3], y[:3], class_weight={0: 2.0, 1: 1.0, 2: 0.5},
+                                            return_dict=True))
+        results.append(model.predict_on_batch(x[:5]))
+        return results
+
+    expected = calls(ref.compile_model(ref.build_mlp(), "adam"))
+    actual = calls(_attached(make_strategy(4)))
+    for index, (want, got) in enumerate(zip(expected, actual)):
+        if isinstance(want, dict):
+            ref.assert_logs_close(want, got)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"call {index}")

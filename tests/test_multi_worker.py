@@ -55,25 +55,35 @@ def test_workers_train_like_one_device(tmp_path, keras_reference, replicas_per_w
     assert "[worker-1] train |" not in run.output and "[worker-0] train |" in run.output
 
 
+def _assert_weights_equal(expected, weights):
+    for index, (want, got) in enumerate(zip(expected.get_weights(), weights)):
+        np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0,
+                                   err_msg=f"weight {index}")
+
+
 def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path):
-    """tfdist.attach + unchanged model.fit / evaluate / predict on arrays."""
+    """tfdist.attach + unchanged model.fit / evaluate / predict on arrays;
+    then gradient accumulation over 2 micro-batches = one device on 2x batches."""
     x, y, _ = ref.classification_arrays(EXAMPLES)
     expected = ref.compile_model(ref.build_mlp(), "adam")
     history = expected.fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_split=0.2,
                            shuffle=False, verbose=0).history
     evaluation = expected.evaluate(x, y, batch_size=BATCH, verbose=0)
     predictions = expected.predict(x, batch_size=BATCH, verbose=0)
+    on_unions = ref.compile_model(ref.build_mlp(), "adam")
+    union_history = on_unions.fit(x, y, batch_size=2 * BATCH, epochs=EPOCHS, shuffle=False,
+                                  verbose=0).history
 
     args = [f"--output_dir={tmp_path / 'out'}", "--keras_fit"]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     for result in _results(tmp_path / "out"):  # every worker: the full result
-        for index, (want, got) in enumerate(zip(expected.get_weights(), result["weights"])):
-            np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0,
-                                       err_msg=f"weight {index}")
+        _assert_weights_equal(expected, result["weights"])
         ref.assert_logs_close(history, result["history"])
         np.testing.assert_allclose(result["evaluate"], evaluation, rtol=1e-5)
         np.testing.assert_allclose(np.asarray(result["predict"]), predictions, atol=1e-5, rtol=0)
+        _assert_weights_equal(on_unions, result["accumulated"]["weights"])
+        ref.assert_logs_close(union_history, result["accumulated"]["history"])
 
 
 def _slow_run_args(tmp_path):

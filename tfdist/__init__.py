@@ -18,10 +18,13 @@ The lower layers work on their own in a hand-written loop:
 
 Names load on first use, so ``import tfdist`` (and the ``tfdist-run``
 launcher, which needs no TensorFlow) starts in milliseconds; TensorFlow is
-imported by the first name that needs it.
+imported by the first name that needs it, without its C++ start-up noise
+(`tfdist.tf_logs`; ``TFDIST_TF_LOGS=1`` shows it).
 """
 
-import importlib
+from tfdist import tf_logs
+
+tf_logs.quiet_environment()
 
 __version__ = "0.1.0"
 
@@ -44,7 +47,7 @@ _MODULES = (
     "batch", "cadence", "checkpoint", "cluster", "collectives", "data", "datasets",
     "epochs", "gradients", "keras_fit", "keras_inputs", "launch", "local_devices", "losses",
     "metrics", "multi_worker", "parameter_server", "predict", "preemption", "recipes",
-    "server", "sharded", "static_shapes", "strategy", "tpu",
+    "server", "sharded", "static_shapes", "strategy", "tf_logs", "tpu",
 )
 
 __all__ = sorted(list(_NAMES) + list(_MODULES))
@@ -52,7 +55,7 @@ __all__ = sorted(list(_NAMES) + list(_MODULES))
 
 def __getattr__(name):
     if name in _NAMES:
-        return getattr(importlib.import_module(_NAMES[name]), name)
+        return getattr(tf_logs.import_module(_NAMES[name]), name)
     if name in _MODULES:
-        return importlib.import_module(f"tfdist.{name}")
+        return tf_logs.import_module(f"tfdist.{name}")
     raise AttributeError(f"module 'tfdist' has no attribute {name!r}")

@@ -21,13 +21,16 @@ from tfdist import collectives
 
 __all__ = [
     "all_layers",
+    "begin_training",
     "build_model_state",
+    "callback_list",
     "class_weight_to_sample_weights",
     "clip_gradients",
     "compile_identity",
     "flatten_metrics_in_order",
     "keras_data_as_dataset",
     "train_validation_split",
+    "wants_batch_logs",
     "compile_metrics",
     "flat_losses",
     "get_keras_mask",
@@ -80,6 +83,40 @@ def compile_identity(model: keras.Model) -> tuple:
 def clip_gradients(optimizer, gradients: list) -> list:
     """Keras' own clipping (clipnorm / global_clipnorm / clipvalue) of ``gradients``."""
     return list(optimizer._clip_gradients(gradients))
+
+
+def callback_list(callbacks, model, **params) -> keras.callbacks.CallbackList:
+    """``callbacks`` as Keras' fit makes them: a given ``CallbackList`` is
+    used as it is; else one with a ``History`` (no progress bar)."""
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return callbacks
+    return keras.callbacks.CallbackList(
+        callbacks, add_history=True, add_progbar=False, model=model, **params)
+
+
+def begin_training(model, callbacks, initial_epoch: int) -> int:
+    """``on_train_begin`` as Keras' fit calls it; returns the epoch to
+    start at: a callback may set ``model._initial_epoch`` there
+    (``BackupAndRestore`` does)."""
+    model.stop_training = False
+    model._initial_epoch = None
+    callbacks.on_train_begin()
+    return model._initial_epoch or initial_epoch
+
+
+def wants_batch_logs(callbacks: keras.callbacks.CallbackList) -> bool:
+    """Whether a callback needs real logs at every training batch: one that
+    overrides a batch-end hook (Keras marks the base class's empty hooks as
+    default). Keras' progress bar is not one: it shows the values of the
+    last batch that had logs, so it does not force a read per batch."""
+    from keras.src.utils import python_utils  # pylint: disable=import-outside-toplevel
+
+    return any(
+        not python_utils.is_default(getattr(callback, hook))
+        for callback in callbacks.callbacks
+        if not isinstance(callback, (keras.callbacks.ProgbarLogger, keras.callbacks.History))
+        for hook in ("on_train_batch_end", "on_batch_end")
+    )
 
 
 def all_layers(model: keras.Model) -> list:

@@ -28,6 +28,7 @@ of their own that is removed right after. Every worker restores from
 ``directory`` (a file system all workers share).
 """
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -38,6 +39,15 @@ import tensorflow as tf
 
 from tfdist import sharded
 from tfdist.errors import CheckpointMismatchError, ConfigurationError
+
+
+@dataclasses.dataclass
+class Position:
+    """Where training stands: the data position a checkpoint records."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
 
 
 class TrainingCheckpoint:
@@ -76,9 +86,12 @@ class TrainingCheckpoint:
         )
         self._model = model
 
-    def track_metrics(self, variables) -> None:
-        """Adds metric state variables (``{name: variable}``) to what is saved."""
-        self._checkpoint.metrics = dict(variables)
+    def track_state(self, metric_variables, accumulator=None) -> None:
+        """Adds metric state variables (``{name: variable}``) and a
+        `tfdist.accumulation.GradientAccumulator`'s sums to what is saved."""
+        self._checkpoint.metrics = dict(metric_variables)
+        if accumulator is not None:
+            self._checkpoint.gradient_accumulation = accumulator.variables()
 
     def _prepare_sharded(self) -> None:
         """Sharded variables (parameter servers) save as full tensors."""
@@ -123,6 +136,11 @@ class TrainingCheckpoint:
                 ) from error
             return path
         return None
+
+    def position(self) -> Position:
+        """The position recorded by the checkpoint last restored or saved."""
+        return Position(int(self.step.numpy()), int(self.epoch.numpy()),
+                        int(self.step_in_epoch.numpy()))
 
     def save(self, step: int, epoch: int, step_in_epoch: int) -> str:
         """Records the position and writes a checkpoint numbered ``step``."""

@@ -25,13 +25,24 @@ from tfdist import _keras, keras_inputs, validation
 from tfdist.errors import ConfigurationError
 
 _ATTACHMENT = "_tfdist_attachment"
-_METHODS = ("fit", "evaluate", "predict")
+_METHODS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
+            "predict_on_batch")
 
 
 def _callback_list(model, callbacks, verbose, **params):
     return keras.callbacks.CallbackList(
         callbacks, add_history=False, add_progbar=False, model=model,
         verbose=verbose, **params)
+
+
+def _keras_verbose(verbose) -> int:
+    if verbose == "auto":
+        return 1
+    if verbose not in (0, 1, 2):
+        raise ConfigurationError(
+            f"`verbose` ({verbose!r}) must be 0 (silent), 1 (progress bar), 2 (one "
+            "line per epoch) or 'auto' (1), as in Keras.")
+    return int(verbose)
 
 
 class Attachment:
@@ -72,10 +83,17 @@ class Attachment:
             class_weight=class_weight)
         validation_source = None if validation_data is None else (
             keras_inputs.validation_batches(validation_data, validation_batch_size or batch_size))
-        return self.trainer().fit(
+        trainer = self.trainer()
+        # Keras' progress bar (verbose=1) or one line per epoch (2), on the chief.
+        verbose = _keras_verbose(verbose) if trainer.is_chief else 0
+        callback_list = keras.callbacks.CallbackList(
+            callbacks, add_history=True, add_progbar=verbose != 0, model=self._model,
+            verbose=verbose, epochs=epochs,
+            steps=steps_per_epoch or keras_inputs.batches_per_epoch(data))
+        return trainer.fit(
             data, epochs=epochs, steps_per_epoch=steps_per_epoch,
             validation_data=validation_source, validation_steps=validation_steps,
-            callbacks=callbacks, verbose=verbose, initial_epoch=initial_epoch,
+            callbacks=callback_list, verbose=0, initial_epoch=initial_epoch,
             validation_freq=validation_freq)
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
@@ -89,7 +107,7 @@ class Attachment:
         callback_list.on_test_begin()
         logs = self.trainer().evaluate(data, steps=steps)
         callback_list.on_test_end(logs)
-        return logs if return_dict else _keras.flatten_metrics_in_order(self._model, logs)
+        return self._returned(logs, return_dict)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """Keras ``predict``: every example's output, in order."""
@@ -99,6 +117,36 @@ class Attachment:
         outputs = self.trainer().predict(data, steps=steps)
         callback_list.on_predict_end()
         return outputs
+
+
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
+                       return_dict=False):
+        """Keras ``train_on_batch``: one step on this (global) batch."""
+        logs = self.trainer().run_one_batch(
+            self._one_batch(x, y, sample_weight, class_weight), training=True)
+        return self._returned(logs, return_dict)
+
+    def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+        """Keras ``test_on_batch``: loss and metrics of this batch."""
+        logs = self.trainer().run_one_batch(self._one_batch(x, y, sample_weight),
+                                            training=False)
+        return self._returned(logs, return_dict)
+
+    def predict_on_batch(self, x):
+        """Keras ``predict_on_batch``: the outputs for this batch."""
+        return self.predict(x, batch_size=keras_inputs.num_rows(x), verbose=0)
+
+    @staticmethod
+    def _one_batch(x, y, sample_weight, class_weight=None):
+        if not keras_inputs.is_arrays(x):
+            raise ConfigurationError(
+                f"`x` for a *_on_batch call must be arrays (one batch), as in Keras; got "
+                f"{type(x).__name__}.")
+        return keras_inputs.to_training_data(x, y, sample_weight, class_weight=class_weight,
+                                             batch_size=keras_inputs.num_rows(x))
+
+    def _returned(self, logs, return_dict):
+        return logs if return_dict else _keras.flatten_metrics_in_order(self._model, logs)
 
 
 def _check_strategy(model, strategy) -> None:

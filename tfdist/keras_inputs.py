@@ -34,7 +34,8 @@ def is_arrays(x) -> bool:
     return bool(leaves) and all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves)
 
 
-def _rows(structure) -> int:
+def num_rows(structure) -> int:
+    """Rows of arrays (x, y and weights must agree)."""
     counts = {int(leaf.shape[0]) for leaf in _keras.tree.flatten(structure) if leaf is not None}
     if len(counts) != 1:
         raise ConfigurationError(
@@ -94,7 +95,7 @@ def array_batches(x, y, sample_weight, *, batch_size: Optional[int], shuffle=Fal
     check_shuffle(shuffle)
     batch_size = batch_size or DEFAULT_BATCH_SIZE
     parts = (x, y) if sample_weight is None else (x, y, sample_weight)
-    num_rows = _rows(parts)
+    total_rows = num_rows(parts)
     tensors = tf.nest.map_structure(tf.convert_to_tensor, parts)
 
     def batches(order):
@@ -102,9 +103,9 @@ def array_batches(x, y, sample_weight, *, batch_size: Optional[int], shuffle=Fal
         return indices.map(lambda i: tf.nest.map_structure(lambda t: tf.gather(t, i), tensors))
 
     if shuffle is False:
-        return batches(np.arange(num_rows))
+        return batches(np.arange(total_rows))
     return EpochDataset(lambda epoch: batches(
-        epoch_order(num_rows, batch_size, shuffle, seed, epoch)))
+        epoch_order(total_rows, batch_size, shuffle, seed, epoch)))
 
 
 def to_training_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False,
@@ -130,6 +131,17 @@ def to_training_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=
     raise ConfigurationError(
         f"`{what}` is a {type(x).__name__}; tfdist takes NumPy arrays or tensors (or dicts / "
         "lists of them), a tf.data.Dataset, a keras.utils.PyDataset or a Python generator.")
+
+
+def batches_per_epoch(data) -> Optional[int]:
+    """Batches in one epoch of ``data`` (from `to_training_data`) when known:
+    the progress bar's target."""
+    if isinstance(data, EpochDataset):
+        data = data.make_dataset(0)
+    if isinstance(data, tf.data.Dataset):
+        cardinality = int(data.cardinality())
+        return cardinality if cardinality >= 0 else None
+    return None
 
 
 def _is_generator(x) -> bool:

@@ -11,6 +11,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tfdist import tf_logs
 from tfdist.errors import ConfigurationError, RuntimeAlreadyStartedError
 
 _CROSS_DEVICE_OPS = {
@@ -19,6 +20,14 @@ _CROSS_DEVICE_OPS = {
     "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(),
     "reduce_to_one_device": lambda: tf.distribute.ReductionToOneDevice(),
 }
+
+
+def physical_devices(kind: str) -> list:
+    """``tf.config.list_physical_devices(kind)``; the first call starts the
+    runtime, whose start-up lines (a CPU-only machine's failed cuInit) are
+    noise (`tfdist.tf_logs`)."""
+    with tf_logs.quietly():
+        return tf.config.list_physical_devices(kind)
 
 
 def configure_logical_cpus(num_devices: int) -> list:
@@ -36,7 +45,7 @@ def configure_logical_cpus(num_devices: int) -> list:
         raise ConfigurationError(
             f"`num_replicas` ({num_devices!r}) must be a positive integer."
         )
-    cpu = tf.config.list_physical_devices("CPU")[0]
+    cpu = physical_devices("CPU")[0]
     current = tf.config.get_logical_device_configuration(cpu)
     if current is None or len(current) < num_devices:
         try:
@@ -67,7 +76,7 @@ def _cross_device_ops(communication: str):
 
 def one_device(device: Optional[str] = None) -> tf.distribute.Strategy:
     if device is None:
-        gpus = tf.config.list_physical_devices("GPU")
+        gpus = physical_devices("GPU")
         device = "/gpu:0" if gpus else "/cpu:0"
     return tf.distribute.OneDeviceStrategy(device)
 
@@ -77,7 +86,7 @@ def mirrored(
 ) -> tf.distribute.Strategy:
     """All local GPUs (or ``num_replicas`` of them); else logical CPUs."""
     cross_device_ops = _cross_device_ops(communication)
-    gpus = tf.config.list_physical_devices("GPU")
+    gpus = physical_devices("GPU")
     if gpus:
         count = len(gpus) if num_replicas is None else num_replicas
         if count > len(gpus):

@@ -20,7 +20,7 @@ from typing import Optional
 import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy as _cars
 
-from tfdist import cluster, collectives, peers, preemption
+from tfdist import cluster, collectives, local_devices, peers, preemption
 from tfdist.errors import ConfigurationError
 from tfdist.local_devices import configure_logical_cpus
 
@@ -86,7 +86,7 @@ def multi_worker_mirrored(
         raise ConfigurationError(
             f"`timeout_seconds` ({timeout_seconds!r}) must be positive or None."
         )
-    gpus = tf.config.list_physical_devices("GPU")
+    gpus = local_devices.physical_devices("GPU")
     cpus = 1
     if num_replicas is not None and not gpus:
         configure_logical_cpus(num_replicas)

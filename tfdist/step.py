@@ -11,7 +11,8 @@
    else by an all-reduce,
 4. takes the gradient of its share and lets the optimizer SUM-reduce and
    apply the gradients (clipping, if any, applies to the sum:
-   `tfdist.gradients`),
+   `tfdist.gradients`), or adds it to the accumulated sums when the
+   optimizer accumulates (`tfdist.accumulation`),
 5. adds its examples to the replica-local metric state (no communication).
 
 With ``jit_compile=True`` steps 1, 2 and 4 (the forward and backward pass)
@@ -83,6 +84,8 @@ class ReplicaSteps:
         self._model = model
         self._metrics = metrics
         self._jit_compile = jit_compile
+        # `tfdist.accumulation`: set once the model is built, when asked for.
+        self.accumulator = None
         self._xla_forward_backward = tf.function(
             self._forward_backward, jit_compile=True, reduce_retracing=True
         )
@@ -129,11 +132,20 @@ class ReplicaSteps:
                 loss, data_share, shares, regularization = self._loss(terms, denominators)
                 scaled = model.optimizer.scale_loss(loss)
             gradients = sharded.gradients(tape, scaled, model.trainable_variables)
-        gradients_lib.apply_gradients(model.optimizer, gradients, model.trainable_variables)
+        if self.accumulator is None:
+            gradients_lib.apply_gradients(model.optimizer, gradients, model.trainable_variables)
+        else:
+            self.accumulator.add(gradients, global_examples)
         self._metrics.update(
             data_share, shares, regularization, global_examples, local_examples,
             *without_padding(mask, y, y_pred, sample_weight),
         )
+
+    def after_train_step(self) -> None:
+        """Cross-replica, after each training step's ``strategy.run``:
+        applies accumulated gradients when due (`tfdist.accumulation`)."""
+        if self.accumulator is not None:
+            self.accumulator.after_step()
 
     @tf.autograph.experimental.do_not_convert
     def evaluate(self, structure: dict) -> None:

@@ -28,26 +28,16 @@ from typing import Dict, List, Optional
 import keras
 import tensorflow as tf
 
-from tfdist import _keras, cluster, epochs as epochs_lib, runners, validation
+from tfdist import _keras, accumulation, cluster, epochs as epochs_lib, runners, validation
 from tfdist import static_shapes as static_shapes_lib
 from tfdist import data as data_lib
 from tfdist.cadence import Cadence
-from tfdist.checkpoint import TrainingCheckpoint
-from tfdist.errors import ConfigurationError
+from tfdist.checkpoint import Position, TrainingCheckpoint
 from tfdist.metrics import MetricState
 from tfdist.predict import Predictor
 from tfdist.preemption import Preempted, PreemptionWatcher
 from tfdist.progress import ProgressReporter
 from tfdist.step import ReplicaSteps
-
-
-@dataclasses.dataclass
-class _Position:
-    """Where training stands: the checkpointed data position."""
-
-    step: int = 0
-    epoch: int = 0
-    step_in_epoch: int = 0
 
 
 class Trainer:
@@ -98,11 +88,7 @@ class Trainer:
         validation.positive_int("steps_per_execution", steps_per_execution)
         validation.positive_int("log_every_steps", log_every_steps)
         validation.positive_int("checkpoint_every_steps", checkpoint_every_steps, True)
-        if partial_batch not in (None,) + data_lib.PARTIAL_BATCH_POLICIES:
-            raise ConfigurationError(
-                f"`partial_batch` ({partial_batch!r}) must be one of "
-                f"{data_lib.PARTIAL_BATCH_POLICIES}."
-            )
+        validation.one_of("partial_batch", partial_batch, (None,) + data_lib.PARTIAL_BATCH_POLICIES)
         options = static_shapes_lib.resolve(
             strategy, static_shapes=static_shapes, partial_batch=partial_batch,
             jit_compile=jit_compile,
@@ -125,9 +111,10 @@ class Trainer:
         )) if getattr(strategy.extended, "should_save_summary", True) else None
         with strategy.scope():
             self._metrics = MetricState(model)
-        steps = ReplicaSteps(model, self._metrics, jit_compile=options.jit_compile)
+        steps = self._steps = ReplicaSteps(model, self._metrics, jit_compile=options.jit_compile)
         runner = runners.for_strategy(strategy)
-        self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy)
+        self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy,
+                              after_train_step=steps.after_train_step)
         self._checkpoint = (
             TrainingCheckpoint(
                 model, checkpoint_dir, max_to_keep=max_to_keep,
@@ -137,7 +124,8 @@ class Trainer:
             if checkpoint_dir
             else None
         )
-        self._position = _Position()
+        self._position = Position()
+        self._batch_logs = False  # a callback reads logs at every batch (fit)
         self._built_spec = None
         self._predictor = None
 
@@ -147,6 +135,11 @@ class Trainer:
         """A lost peer or parameter server becomes an error naming it."""
         directory = self._checkpoint.directory if self._checkpoint else None
         return self._runner.explain_failures(directory)
+
+    @property
+    def is_chief(self) -> bool:
+        """Whether this task writes checkpoints, summaries and progress."""
+        return self._is_chief
 
     @property
     def step(self) -> int:
@@ -160,25 +153,22 @@ class Trainer:
         if self._built_spec is None:
             with self.strategy.scope():
                 _keras.build_model_state(self.model, spec)
+                accumulator = self._steps.accumulator = accumulation.accumulator_for(
+                    self.model, self.strategy)
             self._built_spec = spec
             if self._checkpoint is not None:
-                self._checkpoint.track_metrics(self._metrics.variables())
+                self._checkpoint.track_state(self._metrics.variables(), accumulator)
         return source
 
-    def _restore(self, verbose=0) -> Optional[str]:
-        """Restores the newest checkpoint, if any; returns its path."""
-        if self._checkpoint is None:
-            # Like Keras: each fit call counts epochs from 0 (steps go on).
-            self._position = _Position(step=self._position.step)
-            return None
-        path = self._checkpoint.restore_latest()
+    def _restore(self, verbose=0, initial_epoch: int = 0) -> Optional[str]:
+        """Restores the newest checkpoint, if any, and returns its path; else
+        training starts at ``initial_epoch``."""
+        path = None if self._checkpoint is None else self._checkpoint.restore_latest()
         if path is None:
+            # Like Keras: each fit call counts epochs from 0 (steps go on).
+            self._position = Position(step=self._position.step, epoch=initial_epoch)
             return None
-        position = self._position = _Position(
-            step=int(self._checkpoint.step.numpy()),
-            epoch=int(self._checkpoint.epoch.numpy()),
-            step_in_epoch=int(self._checkpoint.step_in_epoch.numpy()),
-        )
+        position = self._position = self._checkpoint.position()
         if verbose:
             print(f"restored {path}: epoch {position.epoch + 1}, step "
                   f"{position.step_in_epoch} of the epoch, {position.step} in all",
@@ -189,21 +179,6 @@ class Trainer:
         if self._checkpoint is not None:
             position = self._position
             self._checkpoint.save(position.step, position.epoch, position.step_in_epoch)
-
-    def _check_fit_arguments(self, epochs, steps_per_epoch, initial_epoch,
-                             validation_freq) -> None:
-        validation.positive_int("epochs", epochs)
-        validation.positive_int("steps_per_epoch", steps_per_epoch, True)
-        validation.positive_int("validation_freq", validation_freq)
-        if not isinstance(initial_epoch, int) or initial_epoch < 0:
-            raise ConfigurationError(
-                f"`initial_epoch` ({initial_epoch!r}) must be an integer >= 0: the "
-                "epoch this call starts at (as in Keras, none run if it is >= epochs).")
-        if steps_per_epoch is None and self._runner.needs_steps_per_epoch:
-            raise ConfigurationError(
-                "Parameter-server training needs `steps_per_epoch`: workers read "
-                "repeated shards of the data, so an epoch has no natural end."
-            )
 
     def _iterator(self, source, epoch: int, skip_steps: int):
         return self._runner.iterator(
@@ -236,25 +211,23 @@ class Trainer:
         and ``validation_freq`` are Keras' (epochs counted from
         ``initial_epoch``; validation after every ``validation_freq``-th).
         """
-        self._check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq)
+        validation.check_fit_arguments(
+            epochs, steps_per_epoch, initial_epoch, validation_freq,
+            needs_steps_per_epoch=self._runner.needs_steps_per_epoch)
         verbose = (1 if verbose == "auto" else verbose) if self._is_chief else 0
         source = self._source(data, "dataset")
         validation_source = (
             None if validation_data is None else self._source(validation_data, "validation_data")
         )
-        if self._restore(verbose) is None:
-            self._position.epoch = initial_epoch
         cadence = Cadence(self.steps_per_execution, self._log_every_steps,
                           self._checkpoint_every_steps, steps_per_epoch)
         reporter = ProgressReporter(verbose=verbose, log_dir=self._log_dir)
-        callback_list = keras.callbacks.CallbackList(
-            callbacks, add_history=True, model=self.model, verbose=verbose,
-            epochs=epochs, steps=steps_per_epoch,
-        )
-        self.model.stop_training = False
+        callback_list = self._callback_list(
+            callbacks, verbose, epochs, steps_per_epoch or source.known_steps(initial_epoch))
         # SIGTERM / Ctrl-C -> every worker stops at one step (saving first).
         watcher = PreemptionWatcher()
-        callback_list.on_train_begin()
+        initial_epoch = _keras.begin_training(self.model, callback_list, initial_epoch)
+        self._restore(verbose, initial_epoch)
         with self._explain_failures(), watcher, contextlib.closing(reporter):
             for epoch, iterator, total_steps, persistent in epochs_lib.epoch_iterators(
                 source, functools.partial(self._iterator, source), self._position,
@@ -265,6 +238,8 @@ class Trainer:
                     iterator, cadence, reporter, callback_list, total_steps, watcher
                 )
                 self._stop_if_out_of_data(exhausted and persistent)
+                if self._steps.accumulator is not None:  # apply a partial accumulation
+                    self._steps.accumulator.flush()
                 validates = (epoch + 1) % validation_freq == 0
                 logs = self._epoch_logs(validation_source if validates else None,
                                         validation_steps)
@@ -275,6 +250,14 @@ class Trainer:
                     break
         callback_list.on_train_end()
         return self.model.history
+
+    def _callback_list(self, callbacks, verbose, epochs, steps):
+        callback_list = _keras.callback_list(
+            callbacks, self.model, verbose=verbose, epochs=epochs, steps=steps)
+        # Metrics are read at every batch only when a callback reads them there
+        # (on any worker: reading them is a collective every worker joins).
+        self._batch_logs = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
+        return callback_list
 
     def _stop_if_out_of_data(self, ran_out: bool) -> None:
         if ran_out:
@@ -312,18 +295,25 @@ class Trainer:
             # brought back, so the epoch reports what it would have.)
             self._metrics.reset()
         reporter.start_epoch()
+        if total_steps is not None:  # a known length: no execution past the end
+            cadence = dataclasses.replace(cadence, steps_per_epoch=total_steps)
         while not cadence.epoch_done(position.step_in_epoch):
             num_steps = cadence.next_execution(position.step, position.step_in_epoch)
             callbacks.on_train_batch_begin(position.step_in_epoch)
             ran, stop = self._runner.train(iterator, num_steps, watcher.requested)
+            if ran == 0 and not stop:  # out of data (as Keras: no batch end)
+                return True
             before = dataclasses.replace(position)
             position.step += ran
             position.step_in_epoch += ran
             log_point = cadence.is_log_point(before.step_in_epoch, position.step_in_epoch)
             save_point = cadence.is_save_point(before.step, position.step)
-            if log_point or save_point or stop:
+            if log_point or save_point or stop or self._batch_logs:
                 self._runner.sync()
-            logs = self._log(reporter, total_steps) if log_point else {}
+            if log_point:
+                logs = self._log(reporter, total_steps)
+            else:
+                logs = self._metrics.results() if self._batch_logs else {}
             callbacks.on_train_batch_end(position.step_in_epoch - 1, logs)
             if save_point:
                 self._save()
@@ -331,6 +321,8 @@ class Trainer:
                 self._stop(watcher)
             if ran < num_steps:
                 return True
+            if self.model.stop_training:  # a callback ended training (as in Keras)
+                return False
         return False
 
     def _log(self, reporter, total_steps) -> Dict[str, float]:
@@ -368,11 +360,7 @@ class Trainer:
         NumPy arrays in the model's output structure; every worker of a
         multi-worker job gets the whole result."""
         validation.positive_int("steps", steps, True)
-        if not isinstance(data, tf.data.Dataset):
-            raise ConfigurationError(
-                f"`data` for predict must be a tf.data.Dataset of global batches; got "
-                f"{type(data).__name__}. For arrays use tfdist.attach(model) and "
-                "model.predict(x, batch_size=...).")
+        validation.check_prediction_dataset(data)
         if self._predictor is None:
             self._predictor = Predictor(self.model, self.strategy,
                                         coordinator_inline=self._runner.predicts_on_coordinator,
@@ -380,11 +368,30 @@ class Trainer:
         with self._explain_failures():
             return self._predictor.predict(data, steps)
 
-    def _evaluate(self, source, steps: Optional[int]) -> Dict[str, float]:
-        # Static shapes (TPU) pad the last batch; otherwise nothing is dropped.
-        policy = "pad" if self.static_shapes or self._partial_batch == "pad" else "exact"
+    def run_one_batch(self, data, *, training: bool) -> Dict[str, float]:
+        """Keras' ``train_on_batch`` / ``test_on_batch``: one step on the
+        first global batch of ``data``; returns the metrics of that batch
+        (reset first, as Keras 3 does)."""
+        source = self._source(data, "batch")
         with self._explain_failures():
             self._metrics.reset()
-            self._runner.evaluate(source, steps=steps, partial_batch=policy,
+            if training:
+                ran, _ = self._runner.train(self._iterator(source, 0, 0), 1)
+                self._position.step += ran
+            else:
+                self._runner.evaluate(source, steps=1, partial_batch=self._evaluation_policy,
+                                      global_batch_size=self._global_batch_size)
+            self._runner.sync()
+            return self._metrics.results()
+
+    @property
+    def _evaluation_policy(self) -> str:
+        # Static shapes (TPU) pad the last batch; otherwise nothing is dropped.
+        return "pad" if self.static_shapes or self._partial_batch == "pad" else "exact"
+
+    def _evaluate(self, source, steps: Optional[int]) -> Dict[str, float]:
+        with self._explain_failures():
+            self._metrics.reset()
+            self._runner.evaluate(source, steps=steps, partial_batch=self._evaluation_policy,
                                   global_batch_size=self._global_batch_size)
             return self._metrics.results()

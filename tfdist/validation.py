@@ -13,6 +13,11 @@ def positive_int(name: str, value, allow_none: bool = False) -> None:
         raise ConfigurationError(f"`{name}` ({value!r}) must be a positive integer.")
 
 
+def one_of(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ConfigurationError(f"`{name}` ({value!r}) must be one of {tuple(allowed)}.")
+
+
 def check_compiled(model) -> None:
     if not isinstance(model, keras.Model):
         raise ConfigurationError(
@@ -39,3 +44,31 @@ def check_created_in_scope(model, strategy) -> None:
                 "model inside `with strategy.scope():` so its variables are "
                 "placed on every replica."
             )
+
+
+def check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq, *,
+                        needs_steps_per_epoch: bool) -> None:
+    """``fit``'s counts, each with its own error."""
+    positive_int("epochs", epochs)
+    positive_int("steps_per_epoch", steps_per_epoch, True)
+    positive_int("validation_freq", validation_freq)
+    if not isinstance(initial_epoch, int) or initial_epoch < 0:
+        raise ConfigurationError(
+            f"`initial_epoch` ({initial_epoch!r}) must be an integer >= 0: the "
+            "epoch this call starts at (as in Keras, none run if it is >= epochs).")
+    if steps_per_epoch is None and needs_steps_per_epoch:
+        raise ConfigurationError(
+            "Parameter-server training needs `steps_per_epoch`: workers read "
+            "repeated shards of the data, so an epoch has no natural end."
+        )
+
+
+def check_prediction_dataset(data) -> None:
+    """`Trainer.predict` takes datasets; arrays go through `tfdist.attach`."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    if not isinstance(data, tf.data.Dataset):
+        raise ConfigurationError(
+            f"`data` for predict must be a tf.data.Dataset of global batches; got "
+            f"{type(data).__name__}. For arrays use tfdist.attach(model) and "
+            "model.predict(x, batch_size=...).")

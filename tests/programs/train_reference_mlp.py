@@ -60,12 +60,24 @@ def _keras_fit(args, model, strategy, ref):
     tfdist.attach(model, strategy)
     history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
                         validation_split=0.2, shuffle=False, verbose=0)
-    _write(args, {
+    results = {
         "history": history.history,
         "evaluate": model.evaluate(x, y, batch_size=args.batch_size, verbose=0),
         "predict": model.predict(x, batch_size=args.batch_size, verbose=0).tolist(),
         "weights": [w.tolist() for w in model.get_weights()],
-    })
+    }
+    # Then Keras' gradient accumulation (2 micro-batches per update), same cluster.
+    with strategy.scope():
+        accumulating = ref.compile_model(ref.build_mlp(), "adam")
+        accumulating.optimizer.gradient_accumulation_steps = 2
+    tfdist.attach(accumulating, strategy)
+    history = accumulating.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
+                               shuffle=False, verbose=0)
+    results["accumulated"] = {
+        "history": history.history,
+        "weights": [w.tolist() for w in accumulating.get_weights()],
+    }
+    _write(args, results)
 
 
 def main():
@@ -90,7 +102,8 @@ def main():
                         help="also validate on this many examples each epoch (0: no)")
     parser.add_argument("--keras_fit", action="store_true",
                         help="train with tfdist.attach + model.fit on arrays, with "
-                             "validation_split=0.2, and also predict")
+                             "validation_split=0.2, and also predict; then fit a "
+                             "second model with gradient_accumulation_steps=2")
     args = parser.parse_args()
     broken = _broken_host(args)
 

@@ -48,12 +48,17 @@ Options:
   --hang_timeout S      seconds a stopped (SIGSTOP) task may stay stopped
                         before the run fails naming it (default 20; 0: off)
   --ports P1,P2,...     fixed ports, one per task (default: free ports)
+  --tf_logs             show TensorFlow's C++ start-up and INFO/WARNING lines
+                        (hidden on the console by default; --log_dir files
+                        keep them; same as TFDIST_TF_LOGS=1, `tfdist.tf_logs`)
 """
 
 import argparse
+import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
+from tfdist import tf_logs
 from tfdist.errors import ConfigurationError
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.launcher import launch
@@ -81,7 +86,10 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     parser.add_argument("--grace_period", type=float, default=15.0)
     parser.add_argument("--hang_timeout", type=float, default=20.0)
     parser.add_argument("--ports", default=None)
+    parser.add_argument("--tf_logs", action="store_true")
     args = parser.parse_args(own)
+    if args.tf_logs:  # the tasks inherit it
+        os.environ[tf_logs.SWITCH] = "1"
     ports = tuple(int(p) for p in args.ports.split(",")) if args.ports else None
     config = LaunchConfig(
         num_workers=args.num_workers, num_ps=args.num_ps, max_restarts=args.max_restarts,

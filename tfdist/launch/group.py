@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
+from tfdist import tf_logs
+
 TAIL_LINES = 15
 
 
@@ -131,7 +133,7 @@ class ProcessGroup:
             self._start_task(task)
 
     def _start_task(self, task: TaskSpec) -> None:
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **task.env)
+        env = tf_logs.quiet_environment(dict(os.environ, PYTHONUNBUFFERED="1", **task.env))
         process = subprocess.Popen(
             list(task.command or self._command), env=env, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -151,10 +153,12 @@ class ProcessGroup:
         if self._log_dir:
             log = open(os.path.join(self._log_dir, f"{name}.log"), "a", encoding="utf-8")
         try:
+            quiet = not tf_logs.shown()
             for raw in process.stdout:
                 line = raw.rstrip("\n")
-                self._tails[name].append(line)
-                self._emit(f"[{name}] {line}")
+                if not (quiet and tf_logs.is_noise(line)):  # the log file keeps it
+                    self._tails[name].append(line)
+                    self._emit(f"[{name}] {line}")
                 if log:
                     log.write(line + "\n")
                     log.flush()

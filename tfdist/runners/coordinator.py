@@ -16,7 +16,7 @@ Evaluation runs inline on the coordinator over the whole dataset, in order,
 so every evaluation example counts exactly once.
 """
 
-from typing import Callable
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -33,8 +33,10 @@ class CoordinatorRunner:
     predicts_on_coordinator = True  # see tfdist.predict
 
     def __init__(self, strategy, train_step: Callable, eval_step: Callable, *,
-                 shard_policy: str = "auto"):
-        del shard_policy  # Workers deal out batches (or a dataset_fn shards).
+                 shard_policy: str = "auto", after_train_step: Optional[Callable] = None):
+        # Workers deal out batches (or a dataset_fn shards); nothing runs
+        # after a step (no gradient accumulation: `tfdist.accumulation`).
+        del shard_policy, after_train_step
         self._strategy = strategy
         self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         self._train_execution = self._make_execution(train_step)
@@ -98,6 +100,11 @@ class CoordinatorRunner:
             self._train_execution, args=(iterator, tf.constant(num_steps, tf.int64))
         )
         return num_steps, stop_requested
+
+    @staticmethod
+    def any_worker(flag: bool) -> bool:
+        """One coordinator decides alone (metrics are read on it)."""
+        return flag
 
     def sync(self) -> None:
         """Waits for every scheduled closure (raises a worker's error)."""

@@ -15,7 +15,7 @@ TensorFlow's multi-worker runtime keeps ~1.6 KB of memory per such call
 (measured; see README "Reliability").
 """
 
-from typing import Callable
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -36,18 +36,23 @@ class SynchronousRunner:
         eval_step: Callable,
         *,
         shard_policy: str = "auto",
+        after_train_step: Optional[Callable] = None,
     ):
         self._strategy = strategy
+        self._after_train_step = after_train_step
         self._shard_policy = shard_policy
         self._multi_worker = (
             isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
             and getattr(strategy.extended, "_num_workers", 1) > 1
         )
-        self._train_loop = self._make_loop(train_step, agree_on_stop=self._multi_worker)
+        self._train_loop = self._make_loop(train_step, agree_on_stop=self._multi_worker,
+                                           after_step=after_train_step)
         self._eval_loop = self._make_loop(eval_step)
         self._distributed = {}
+        self._agree = None
 
-    def _make_loop(self, replica_step: Callable, agree_on_stop: bool = False):
+    def _make_loop(self, replica_step: Callable, agree_on_stop: bool = False,
+                   after_step: Optional[Callable] = None):
         strategy = self._strategy
 
         @tf.function
@@ -58,6 +63,8 @@ class SynchronousRunner:
                 if not optional.has_value():
                     break
                 strategy.run(replica_step, args=(optional.get_value(),))
+                if after_step is not None:  # cross-replica work of the step
+                    after_step()
                 steps_run += 1
             if agree_on_stop:
                 return steps_run, collectives.any_worker(strategy, stop_requested)
@@ -101,6 +108,16 @@ class SynchronousRunner:
 
     def sync(self) -> None:
         """Nothing to wait for: `train` returns when its steps are done."""
+
+    def any_worker(self, flag: bool) -> bool:
+        """True on every worker when any worker passed True (one all-reduce
+        under a multi-worker strategy): for choices that decide which
+        collectives run, so every worker makes the same one."""
+        if not self._multi_worker:
+            return flag
+        if self._agree is None:
+            self._agree = tf.function(lambda value: collectives.any_worker(self._strategy, value))
+        return bool(self._agree(tf.constant(1.0 if flag else 0.0)))
 
     @staticmethod
     def explain_failures(checkpoint_dir=None):
