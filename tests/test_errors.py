@@ -89,13 +89,13 @@ def test_dataset_elements_not_x_y_tuples(make_strategy):
         trainer.fit(as_dict, verbose=0)
 
 
-@pytest.mark.parametrize("bad", ["numpy tuple", "unbatched"])
+@pytest.mark.parametrize("bad", ["4-tuple", "unbatched"])
 def test_validation_data_of_the_wrong_form(make_strategy, bad):
     strategy = make_strategy(2)
-    x, y, _ = ref.classification_arrays(8)
-    validation = (x, y) if bad == "numpy tuple" else tf.data.Dataset.from_tensor_slices((x, y))
+    x, y, w = ref.classification_arrays(8)
+    validation = (x, y, w, w) if bad == "4-tuple" else tf.data.Dataset.from_tensor_slices((x, y))
     trainer = tfdist.Trainer(_compiled_in(strategy), strategy)
-    with pytest.raises(tfdist.ConfigurationError, match="The validation_data(.s y component .* no batch dimension| must be a tf.data.Dataset)"):
+    with pytest.raises(tfdist.ConfigurationError, match=r"The validation_data.s y component .* no batch dimension|`validation_data` must be \(x, y\) or \(x, y, sample_weight\); got a tuple of 4"):
         trainer.fit(ref.global_batches(8, 4), validation_data=validation, verbose=0)
 
 
@@ -141,8 +141,11 @@ def test_data_of_an_unknown_kind_names_the_argument_and_the_fix(make_strategy):
     trainer = tfdist.Trainer(_compiled_in(strategy), strategy)
     x, y, _ = ref.classification_arrays(8)
     with pytest.raises(tfdist.ConfigurationError,
-                       match=r"The dataset must be a tf.data.Dataset.*got tuple.*from_tensor_slices"):
+                       match=r"`y` is None.*`x` is a tuple of 2: call fit\(x, y\), not fit\(\(x, y\)\)"):
         trainer.fit((x, y), verbose=0)
+    with pytest.raises(tfdist.ConfigurationError,
+                       match=r"`x` is a set; tfdist takes NumPy arrays .* or a dataset_fn"):
+        trainer.fit({1, 2}, verbose=0)
 
 
 def test_dataset_fn_that_returns_no_dataset(make_strategy):

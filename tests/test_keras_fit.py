@@ -271,3 +271,22 @@ def test_on_batch_methods_equal_keras_with_empty_replicas(make_strategy):
             ref.assert_logs_close(want, got)
         else:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"call {index}")
+
+
+def test_trainer_takes_keras_data_arguments_too(make_strategy):
+    """Trainer.fit / evaluate / predict accept Keras' arguments (no attach)."""
+    x, y, w = ref.classification_arrays(66)
+    kwargs = dict(batch_size=BATCH, epochs=2, validation_split=0.25, shuffle=False,
+                  sample_weight=w, verbose=0)
+    expected = ref.compile_model(ref.build_mlp(), "adam")
+    expected_history = expected.fit(x, y, **kwargs)
+    strategy = make_strategy(4)
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "adam")
+    trainer = tfdist.Trainer(model, strategy)
+    _assert_same_history(expected_history, trainer.fit(x, y, **kwargs))
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected.evaluate(x, y, batch_size=8, verbose=0, return_dict=True),
+                          trainer.evaluate(x, y, batch_size=8))
+    np.testing.assert_allclose(trainer.predict(x, batch_size=8),
+                               expected.predict(x, batch_size=8, verbose=0), atol=1e-5)

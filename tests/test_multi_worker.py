@@ -9,6 +9,7 @@ import json
 import os
 import signal
 
+import keras
 import numpy as np
 import pytest
 
@@ -56,7 +57,7 @@ def test_workers_train_like_one_device(tmp_path, keras_reference, replicas_per_w
 
 
 def _assert_weights_equal(expected, weights):
-    for index, (want, got) in enumerate(zip(expected.get_weights(), weights)):
+    for index, (want, got) in enumerate(zip(expected, weights)):
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0,
                                    err_msg=f"weight {index}")
 
@@ -66,10 +67,16 @@ def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path
     then gradient accumulation over 2 micro-batches = one device on 2x batches."""
     x, y, _ = ref.classification_arrays(EXAMPLES)
     expected = ref.compile_model(ref.build_mlp(), "adam")
+    batch_logs = []
+    recorder = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: batch_logs.append([batch, dict(logs)]))
     history = expected.fit(x, y, batch_size=BATCH, epochs=EPOCHS, validation_split=0.2,
-                           shuffle=False, verbose=0).history
+                           shuffle=False, verbose=0, callbacks=[recorder]).history
     evaluation = expected.evaluate(x, y, batch_size=BATCH, verbose=0)
     predictions = expected.predict(x, batch_size=BATCH, verbose=0)
+    weights_after_fit = expected.get_weights()
+    on_batch = [expected.train_on_batch(x[:2], y[:2]), expected.test_on_batch(x[:5], y[:5]),
+                expected.predict_on_batch(x[:3])]
     on_unions = ref.compile_model(ref.build_mlp(), "adam")
     union_history = on_unions.fit(x, y, batch_size=2 * BATCH, epochs=EPOCHS, shuffle=False,
                                   verbose=0).history
@@ -77,12 +84,20 @@ def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path
     args = [f"--output_dir={tmp_path / 'out'}", "--keras_fit"]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
-    for result in _results(tmp_path / "out"):  # every worker: the full result
-        _assert_weights_equal(expected, result["weights"])
+    results = _results(tmp_path / "out")
+    chief_logs = [r["batch_logs"] for r in results if r["batch_logs"]]
+    assert len(chief_logs) == 1 and len(chief_logs[0]) == len(batch_logs) == 3 * 4
+    for (want_batch, want), (batch, got) in zip(batch_logs, chief_logs[0]):
+        assert batch == want_batch
+        ref.assert_logs_close(want, got)
+    for result in results:  # every worker: the full result
+        _assert_weights_equal(weights_after_fit, result["weights"])
         ref.assert_logs_close(history, result["history"])
         np.testing.assert_allclose(result["evaluate"], evaluation, rtol=1e-5)
         np.testing.assert_allclose(np.asarray(result["predict"]), predictions, atol=1e-5, rtol=0)
-        _assert_weights_equal(on_unions, result["accumulated"]["weights"])
+        for want, got in zip(on_batch, result["on_batch"]):  # *_on_batch, after fit
+            np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+        _assert_weights_equal(on_unions.get_weights(), result["accumulated"]["weights"])
         ref.assert_logs_close(union_history, result["accumulated"]["history"])
 
 

@@ -85,13 +85,13 @@ def clip_gradients(optimizer, gradients: list) -> list:
     return list(optimizer._clip_gradients(gradients))
 
 
-def callback_list(callbacks, model, **params) -> keras.callbacks.CallbackList:
+def callback_list(callbacks, model, add_progbar: bool, **params) -> keras.callbacks.CallbackList:
     """``callbacks`` as Keras' fit makes them: a given ``CallbackList`` is
-    used as it is; else one with a ``History`` (no progress bar)."""
+    used as it is; else one with a ``History`` (and Keras' progress bar)."""
     if isinstance(callbacks, keras.callbacks.CallbackList):
         return callbacks
     return keras.callbacks.CallbackList(
-        callbacks, add_history=True, add_progbar=False, model=model, **params)
+        callbacks, add_history=True, add_progbar=add_progbar, model=model, **params)
 
 
 def begin_training(model, callbacks, initial_epoch: int) -> int:

@@ -35,16 +35,6 @@ def _callback_list(model, callbacks, verbose, **params):
         verbose=verbose, **params)
 
 
-def _keras_verbose(verbose) -> int:
-    if verbose == "auto":
-        return 1
-    if verbose not in (0, 1, 2):
-        raise ConfigurationError(
-            f"`verbose` ({verbose!r}) must be 0 (silent), 1 (progress bar), 2 (one "
-            "line per epoch) or 'auto' (1), as in Keras.")
-    return int(verbose)
-
-
 class Attachment:
     """The Keras methods of one attached model, and its Trainer."""
 
@@ -64,7 +54,8 @@ class Attachment:
         validation.check_compiled(model)
         key = _keras.compile_identity(model)
         if self._trainer is None or key != self._compiled_with:
-            self._trainer = Trainer(model, self._strategy, **self._options)
+            self._trainer = Trainer(model, self._strategy, seed=self._seed,
+                                    keras_progress_bar=True, **self._options)
             self._compiled_with = key
         return self._trainer
 
@@ -75,25 +66,12 @@ class Attachment:
             class_weight=None, sample_weight=None, initial_epoch=0, steps_per_epoch=None,
             validation_steps=None, validation_batch_size=None, validation_freq=1):
         """Keras ``fit``, exact under the attached strategy."""
-        if validation_split and validation_data is None:
-            (x, y, sample_weight), validation_data = keras_inputs.split_for_validation(
-                x, y, sample_weight, validation_split)
-        data = keras_inputs.to_training_data(
-            x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=self._seed,
-            class_weight=class_weight)
-        validation_source = None if validation_data is None else (
-            keras_inputs.validation_batches(validation_data, validation_batch_size or batch_size))
-        trainer = self.trainer()
-        # Keras' progress bar (verbose=1) or one line per epoch (2), on the chief.
-        verbose = _keras_verbose(verbose) if trainer.is_chief else 0
-        callback_list = keras.callbacks.CallbackList(
-            callbacks, add_history=True, add_progbar=verbose != 0, model=self._model,
-            verbose=verbose, epochs=epochs,
-            steps=steps_per_epoch or keras_inputs.batches_per_epoch(data))
-        return trainer.fit(
-            data, epochs=epochs, steps_per_epoch=steps_per_epoch,
-            validation_data=validation_source, validation_steps=validation_steps,
-            callbacks=callback_list, verbose=0, initial_epoch=initial_epoch,
+        return self.trainer().fit(
+            x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+            validation_split=validation_split, validation_data=validation_data,
+            shuffle=shuffle, class_weight=class_weight, sample_weight=sample_weight,
+            initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps, validation_batch_size=validation_batch_size,
             validation_freq=validation_freq)
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
@@ -102,22 +80,20 @@ class Attachment:
         if kwargs:
             raise ConfigurationError(
                 f"evaluate got arguments tfdist does not know: {sorted(kwargs)}.")
-        data = keras_inputs.to_training_data(x, y, sample_weight, batch_size=batch_size)
         callback_list = _callback_list(self._model, callbacks, verbose, steps=steps)
         callback_list.on_test_begin()
-        logs = self.trainer().evaluate(data, steps=steps)
+        logs = self.trainer().evaluate(x, y, batch_size=batch_size,
+                                       sample_weight=sample_weight, steps=steps)
         callback_list.on_test_end(logs)
         return self._returned(logs, return_dict)
 
     def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
         """Keras ``predict``: every example's output, in order."""
-        data = keras_inputs.prediction_batches(x, batch_size)
         callback_list = _callback_list(self._model, callbacks, verbose, steps=steps)
         callback_list.on_predict_begin()
-        outputs = self.trainer().predict(data, steps=steps)
+        outputs = self.trainer().predict(x, batch_size=batch_size, steps=steps)
         callback_list.on_predict_end()
         return outputs
-
 
     def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
                        return_dict=False):

@@ -90,8 +90,10 @@ def array_batches(x, y, sample_weight, *, batch_size: Optional[int], shuffle=Fal
     """Global batches of arrays: a dataset when unshuffled, else an
     `EpochDataset` whose order is seeded per epoch."""
     if y is None:
+        hint = (f" `x` is a tuple of {len(x)}: call fit(x, y), not fit((x, y)) (a tuple `x` "
+                "holds a multi-input model's inputs)." if isinstance(x, tuple) else "")
         raise ConfigurationError(
-            "`y` is None: tfdist trains on (x, y) pairs. Pass targets as `y=`.")
+            f"`y` is None: tfdist trains on (x, y) pairs. Pass targets as `y=`.{hint}")
     check_shuffle(shuffle)
     batch_size = batch_size or DEFAULT_BATCH_SIZE
     parts = (x, y) if sample_weight is None else (x, y, sample_weight)
@@ -128,9 +130,27 @@ def to_training_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=
         return x
     if isinstance(x, _keras.PyDataset) or _is_generator(x):
         return _keras.keras_data_as_dataset(x, y, sample_weight, batch_size)
+    if callable(x) and y is None and sample_weight is None:
+        return x  # a dataset_fn(input_context) of per-replica batches (`tfdist.epochs`)
     raise ConfigurationError(
         f"`{what}` is a {type(x).__name__}; tfdist takes NumPy arrays or tensors (or dicts / "
-        "lists of them), a tf.data.Dataset, a keras.utils.PyDataset or a Python generator.")
+        "lists of them), a tf.data.Dataset, a keras.utils.PyDataset, a Python generator "
+        "or a dataset_fn(input_context).")
+
+
+def fit_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=True, seed=0,
+             class_weight=None, validation_split=0.0, validation_data=None,
+             validation_batch_size=None):
+    """Keras ``fit``'s data arguments as (training data, validation data or
+    None), each global batches (or a dataset_fn) for `tfdist.epochs`."""
+    if validation_split and validation_data is None:
+        (x, y, sample_weight), validation_data = split_for_validation(
+            x, y, sample_weight, validation_split)
+    data = to_training_data(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
+                            seed=seed, class_weight=class_weight)
+    if validation_data is not None:
+        validation_data = validation_batches(validation_data, validation_batch_size or batch_size)
+    return data, validation_data
 
 
 def batches_per_epoch(data) -> Optional[int]:

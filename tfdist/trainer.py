@@ -1,4 +1,4 @@
-"""The loop: `Trainer.fit` / `Trainer.evaluate` for compiled Keras 3 models.
+"""The loop: `Trainer.fit` / `evaluate` / `predict` for compiled Keras 3 models.
 
 >>> strategy = tfdist.make_strategy("mirrored", num_replicas=4)
 >>> with strategy.scope():
@@ -7,14 +7,12 @@
 ...                   metrics=["accuracy"])
 >>> trainer = tfdist.Trainer(model, strategy, checkpoint_dir="/tmp/run1")
 >>> history = trainer.fit(train_ds, epochs=3, validation_data=val_ds)
->>> history.history["loss"], trainer.evaluate(val_ds)
 
-Datasets yield GLOBAL batches. Training on N replicas gives the same weights,
-losses and metrics as Keras ``model.fit`` on one device over the same batches
-(to float32 round-off), partial and empty replica batches included.
-
-The outer loop here runs the effects (executions, metric reads at log points,
-saves, callbacks, validation); `tfdist.cadence` decides when they happen,
+Data is Keras': datasets of GLOBAL batches, arrays with ``batch_size``, ...
+N replicas give the same weights, losses and metrics as Keras ``fit`` on
+one device over the same batches (float32 round-off), partial and empty
+replica batches included. The outer loop runs the effects (executions,
+metric reads, saves, callbacks, validation); `tfdist.cadence` decides when,
 `tfdist.epochs` what data each epoch reads, `tfdist.runners` how a step is
 dispatched, `tfdist.step` the replica math.
 """
@@ -28,7 +26,8 @@ from typing import Dict, List, Optional
 import keras
 import tensorflow as tf
 
-from tfdist import _keras, accumulation, cluster, epochs as epochs_lib, runners, validation
+from tfdist import _keras, accumulation, cluster, epochs as epochs_lib, keras_inputs
+from tfdist import runners, validation
 from tfdist import static_shapes as static_shapes_lib
 from tfdist import data as data_lib
 from tfdist.cadence import Cadence
@@ -63,6 +62,10 @@ class Trainer:
       checkpoint_every_steps: also save every this many steps.
       checkpoint_every_epoch: save at the end of every epoch (default).
       max_to_keep: checkpoints kept.
+      seed: seeds ``shuffle=True`` orders of arrays (per epoch, the same on
+        every worker).
+      keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
+        line per epoch (2) instead of tfdist's log lines (`tfdist.attach`).
     """
 
     def __init__(
@@ -82,6 +85,8 @@ class Trainer:
         checkpoint_every_steps: Optional[int] = None,
         checkpoint_every_epoch: bool = True,
         max_to_keep: int = 3,
+        seed: int = 0,
+        keras_progress_bar: bool = False,
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
@@ -103,6 +108,7 @@ class Trainer:
         self._log_every_steps = log_every_steps
         self._checkpoint_every_steps = checkpoint_every_steps
         self._checkpoint_every_epoch = checkpoint_every_epoch
+        self._seed, self._keras_progress_bar = seed, keras_progress_bar
         # Under multi-worker strategies only the chief writes summaries and
         # prints progress; every worker computes the same history.
         self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
@@ -137,11 +143,6 @@ class Trainer:
         return self._runner.explain_failures(directory)
 
     @property
-    def is_chief(self) -> bool:
-        """Whether this task writes checkpoints, summaries and progress."""
-        return self._is_chief
-
-    @property
     def step(self) -> int:
         """Training steps taken so far, checkpointed runs included."""
         return self._position.step
@@ -159,6 +160,13 @@ class Trainer:
             if self._checkpoint is not None:
                 self._checkpoint.track_state(self._metrics.variables(), accumulator)
         return source
+
+    def _fit_sources(self, x, y, sample_weight, **options):
+        """Keras fit's data arguments as (training, validation or None) sources."""
+        data, validation_data = keras_inputs.fit_data(x, y, sample_weight, seed=self._seed,
+                                                      **options)
+        return self._source(data, "dataset"), (
+            None if validation_data is None else self._source(validation_data, "validation_data"))
 
     def _restore(self, verbose=0, initial_epoch: int = 0) -> Optional[str]:
         """Restores the newest checkpoint, if any, and returns its path; else
@@ -188,18 +196,10 @@ class Trainer:
 
     # -- training ----------------------------------------------------------
 
-    def fit(
-        self,
-        data,
-        epochs: int = 1,
-        steps_per_epoch: Optional[int] = None,
-        validation_data=None,
-        validation_steps: Optional[int] = None,
-        callbacks: Optional[List[keras.callbacks.Callback]] = None,
-        verbose="auto",
-        initial_epoch: int = 0,
-        validation_freq: int = 1,
-    ) -> keras.callbacks.History:
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+            validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
+            sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
+            validation_batch_size=None, validation_freq=1) -> keras.callbacks.History:
         """Trains for ``epochs`` epochs; returns a Keras ``History``.
 
         Without ``checkpoint_dir`` every call trains ``epochs`` epochs, as
@@ -207,21 +207,22 @@ class Trainer:
         reach: training resumes from the newest checkpoint there, so a
         restarted job finishes the same run. With ``steps_per_epoch``, one
         iterator runs on across the epochs of a call (as in Keras); without
-        it, every epoch is one full pass over the data. ``initial_epoch``
-        and ``validation_freq`` are Keras' (epochs counted from
-        ``initial_epoch``; validation after every ``validation_freq``-th).
+        it, every epoch is one full pass over the data. The arguments are
+        Keras ``fit``'s: ``x`` a dataset of global batches, a ``dataset_fn``,
+        an `EpochDataset`, or arrays with ``y`` (`tfdist.keras_inputs`).
         """
         validation.check_fit_arguments(
             epochs, steps_per_epoch, initial_epoch, validation_freq,
             needs_steps_per_epoch=self._runner.needs_steps_per_epoch)
-        verbose = (1 if verbose == "auto" else verbose) if self._is_chief else 0
-        source = self._source(data, "dataset")
-        validation_source = (
-            None if validation_data is None else self._source(validation_data, "validation_data")
-        )
+        verbose = validation.verbosity(verbose) if self._is_chief else 0
+        source, validation_source = self._fit_sources(
+            x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, class_weight=class_weight,
+            validation_split=validation_split, validation_data=validation_data,
+            validation_batch_size=validation_batch_size)
         cadence = Cadence(self.steps_per_execution, self._log_every_steps,
                           self._checkpoint_every_steps, steps_per_epoch)
-        reporter = ProgressReporter(verbose=verbose, log_dir=self._log_dir)
+        reporter = ProgressReporter(verbose=0 if self._keras_progress_bar else verbose,
+                                    log_dir=self._log_dir)
         callback_list = self._callback_list(
             callbacks, verbose, epochs, steps_per_epoch or source.known_steps(initial_epoch))
         # SIGTERM / Ctrl-C -> every worker stops at one step (saving first).
@@ -237,9 +238,7 @@ class Trainer:
                 exhausted = self._train_epoch(
                     iterator, cadence, reporter, callback_list, total_steps, watcher
                 )
-                self._stop_if_out_of_data(exhausted and persistent)
-                if self._steps.accumulator is not None:  # apply a partial accumulation
-                    self._steps.accumulator.flush()
+                self._end_epoch_steps(ran_out=exhausted and persistent)
                 validates = (epoch + 1) % validation_freq == 0
                 logs = self._epoch_logs(validation_source if validates else None,
                                         validation_steps)
@@ -253,19 +252,21 @@ class Trainer:
 
     def _callback_list(self, callbacks, verbose, epochs, steps):
         callback_list = _keras.callback_list(
-            callbacks, self.model, verbose=verbose, epochs=epochs, steps=steps)
+            callbacks, self.model, add_progbar=self._keras_progress_bar and verbose != 0,
+            verbose=verbose, epochs=epochs, steps=steps)
         # Metrics are read at every batch only when a callback reads them there
         # (on any worker: reading them is a collective every worker joins).
         self._batch_logs = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
         return callback_list
 
-    def _stop_if_out_of_data(self, ran_out: bool) -> None:
-        if ran_out:
-            warnings.warn(
-                "The input ran out of data; interrupting training. "
-                "Make sure the dataset yields at least steps_per_epoch "
-                "* epochs batches (e.g. with `.repeat()`)."
-            )
+    def _end_epoch_steps(self, ran_out: bool) -> None:
+        """Applies a partial gradient accumulation; stops if out of data."""
+        if self._steps.accumulator is not None:
+            self._steps.accumulator.flush()
+        if ran_out:  # as Keras: a warning, and training stops
+            warnings.warn("The input ran out of data; interrupting training. Make sure the "
+                          "dataset yields at least steps_per_epoch * epochs batches (e.g. "
+                          "with `.repeat()`).")
             self.model.stop_training = True
 
     def _epoch_logs(self, validation_source, validation_steps) -> Dict[str, float]:
@@ -278,8 +279,7 @@ class Trainer:
         return logs
 
     def _end_epoch(self) -> int:
-        """Advances the position to the next epoch (saving when asked);
-        returns the steps the finished epoch ran."""
+        """Moves to the next epoch (saving when asked); returns the epoch's steps."""
         steps_done = self._position.step_in_epoch
         self._position.epoch += 1
         self._position.step_in_epoch = 0
@@ -291,8 +291,7 @@ class Trainer:
         """Runs one epoch's executions; returns True if the data ran out."""
         position = self._position
         if position.step_in_epoch == 0:
-            # (A run resumed mid-epoch keeps the metric state its checkpoint
-            # brought back, so the epoch reports what it would have.)
+            # (Resumed mid-epoch: the checkpoint brought the epoch's metric state.)
             self._metrics.reset()
         reporter.start_epoch()
         if total_steps is not None:  # a known length: no execution past the end
@@ -345,22 +344,25 @@ class Trainer:
         print(f"{cluster.task_type() or 'worker'}-{cluster.task_id()}: {stop}", flush=True)
         raise stop
 
-    def evaluate(self, data, steps: Optional[int] = None) -> Dict[str, float]:
-        """Loss and metrics over ``data`` (or its first ``steps`` batches).
+    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None,
+                 steps: Optional[int] = None) -> Dict[str, float]:
+        """Loss and metrics (a dict) over ``x`` (Keras' data arguments) or
+        its first ``steps`` batches.
 
         Every example counts once; the result equals Keras ``evaluate`` on one
         device. Uses "pad" when training does, else "exact" (never drops).
         """
         validation.positive_int("steps", steps, True)
+        data = keras_inputs.to_training_data(x, y, sample_weight, batch_size=batch_size)
         return self._evaluate(self._source(data, "evaluation dataset"), steps)
 
-    def predict(self, data, steps: Optional[int] = None):
-        """The model's outputs for every example of ``data`` (a dataset of
-        global batches of ``x``, ``(x,)`` or ``(x, y[, w])``), in order, as
-        NumPy arrays in the model's output structure; every worker of a
-        multi-worker job gets the whole result."""
+    def predict(self, x, batch_size=None, steps: Optional[int] = None):
+        """The model's outputs for every example of ``x`` (arrays, or a
+        dataset of global batches of ``x``, ``(x,)`` or ``(x, y[, w])``), in
+        order, as NumPy arrays in the model's output structure; every
+        worker of a multi-worker job gets the whole result."""
         validation.positive_int("steps", steps, True)
-        validation.check_prediction_dataset(data)
+        data = keras_inputs.prediction_batches(x, batch_size)
         if self._predictor is None:
             self._predictor = Predictor(self.model, self.strategy,
                                         coordinator_inline=self._runner.predicts_on_coordinator,

@@ -63,12 +63,12 @@ def check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq,
         )
 
 
-def check_prediction_dataset(data) -> None:
-    """`Trainer.predict` takes datasets; arrays go through `tfdist.attach`."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    if not isinstance(data, tf.data.Dataset):
+def verbosity(verbose) -> int:
+    """Keras' ``verbose``: 0, 1, 2 or "auto" (1)."""
+    if verbose == "auto":
+        return 1
+    if verbose not in (0, 1, 2):
         raise ConfigurationError(
-            f"`data` for predict must be a tf.data.Dataset of global batches; got "
-            f"{type(data).__name__}. For arrays use tfdist.attach(model) and "
-            "model.predict(x, batch_size=...).")
+            f"`verbose` ({verbose!r}) must be 0 (silent), 1 (progress), 2 (one line per "
+            "epoch) or 'auto' (1), as in Keras.")
+    return int(verbose)

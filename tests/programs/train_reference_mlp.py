@@ -56,16 +56,29 @@ def _write(args, results):
 
 def _keras_fit(args, model, strategy, ref):
     """The unchanged Keras calls, after tfdist.attach."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    batch_logs = []
+
+    class BatchLogs(keras.callbacks.Callback):  # on the chief only: workers still agree
+        def on_train_batch_end(self, batch, logs=None):
+            batch_logs.append([batch, logs])
+
     x, y, _ = ref.classification_arrays(args.examples)
     tfdist.attach(model, strategy)
     history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
-                        validation_split=0.2, shuffle=False, verbose=0)
+                        validation_split=0.2, shuffle=False, verbose=0,
+                        callbacks=[BatchLogs()] if tfdist.cluster.is_chief() else [])
     results = {
         "history": history.history,
+        "batch_logs": batch_logs,
         "evaluate": model.evaluate(x, y, batch_size=args.batch_size, verbose=0),
         "predict": model.predict(x, batch_size=args.batch_size, verbose=0).tolist(),
         "weights": [w.tolist() for w in model.get_weights()],
     }
+    # After fit, evaluate and predict: the *_on_batch methods.
+    results["on_batch"] = [model.train_on_batch(x[:2], y[:2]), model.test_on_batch(x[:5], y[:5]),
+                           model.predict_on_batch(x[:3]).tolist()]
     # Then Keras' gradient accumulation (2 micro-batches per update), same cluster.
     with strategy.scope():
         accumulating = ref.compile_model(ref.build_mlp(), "adam")
