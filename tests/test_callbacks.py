@@ -60,7 +60,7 @@ def _fit_both(make_strategy, make_callbacks, x=None, y=None, optimizer="adam", *
     and on 4 replicas."""
     if x is None:
         x, y, _ = ref.classification_arrays(ROWS)
-    kwargs = dict(dict(batch_size=BATCH, epochs=3, shuffle=False, verbose=0), **kwargs)
+    kwargs = dict(dict(batch_size=BATCH, epochs=2, shuffle=False, verbose=0), **kwargs)
     expected = ref.compile_model(ref.build_mlp(), optimizer)
     expected_history = expected.fit(x, y, callbacks=make_callbacks("keras"), **kwargs)
     strategy = make_strategy(4)
@@ -224,3 +224,33 @@ def test_tensorboard_batch_summaries_equal_keras(make_strategy, tmp_path):
     assert set(expected) <= set(actual)
     for key, value in expected.items():
         np.testing.assert_allclose(actual[key], value, rtol=1e-5, err_msg=str(key))
+
+
+def test_validation_calls_on_test_begin_and_end_like_keras(make_strategy):
+    recorders = {}
+
+    class Events(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.events = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.events.append(("epoch", epoch))
+
+        def on_test_begin(self, logs=None):
+            self.events.append(("test_begin",))
+
+        def on_test_end(self, logs=None):
+            self.events.append(("test_end", dict(logs)))
+
+    def callbacks(side):
+        recorders[side] = Events()
+        return [recorders[side]]
+
+    _fit_both(make_strategy, callbacks, epochs=2, validation_split=0.25)
+    expected, actual = recorders["keras"].events, recorders["tfdist"].events
+    assert [e[0] for e in actual] == [e[0] for e in expected] == \
+        ["epoch", "test_begin", "test_end"] * 2
+    for want, got in zip(expected, actual):
+        if want[0] == "test_end":
+            ref.assert_logs_close(want[1], got[1])

@@ -1,4 +1,4 @@
-"""Chaos, short form: 2 seeded faults on real 2-worker clusters (and one on a
+"""Chaos, short form: 1 seeded fault on a real 2-worker cluster (and one on a
 parameter-server cluster), each trial
 either finishes exactly like one device or fails naming a task; no hang,
 no orphan process, no corrupted checkpoint.
@@ -36,16 +36,16 @@ def test_faults_are_drawn_from_the_seed_over_every_signal_task_and_moment():
 
 
 @pytest.mark.chaos
-def test_two_seeded_faults_end_exactly_or_with_a_named_error(tmp_path):
+def test_a_seeded_fault_ends_exactly_or_with_a_named_error(tmp_path):
     report = tmp_path / "chaos.json"
     done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "chaos.py"), "--trials=2", "--seed=7",
+        [sys.executable, str(REPO / "scripts" / "chaos.py"), "--trials=1", "--seed=7",
          f"--json={report}"], cwd=REPO, timeout=1500, capture_output=True, text=True,
     )
     result = json.loads(report.read_text())
     assert result["ok"], done.stdout[-6000:]
-    # Seed 7: SIGSTOP of worker-0 at a step, SIGKILL of worker-1 after a save.
-    assert len(result["trials"]) == 2
+    # Seed 7: SIGSTOP of worker-0 at a step (the long forms draw 20 and 10).
+    assert len(result["trials"]) == 1
     assert all(t["injected"] == "sent" for t in result["trials"]), done.stdout
 
 

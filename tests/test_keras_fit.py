@@ -10,7 +10,7 @@ import tfdist
 from tests import reference as ref
 from tfdist.errors import ConfigurationError
 
-EPOCHS, BATCH = 3, 16
+EPOCHS, BATCH = 2, 16
 # 70 rows with validation_split=0.2: 56 train (last batch 8), 14 validation;
 # 66 rows without split: last batch 2 (empty replicas at 3-4 replicas).
 
@@ -184,13 +184,40 @@ def test_pydataset_and_dataset_inputs(make_strategy):
     expected_history = expected.fit(_Rows(x, y), epochs=2, shuffle=False, verbose=0)
 
     model = _attached(make_strategy(2))
-    _assert_same_history(expected_history, model.fit(_Rows(x, y), epochs=2, verbose=0))
+    _assert_same_history(expected_history,
+                         model.fit(_Rows(x, y), epochs=2, shuffle=False, verbose=0))
     ref.assert_weights_close(expected, model)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     np.testing.assert_allclose(model.predict(dataset, verbose=0),
                                expected.predict(dataset, verbose=0), atol=1e-5)
     np.testing.assert_allclose(model.predict(_Rows(x, y), verbose=0),
                                expected.predict(_Rows(x, y), verbose=0), atol=1e-5)
+
+
+class _InOrder(keras.utils.PyDataset):
+    def __init__(self, rows, order):
+        super().__init__()
+        self.rows, self.order = rows, order
+
+    def __len__(self):
+        return len(self.order)
+
+    def __getitem__(self, index):
+        return self.rows[int(self.order[index])]
+
+
+def test_pydataset_shuffle_is_a_seeded_batch_order_per_epoch(make_strategy):
+    x, y, _ = ref.classification_arrays(70)
+    expected = ref.compile_model(ref.build_mlp(), "adam")
+    losses = []
+    for epoch in range(3):  # one-device Keras, fed each epoch's documented order
+        order = np.random.RandomState(tfdist.epoch_seed(0, epoch)).permutation(5)
+        losses += expected.fit(_InOrder(_Rows(x, y), order), epochs=1, shuffle=False,
+                               verbose=0).history["loss"]
+    model = _attached(make_strategy(4))
+    history = model.fit(_Rows(x, y), epochs=3, shuffle=True, verbose=0)
+    np.testing.assert_allclose(history.history["loss"], losses, rtol=1e-5)
+    ref.assert_weights_close(expected, model)
 
 
 def test_detach_gives_back_keras_methods_and_recompile_takes_effect(make_strategy):

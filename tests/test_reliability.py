@@ -66,7 +66,7 @@ def test_stopped_worker_is_named_and_the_run_resumes_exactly(tmp_path):
     keras_model, _ = ref.keras_fit(ref.global_batches(70, 16), 3, "adam")
     args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
             "--checkpoint_every_steps=2", "--step_delay=0.4"]
-    launcher = ["--num_workers=2", "--max_restarts=1", "--hang_timeout=10", "--grace_period=5"]
+    launcher = ["--num_workers=2", "--max_restarts=1", "--hang_timeout=5", "--grace_period=5"]
     with LauncherRun(launcher, PROGRAM + args) as run:
         run.wait_for(r"\[worker-0\] train \| epoch 2 \| step 2/5", timeout=240)
         stopped = run.pids()["worker-1"]

@@ -24,7 +24,9 @@ device with batch k·B (and the epoch's last, smaller union):
 - the model's regularization gradient is the same at every micro-batch
   (weights change only at updates), so weighted by ``C_m`` it comes back
   exactly once;
-- ``optimizer.iterations`` counts updates, as on one device with batch k·B.
+- the optimizer's step counter counts updates, as on one device with batch
+  k·B. (Keras' ``optimizer.iterations`` property divides its counter by k
+  whenever the option is set, so it reads updates // k here.)
 
 Layers that update state in the forward pass (BatchNormalization's moving
 statistics) still see micro-batches. The sums live in the checkpoint, so a

@@ -128,6 +128,8 @@ def to_training_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=
                     f"`{name}` must be None when `{what}` is a dataset: the dataset yields "
                     "batches of (x, y[, sample_weight]).")
         return x
+    if isinstance(x, _keras.PyDataset) and shuffle and _finite(x):
+        return shuffled_py_dataset(x, seed)
     if isinstance(x, _keras.PyDataset) or _is_generator(x):
         return _keras.keras_data_as_dataset(x, y, sample_weight, batch_size)
     if callable(x) and y is None and sample_weight is None:
@@ -162,6 +164,30 @@ def batches_per_epoch(data) -> Optional[int]:
         cardinality = int(data.cardinality())
         return cardinality if cardinality >= 0 else None
     return None
+
+
+def _finite(py_dataset) -> bool:
+    return py_dataset.num_batches is not None
+
+
+def shuffled_py_dataset(py_dataset, seed: int) -> EpochDataset:
+    """A `keras.utils.PyDataset` read with its batches in a seeded order per
+    epoch (Keras' ``shuffle`` for a PyDataset shuffles batch order), then
+    ``on_epoch_end`` as Keras calls it. Batches are read in this process."""
+    spec = _keras.keras_data_as_dataset(py_dataset).element_spec
+    count = py_dataset.num_batches
+
+    def batches(epoch):
+        order = np.random.RandomState(epoch_seed(seed, epoch)).permutation(count)
+
+        def read():
+            for index in order:
+                yield _keras.tree.map_structure(np.asarray, tuple(py_dataset[int(index)]))
+            py_dataset.on_epoch_end()
+
+        return tf.data.Dataset.from_generator(read, output_signature=spec)
+
+    return EpochDataset(batches)
 
 
 def _is_generator(x) -> bool:

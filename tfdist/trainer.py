@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 import keras
 import tensorflow as tf
@@ -241,7 +241,7 @@ class Trainer:
                 self._end_epoch_steps(ran_out=exhausted and persistent)
                 validates = (epoch + 1) % validation_freq == 0
                 logs = self._epoch_logs(validation_source if validates else None,
-                                        validation_steps)
+                                        validation_steps, callback_list)
                 steps_done = self._end_epoch()
                 reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
                 callback_list.on_epoch_end(epoch, logs)
@@ -269,12 +269,15 @@ class Trainer:
                           "with `.repeat()`).")
             self.model.stop_training = True
 
-    def _epoch_logs(self, validation_source, validation_steps) -> Dict[str, float]:
-        """The epoch's training results, plus ``val_`` results when validating."""
+    def _epoch_logs(self, validation_source, validation_steps, callbacks) -> Dict[str, float]:
+        """The epoch's training results, plus ``val_`` results when validating
+        (between ``on_test_begin`` / ``on_test_end``, as Keras' fit)."""
         self._runner.sync()
         logs = self._metrics.results()
         if validation_source is not None:
+            callbacks.on_test_begin()
             val_logs = self._evaluate(validation_source, validation_steps)
+            callbacks.on_test_end(val_logs)
             logs.update({f"val_{k}": v for k, v in val_logs.items()})
         return logs
 
@@ -324,8 +327,7 @@ class Trainer:
                 return False
         return False
 
-    def _log(self, reporter, total_steps) -> Dict[str, float]:
-        """Reads the metrics (cross-replica) and reports a progress line."""
+    def _log(self, reporter, total_steps) -> Dict[str, float]:  # reads metrics, reports
         position = self._position
         logs = self._metrics.results()
         reporter.log_point(
@@ -338,9 +340,7 @@ class Trainer:
     def _stop(self, watcher) -> None:
         """Every worker agreed to stop at this step: save, then exit."""
         self._save()
-        stop = Preempted(
-            self._position.step, watcher.signum, saved=self._checkpoint is not None
-        )
+        stop = Preempted(self._position.step, watcher.signum, saved=self._checkpoint is not None)
         print(f"{cluster.task_type() or 'worker'}-{cluster.task_id()}: {stop}", flush=True)
         raise stop
 
