@@ -3,7 +3,7 @@ threads, resident memory and open files are sampled from /proc.
 
     python scripts/soak.py --mode=mwms --minutes=10   # long form: 2 workers (MWMS)
     python scripts/soak.py --mode=ps --minutes=10     # long form: 1 worker + 1 ps
-    python scripts/soak.py --mode=mwms --minutes=0.75 # short form (tests/test_soak.py)
+    python scripts/soak.py --mode=mwms --minutes=1    # short form (tests/test_soak.py)
 
 Each run starts ``tfdist-run`` with `scripts/soak_train.py` (global batch 8,
 one step per host call, a checkpoint every 500 steps, a progress line every

@@ -153,7 +153,7 @@ def test_schedules_early_stopping_and_csv_logger_equal_keras(make_strategy, tmp_
         ]
 
     expected, expected_history, model, history = _fit_both(
-        make_strategy, callbacks, epochs=8, validation_split=0.25)
+        make_strategy, callbacks, epochs=5, validation_split=0.25)
     assert history.epoch == expected_history.epoch
     ref.assert_logs_close(expected_history.history, history.history)
     ref.assert_weights_close(expected, model)
