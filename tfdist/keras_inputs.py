@@ -155,17 +155,6 @@ def fit_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=True, se
     return data, validation_data
 
 
-def batches_per_epoch(data) -> Optional[int]:
-    """Batches in one epoch of ``data`` (from `to_training_data`) when known:
-    the progress bar's target."""
-    if isinstance(data, EpochDataset):
-        data = data.make_dataset(0)
-    if isinstance(data, tf.data.Dataset):
-        cardinality = int(data.cardinality())
-        return cardinality if cardinality >= 0 else None
-    return None
-
-
 def _finite(py_dataset) -> bool:
     return py_dataset.num_batches is not None
 

@@ -39,7 +39,6 @@ class SynchronousRunner:
         after_train_step: Optional[Callable] = None,
     ):
         self._strategy = strategy
-        self._after_train_step = after_train_step
         self._shard_policy = shard_policy
         self._multi_worker = (
             isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
