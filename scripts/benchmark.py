@@ -11,6 +11,10 @@ all of them alike:
   tfdist          `Trainer.fit`, metrics read at log points only
   tfdist_eager    `Trainer.fit` reading metrics after every execution
                   (log_every_steps=1): the cost of reading them every step
+  tfdist_loop     a custom loop on tfdist's public layer (the replica step of
+                  strategies/custom_loop.py: `tfdist.Batch`, `replica_loss`,
+                  `update_loss_mean`, `update_metrics`, `apply_gradients`)
+                  run by `tfdist.loop.HostLoop`, metrics never read
   keras_fit       Keras 3 `model.fit` with the same steps_per_execution
   custom_loop     hand-written: `strategy.run` in one `tf.function` per
                   execution (steps_per_execution steps in a tf.range loop),
@@ -57,7 +61,7 @@ flags.DEFINE_bool("plot", False, "Also draw benchmark.png (matplotlib).")
 flags.DEFINE_string("child", None, "Internal: run one configuration (JSON).")
 FLAGS = flags.FLAGS
 
-CONTENDERS = ("tfdist", "tfdist_eager", "keras_fit", "custom_loop")
+CONTENDERS = ("tfdist", "tfdist_eager", "tfdist_loop", "keras_fit", "custom_loop")
 _DEFAULT_WINDOW = {"mlp": 512, "convnet": 48}
 
 
@@ -117,6 +121,35 @@ def _make_contenders(config):
         model = compiled_model()
         return lambda: model.fit(dataset, epochs=1, verbose=0)
 
+    def tfdist_loop_runner():
+        model = compiled_model()
+        with strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+            loss_mean = keras.metrics.Mean(name="loss")
+            accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+
+        def replica_step(step_batch):
+            with tf.GradientTape() as tape:
+                predictions = model(step_batch.x, training=True)
+                per_example = loss_fn(step_batch.y, predictions)
+                loss = tfdist.losses.replica_loss(per_example, step_batch, model)
+            tfdist.metrics.update_loss_mean(loss_mean, per_example, step_batch, model)
+            tfdist.metrics.update_metrics([accuracy], step_batch, predictions)
+            gradients = tape.gradient(loss, model.trainable_variables)
+            tfdist.gradients.apply_gradients(model.optimizer, gradients,
+                                             model.trainable_variables)
+
+        loop = tfdist.loop.HostLoop(strategy, replica_step, steps_per_execution=spe)
+        batches = tfdist.data.distribute(strategy, dataset, avoid_empty_replicas=True)
+
+        def run_epoch():  # as many host calls as the hand-written loop
+            iterator = iter(batches)
+            for _ in range(window // spe):
+                loop.run(iterator)
+
+        return run_epoch
+
     def custom_loop_runner():
         model = compiled_model()
         with strategy.scope():  # optimizer variables before tracing, mirrored
@@ -158,6 +191,7 @@ def _make_contenders(config):
     return {
         "tfdist": lambda: tfdist_runner(log_every_steps=10**9),
         "tfdist_eager": lambda: tfdist_runner(log_every_steps=1),
+        "tfdist_loop": tfdist_loop_runner,
         "keras_fit": keras_runner,
         "custom_loop": custom_loop_runner,
     }, window

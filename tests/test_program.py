@@ -18,9 +18,9 @@ def _run(args, timeout=300, program="mirrored.py"):
     )
 
 
-def test_mirrored_program_trains_learns_and_resumes(tmp_path):
+def test_mirrored_program_trains_learns_and_resumes(tmp_path, synthetic_data_dir):
     common = [
-        "--num_replicas=2", f"--data_dir={tmp_path / 'data'}",
+        "--num_replicas=2", f"--data_dir={synthetic_data_dir}",
         f"--model_dir={tmp_path / 'model'}", "--log_every_steps=40",
     ]
     first = _run(common + ["--epochs=1"])
@@ -39,15 +39,15 @@ def test_mirrored_program_trains_learns_and_resumes(tmp_path):
     assert list((tmp_path / "model" / "logs" / "train").glob("events.out.tfevents.*"))
 
 
-def test_tpu_program_preflight_passes_the_program_model(tmp_path):
-    result = _run(["--preflight", f"--data_dir={tmp_path / 'data'}"], program="tpu.py")
+def test_tpu_program_preflight_passes_the_program_model(tmp_path, synthetic_data_dir):
+    result = _run(["--preflight", f"--data_dir={synthetic_data_dir}"], program="tpu.py")
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "TPU preflight: OK (8 replicas, per-replica batch 16, XLA compile passed)" in result.stdout
 
 
-def test_tpu_program_trains_on_the_cpu_stand_in(tmp_path):
+def test_tpu_program_trains_on_the_cpu_stand_in(tmp_path, synthetic_data_dir):
     result = _run(["--cpu_replicas=2", "--epochs=1", "--model=mlp",
-                   f"--data_dir={tmp_path / 'data'}", f"--model_dir={tmp_path / 'model'}"],
+                   f"--data_dir={synthetic_data_dir}", f"--model_dir={tmp_path / 'model'}"],
                   program="tpu.py")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 replicas | synthetic_patterns: 10000 training examples" in result.stdout
@@ -61,9 +61,9 @@ def test_tpu_program_without_a_tpu_says_so(tmp_path):
     assert "TPUNotFoundError: No TPU found: tpu='local'" in result.stderr, result.stderr[-3000:]
 
 
-def test_mirrored_program_keras_fit_form_trains_with_attach(tmp_path):
+def test_mirrored_program_keras_fit_form_trains_with_attach(tmp_path, synthetic_data_dir):
     result = _run(["--num_replicas=2", "--keras_fit", "--epochs=1",
-                   f"--data_dir={tmp_path / 'data'}"])
+                   f"--data_dir={synthetic_data_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]
     # Keras' verbose=2 line: 9000 rows after validation_split=0.1, batch 128.
     epoch_line = [l for l in result.stdout.splitlines() if l.startswith("71/71 - ")]

@@ -12,9 +12,13 @@ Keras code runs unchanged after ``tfdist.attach(model, strategy)``:
 ``model.fit(x, y, batch_size=64, validation_split=0.1)``, ``model.evaluate``,
 ``model.predict`` (see `tfdist.keras_fit`).
 
-The lower layers work on their own in a hand-written loop:
-`tfdist.data.distribute`, `tfdist.losses.scaled_loss`, `tfdist.metrics`,
-`tfdist.checkpoint`.
+The lower layers make a hand-written loop exact (README "Custom training
+loops", strategies/custom_loop.py): `tfdist.data.distribute` (batches as
+`tfdist.Batch`), `tfdist.losses.replica_loss`, `tfdist.metrics`
+(``update_loss_mean``, ``update_metrics``), `tfdist.gradients`
+(``apply_gradients``: exact clipping), `tfdist.accumulation`,
+`tfdist.checkpoint` (``TrainingCheckpoint.for_strategy``), `tfdist.loop`
+(``HostLoop``: k steps per host call) and `tfdist.preemption`.
 
 Names load on first use, so ``import tfdist`` (and the ``tfdist-run``
 launcher, which needs no TensorFlow) starts in milliseconds; TensorFlow is
@@ -44,10 +48,11 @@ _NAMES = {
     "register_strategy": "tfdist.strategy",
 }
 _MODULES = (
-    "batch", "cadence", "checkpoint", "cluster", "collectives", "data", "datasets",
-    "epochs", "gradients", "keras_fit", "keras_inputs", "launch", "local_devices", "losses",
-    "metrics", "multi_worker", "parameter_server", "predict", "preemption", "recipes",
-    "server", "sharded", "static_shapes", "strategy", "tf_logs", "tpu",
+    "accumulation", "batch", "cadence", "checkpoint", "cluster", "collectives", "data",
+    "datasets", "epochs", "gradients", "keras_fit", "keras_inputs", "launch",
+    "local_devices", "loop", "losses", "metrics", "multi_worker", "parameter_server",
+    "predict", "preemption", "recipes", "server", "sharded", "static_shapes", "strategy",
+    "tf_logs", "tpu",
 )
 
 __all__ = sorted(list(_NAMES) + list(_MODULES))

@@ -43,6 +43,13 @@ class Batch:
         """From the dict a dataset carries (see `to_structure`)."""
         return cls(**structure)
 
+    def __iter__(self):
+        raise ConfigurationError(
+            "A tfdist.Batch is not a tuple: read its fields (`batch.x`, `batch.y`, "
+            "`batch.sample_weight`, `batch.mask`, `batch.global_examples`) instead of "
+            "`x, y = batch`. `batch.mask` (when set) marks padding rows that must not count."
+        )
+
     def to_structure(self) -> dict:
         """The present fields as a dict, for tf.data and ``strategy.run``."""
         values = {name: getattr(self, name) for name in _FIELDS}
@@ -100,6 +107,19 @@ class Batch:
         fields = tf.nest.map_structure(pad, self.replace(mask=None).to_structure())
         fields["mask"] = fix(tf.concat([mask, tf.zeros([missing])], 0))
         return Batch.from_structure(fields)
+
+
+def require_batch(batch, function: str) -> Batch:
+    """``batch`` if it is a `Batch`; a clear error naming the fix if not."""
+    if isinstance(batch, Batch):
+        return batch
+    if isinstance(batch, dict) and set(batch) <= set(_FIELDS):
+        fix = "wrap the dataset element first: `batch = tfdist.Batch.from_structure(element)`"
+    else:
+        fix = ("pass the `tfdist.Batch` of the step (`tfdist.Batch.from_structure(element)` "
+               "for an element of `tfdist.data.distribute`'s dataset)")
+    raise ConfigurationError(
+        f"`batch` of {function} is a {type(batch).__name__}, not a tfdist.Batch: {fix}.")
 
 
 def _leaves_with_paths(structure):

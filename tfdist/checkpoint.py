@@ -37,8 +37,9 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from tfdist import sharded
+from tfdist import cluster, sharded
 from tfdist.errors import CheckpointMismatchError, ConfigurationError
+from tfdist.metrics import state_variables
 
 
 @dataclasses.dataclass
@@ -49,14 +50,25 @@ class Position:
     epoch: int = 0
     step_in_epoch: int = 0
 
+    def advance(self, steps: int) -> None:
+        """``steps`` more global batches of this epoch were trained on."""
+        self.step += steps
+        self.step_in_epoch += steps
+
+    def next_epoch(self) -> None:
+        """The epoch ended; the next starts at its first batch."""
+        self.epoch += 1
+        self.step_in_epoch = 0
+
 
 class TrainingCheckpoint:
-    """Saves and restores training state under ``directory``."""
+    """Saves and restores training state under ``directory`` (None: keeps
+    the position only; nothing is written or restored)."""
 
     def __init__(
         self,
         model: keras.Model,
-        directory: str,
+        directory: Optional[str],
         *,
         max_to_keep: int = 3,
         is_chief: bool = True,
@@ -81,10 +93,27 @@ class TrainingCheckpoint:
             epoch=self.epoch,
             step_in_epoch=self.step_in_epoch,
         )
-        self._manager = tf.train.CheckpointManager(
+        self._manager = None if directory is None else tf.train.CheckpointManager(
             self._checkpoint, directory, max_to_keep=max_to_keep
         )
         self._model = model
+
+    @classmethod
+    def for_strategy(cls, model: keras.Model, strategy: tf.distribute.Strategy,
+                     directory: Optional[str], *, metrics=(), accumulator=None,
+                     max_to_keep: int = 3) -> "TrainingCheckpoint":
+        """The checkpoint of a hand-written loop: the model, its optimizer,
+        the state of Keras ``metrics`` (the epoch in progress) and of an
+        ``accumulator`` (`tfdist.accumulation.GradientAccumulator`), and the
+        data `Position`. Only the chief of a multi-worker strategy writes to
+        ``directory``. Create it under ``strategy.scope()`` once the
+        optimizer is built; call `save_position` on every worker."""
+        checkpoint = cls(
+            model, directory, max_to_keep=max_to_keep,
+            is_chief=getattr(strategy.extended, "should_checkpoint", True),
+            task_name=f"{cluster.task_type() or 'worker'}-{cluster.task_id()}")
+        checkpoint.track_state(state_variables(list(metrics)), accumulator)
+        return checkpoint
 
     def track_state(self, metric_variables, accumulator=None) -> None:
         """Adds metric state variables (``{name: variable}``) and a
@@ -103,7 +132,7 @@ class TrainingCheckpoint:
     @property
     def latest(self) -> Optional[str]:
         """Path prefix of the newest checkpoint, or None."""
-        return self._manager.latest_checkpoint
+        return None if self._manager is None else self._manager.latest_checkpoint
 
     def restore_latest(self) -> Optional[str]:
         """Restores the newest complete checkpoint, if any; returns its path.
@@ -114,7 +143,7 @@ class TrainingCheckpoint:
         Raises:
           CheckpointMismatchError: its variables do not match the model.
         """
-        for path in reversed(self._manager.checkpoints):
+        for path in reversed(self._manager.checkpoints if self._manager else []):
             if not tf.io.gfile.exists(path + ".index"):
                 print(f"skipping checkpoint {path}: its index file is missing", flush=True)
                 continue
@@ -142,11 +171,18 @@ class TrainingCheckpoint:
         return Position(int(self.step.numpy()), int(self.epoch.numpy()),
                         int(self.step_in_epoch.numpy()))
 
-    def save(self, step: int, epoch: int, step_in_epoch: int) -> str:
-        """Records the position and writes a checkpoint numbered ``step``."""
+    def save_position(self, position: Position) -> Optional[str]:
+        """`save` at ``position`` (on every worker: all take part)."""
+        return self.save(position.step, position.epoch, position.step_in_epoch)
+
+    def save(self, step: int, epoch: int, step_in_epoch: int) -> Optional[str]:
+        """Records the position and writes a checkpoint numbered ``step``
+        (returns its path; None without a directory)."""
         self.step.assign(step)
         self.epoch.assign(epoch)
         self.step_in_epoch.assign(step_in_epoch)
+        if self._manager is None:
+            return None
         self._prepare_sharded()
         if self._is_chief:
             return self._manager.save(checkpoint_number=step)

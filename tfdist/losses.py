@@ -28,6 +28,7 @@ from typing import List, Optional
 import tensorflow as tf
 
 from tfdist import _keras, collectives
+from tfdist.batch import require_batch
 from tfdist.errors import ConfigurationError
 
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
@@ -268,6 +269,7 @@ def replica_loss(per_example_loss, batch, model=None) -> tf.Tensor:
     >>> per_example = loss_fn(batch.y, model(batch.x, training=True))
     >>> loss = tfdist.losses.replica_loss(per_example, batch, model)
     """
+    batch = require_batch(batch, "replica_loss")
     values = tf.convert_to_tensor(per_example_loss)
     if values.shape.rank == 0:
         raise ConfigurationError(

@@ -21,6 +21,8 @@ import keras
 import tensorflow as tf
 
 from tfdist import _keras, collectives, losses
+from tfdist.batch import require_batch
+from tfdist.errors import ConfigurationError
 
 
 class MetricState:
@@ -96,12 +98,7 @@ class MetricState:
         metrics = [self._loss] + list(_keras.output_loss_metrics(self._model))
         if self._compiled is not None:
             metrics.append(self._compiled)
-        found = {}
-        for index, metric in enumerate(metrics):
-            for variable in metric.variables:
-                key = f"{index}.{variable.path}".replace("/", ".")
-                found[key] = getattr(variable, "value", variable)
-        return found
+        return state_variables(metrics)
 
     def reset(self) -> None:
         self._loss.reset_state()
@@ -111,7 +108,32 @@ class MetricState:
             self._compiled.reset_state()
 
 
+def state_variables(metrics) -> Dict[str, tf.Variable]:
+    """The state variables of Keras ``metrics``, by a stable name (their
+    position in the list and their path), for a checkpoint."""
+    found = {}
+    for index, metric in enumerate(metrics):
+        for variable in metric.variables:
+            key = f"{index}.{variable.path}".replace("/", ".")
+            found[key] = getattr(variable, "value", variable)
+    return found
+
+
 # -- hand-written loops ------------------------------------------------------
+
+
+def _require_replica_local(metric, function: str) -> None:
+    """A metric updated in ``strategy.run`` must be created in the scope:
+    outside it its variables are single copies that every replica writes."""
+    strategy = tf.distribute.get_strategy()
+    if not tf.distribute.has_strategy() or not metric.variables:
+        return
+    variable = metric.variables[0]
+    if not strategy.extended.variable_created_in_scope(getattr(variable, "value", variable)):
+        raise ConfigurationError(
+            f"{function}: the metric {metric.name!r} was created outside "
+            "`strategy.scope()`, so its state is not replica-local and the replicas' "
+            "updates would not add up. Create it under `with strategy.scope():`.")
 
 
 def without_padding(mask, y, y_pred, sample_weight):
@@ -140,6 +162,9 @@ def update_metrics(metrics, batch, y_pred, weighted_metrics=()) -> None:
     (``batch.mask``) are left out of both. Read ``metric.result()`` outside
     ``strategy.run`` (one reduction over replicas, when you log).
     """
+    batch = require_batch(batch, "update_metrics")
+    for metric in list(metrics) + list(weighted_metrics):
+        _require_replica_local(metric, "update_metrics")
     y, y_pred, sample_weight = without_padding(batch.mask, batch.y, y_pred, batch.sample_weight)
     for metric in metrics:
         metric.update_state(y, y_pred)
@@ -154,6 +179,8 @@ def update_loss_mean(mean: keras.metrics.Mean, per_example_loss, batch, model=No
     Call it before ``apply_gradients``: Keras reports the loss of the
     weights the step started from (regularization losses included).
     """
+    batch = require_batch(batch, "update_loss_mean")
+    _require_replica_local(mean, "update_loss_mean")
     data_share = losses.replica_loss(per_example_loss, batch)
     local = batch.real_examples()
     global_examples = batch.carried_global_examples()

@@ -6,6 +6,8 @@ and two small models. Kept in the library so every program, benchmark and
 test uses the same ones; the programs stay short enough to copy.
 """
 
+from typing import Optional
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -37,15 +39,20 @@ def image_classification_data(
     data_dir=None,
     seed: int = 0,
     shuffle_buffer: int = 10_000,
+    train_examples: Optional[int] = None,
 ):
     """Returns ``(train, test, info)``.
 
     ``train`` is an `EpochDataset` of global batches, reshuffled
     deterministically each epoch (so a resumed job sees the same order);
     ``test`` a dataset of global batches; ``info`` has ``input_shape``,
-    ``num_classes`` and ``train_examples``.
+    ``num_classes`` and ``train_examples``. ``train_examples`` keeps only
+    the first that many training examples.
     """
-    train = load_supervised(name, "train", data_dir=data_dir).map(_to_float).cache()
+    train = load_supervised(name, "train", data_dir=data_dir)
+    if train_examples is not None:
+        train = train.take(train_examples)
+    train = train.map(_to_float).cache()
     test = load_supervised(name, "test", data_dir=data_dir).map(_to_float).cache()
     info = _split_info(train)
     epoch_train = data_lib.EpochDataset(

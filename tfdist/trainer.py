@@ -185,8 +185,7 @@ class Trainer:
 
     def _save(self) -> None:
         if self._checkpoint is not None:
-            position = self._position
-            self._checkpoint.save(position.step, position.epoch, position.step_in_epoch)
+            self._checkpoint.save_position(self._position)
 
     def _iterator(self, source, epoch: int, skip_steps: int):
         return self._runner.iterator(
@@ -284,8 +283,7 @@ class Trainer:
     def _end_epoch(self) -> int:
         """Moves to the next epoch (saving when asked); returns the epoch's steps."""
         steps_done = self._position.step_in_epoch
-        self._position.epoch += 1
-        self._position.step_in_epoch = 0
+        self._position.next_epoch()
         if self._checkpoint_every_epoch:
             self._save()
         return steps_done
@@ -306,8 +304,7 @@ class Trainer:
             if ran == 0 and not stop:  # out of data (as Keras: no batch end)
                 return True
             before = dataclasses.replace(position)
-            position.step += ran
-            position.step_in_epoch += ran
+            position.advance(ran)
             log_point = cadence.is_log_point(before.step_in_epoch, position.step_in_epoch)
             save_point = cadence.is_save_point(before.step, position.step)
             if log_point or save_point or stop or self._batch_logs:

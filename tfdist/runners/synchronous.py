@@ -1,18 +1,9 @@
 """Runs up to N replica steps per call inside one ``tf.function``.
 
-The inner loop is a device-side ``tf.while_loop`` (Keras'
-``steps_per_execution``): the host dispatches once per N steps. The loop reads
-the distributed iterator with ``get_next_as_optional`` so it stops cleanly
-when the data ends inside an execution, and returns how many steps ran; the
-outer loop (the Trainer) uses that count to end the epoch. ``num_steps`` is a
-tensor argument, so a shorter final execution does not retrace.
-
-Under a multi-worker strategy the training loop also sums every worker's
-stop request (SIGTERM / Ctrl-C, `tfdist.preemption`) after its steps, so
-all workers learn in the same host call whether to stop. A separate call
-for it would double the host calls with cross-worker collectives, and
-TensorFlow's multi-worker runtime keeps ~1.6 KB of memory per such call
-(measured; see README "Reliability").
+The loops are `tfdist.loop.make_loop`'s (Keras' ``steps_per_execution``: the
+host dispatches once per N steps, and under a multi-worker strategy the
+training loop also agrees on stop requests); the outer loop (the Trainer)
+uses the count of steps run to end the epoch.
 """
 
 from typing import Callable, Optional
@@ -20,6 +11,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdist import collectives, peers
+from tfdist import loop as host_loop
 from tfdist import data as data_lib
 
 
@@ -40,36 +32,13 @@ class SynchronousRunner:
     ):
         self._strategy = strategy
         self._shard_policy = shard_policy
-        self._multi_worker = (
-            isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and getattr(strategy.extended, "_num_workers", 1) > 1
-        )
-        self._train_loop = self._make_loop(train_step, agree_on_stop=self._multi_worker,
-                                           after_step=after_train_step)
-        self._eval_loop = self._make_loop(eval_step)
+        self._multi_worker = host_loop.spans_workers(strategy)
+        self._train_loop = host_loop.make_loop(strategy, train_step,
+                                               agree_on_stop=self._multi_worker,
+                                               after_step=after_train_step)
+        self._eval_loop = host_loop.make_loop(strategy, eval_step)
         self._distributed = {}
         self._agree = None
-
-    def _make_loop(self, replica_step: Callable, agree_on_stop: bool = False,
-                   after_step: Optional[Callable] = None):
-        strategy = self._strategy
-
-        @tf.function
-        def loop(iterator, num_steps, stop_requested):
-            steps_run = tf.constant(0, tf.int64)
-            for _ in tf.range(num_steps):
-                optional = iterator.get_next_as_optional()
-                if not optional.has_value():
-                    break
-                strategy.run(replica_step, args=(optional.get_value(),))
-                if after_step is not None:  # cross-replica work of the step
-                    after_step()
-                steps_run += 1
-            if agree_on_stop:
-                return steps_run, collectives.any_worker(strategy, stop_requested)
-            return steps_run, stop_requested > 0
-
-        return loop
 
     def _distribute(self, source, *, epoch, skip_steps, partial_batch, global_batch_size):
         """The distributed dataset; reused while the data, epoch source and
