@@ -22,7 +22,7 @@ setup(
         "tensorboard>=2.20",  # tf.summary writes nothing without it
     ],
     extras_require={
-        "test": ["pytest>=8", "psutil>=5.9", "matplotlib>=3.7"],
+        "test": ["pytest>=8", "psutil>=5.9", "matplotlib>=3.7", "pyyaml>=6"],
         "plot": ["matplotlib>=3.7"],
     },
     entry_points={

@@ -20,6 +20,7 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional
 
+from tfdist import platforms
 from tfdist.errors import ConfigurationError
 
 JOB_NAMES = ("chief", "worker", "ps", "evaluator")
@@ -121,9 +122,21 @@ def validate(raw: Mapping) -> TFConfig:
 
 
 def parse_tf_config(text: Optional[str] = None) -> Optional[TFConfig]:
-    """Parses ``text`` (default: the ``TF_CONFIG`` variable); None if unset."""
+    """Parses ``text`` (default: the ``TF_CONFIG`` variable); None if unset.
+
+    Without ``text`` and ``TF_CONFIG``, a managed platform's variables
+    (Vertex AI ``CLUSTER_SPEC``, SageMaker ``SM_HOSTS``: `tfdist.platforms`)
+    give the config, which is then exported as ``TF_CONFIG`` for TensorFlow.
+    """
     if text is None:
         text = os.environ.get("TF_CONFIG", "")
+        if not text.strip():
+            raw = platforms.platform_tf_config(os.environ)
+            if raw is None:
+                return None
+            config = validate(raw)
+            os.environ["TF_CONFIG"] = config.to_json()
+            return config
     if not text.strip():
         return None
     try:

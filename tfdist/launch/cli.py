@@ -51,6 +51,20 @@ Options:
   --tf_logs             show TensorFlow's C++ start-up and INFO/WARNING lines
                         (hidden on the console by default; --log_dir files
                         keep them; same as TFDIST_TF_LOGS=1, `tfdist.tf_logs`)
+
+Job definitions for other clusters (printed, nothing started; `emit`):
+
+    tfdist-run --emit=tfjob --image=IMAGE --num_workers=2 [--num_ps=1] [--chief] -- CMD...
+    tfdist-run --emit=slurm --num_workers=4 [--gpus=1] [--time=02:00:00] -- CMD... > job.sbatch
+
+  --emit KIND           tfjob (a Kubeflow TFJob manifest) or slurm (an sbatch script)
+  --image IMAGE         the container image (tfjob; required)
+  --chief               add a Chief replica that also runs CMD (tfjob; implied with ps)
+  --name NAME           the job name (default tfdist)
+  --restart_policy P    OnFailure (default), Never, Always or ExitCode (tfjob)
+  --cpu N, --memory M, --gpus G
+                        resources per replica / node (e.g. --cpu=4 --memory=16Gi)
+  --time T              Slurm time limit (--time of sbatch)
 """
 
 import argparse
@@ -60,12 +74,13 @@ from typing import List, Optional, Sequence, Tuple
 
 from tfdist import tf_logs
 from tfdist.errors import ConfigurationError
+from tfdist.launch.emit import EMIT_KINDS, JobSpec, emit
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.launcher import launch
 
 
-def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
-    """``argv`` (without the program name) -> (config, command)."""
+def _split(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """tfdist-run's own arguments and the command after ``--``."""
     argv = list(argv)
     if "--" not in argv:
         raise ConfigurationError(
@@ -76,6 +91,12 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     own, command = argv[:split], argv[split + 1:]
     if not command:
         raise ConfigurationError("The command after `--` is empty.")
+    return own, command
+
+
+def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
+    """``argv`` (without the program name) -> (config, command)."""
+    own, command = _split(argv)
     parser = argparse.ArgumentParser(prog="tfdist-run", description=__doc__.split("\n")[0])
     parser.add_argument("--num_workers", type=int, required=True)
     parser.add_argument("--num_ps", type=int, default=0)
@@ -100,10 +121,40 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     return config, command
 
 
+def parse_emit_args(argv: Sequence[str]) -> Tuple[str, JobSpec]:
+    """``argv`` with ``--emit`` -> (kind, job spec)."""
+    own, command = _split(argv)
+    parser = argparse.ArgumentParser(prog="tfdist-run --emit")
+    parser.add_argument("--emit", required=True)
+    parser.add_argument("--num_workers", type=int, required=True)
+    parser.add_argument("--num_ps", type=int, default=0)
+    parser.add_argument("--chief", action="store_true")
+    parser.add_argument("--image", default=None)
+    parser.add_argument("--name", default="tfdist")
+    parser.add_argument("--restart_policy", default="OnFailure")
+    parser.add_argument("--cpu", default=None)
+    parser.add_argument("--memory", default=None)
+    parser.add_argument("--gpus", type=int, default=0)
+    parser.add_argument("--time", default=None)
+    args = parser.parse_args(own)
+    if args.emit not in EMIT_KINDS:
+        raise ConfigurationError(
+            f"`--emit` ({args.emit!r}) must be one of {', '.join(EMIT_KINDS)}.")
+    LaunchConfig(num_workers=args.num_workers, num_ps=args.num_ps)  # validates the counts
+    return args.emit, JobSpec(
+        command=command, num_workers=args.num_workers, num_ps=args.num_ps, chief=args.chief,
+        image=args.image, name=args.name, restart_policy=args.restart_policy,
+        cpu=args.cpu, memory=args.memory, gpus=args.gpus, time_limit=args.time)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``tfdist-run``; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if any(a == "--emit" or a.startswith("--emit=") for a in _split(argv)[0]):
+            kind, spec = parse_emit_args(argv)
+            sys.stdout.write(emit(kind, spec))
+            return 0
         config, command = parse_args(argv)
         result = launch(config, command)
     except ConfigurationError as error:
