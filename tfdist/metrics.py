@@ -125,11 +125,11 @@ def state_variables(metrics) -> Dict[str, tf.Variable]:
 def _require_replica_local(metric, function: str) -> None:
     """A metric updated in ``strategy.run`` must be created in the scope:
     outside it its variables are single copies that every replica writes."""
-    strategy = tf.distribute.get_strategy()
     if not tf.distribute.has_strategy() or not metric.variables:
-        return
+        return  # no strategy: any metric works
     variable = metric.variables[0]
-    if not strategy.extended.variable_created_in_scope(getattr(variable, "value", variable)):
+    extended = tf.distribute.get_strategy().extended
+    if not extended.variable_created_in_scope(getattr(variable, "value", variable)):
         raise ConfigurationError(
             f"{function}: the metric {metric.name!r} was created outside "
             "`strategy.scope()`, so its state is not replica-local and the replicas' "
