@@ -147,7 +147,7 @@ def main(argv):
         print(stopped, flush=True)  # "preempted (SIGTERM): checkpoint saved at step N"
         raise
     if FLAGS.result_json:
-        task = f"{tfdist.cluster.task_type() or 'worker'}-{tfdist.cluster.task_id()}"
+        task = tfdist.cluster.task_name()
         with open(FLAGS.result_json.format(task=task), "w", encoding="utf-8") as out:
             json.dump({"history": history,
                        "weights": [w.tolist() for w in model.get_weights()]}, out)

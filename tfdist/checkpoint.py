@@ -111,7 +111,7 @@ class TrainingCheckpoint:
         checkpoint = cls(
             model, directory, max_to_keep=max_to_keep,
             is_chief=getattr(strategy.extended, "should_checkpoint", True),
-            task_name=f"{cluster.task_type() or 'worker'}-{cluster.task_id()}")
+            task_name=cluster.task_name())
         checkpoint.track_state(state_variables(list(metrics)), accumulator)
         return checkpoint
 

@@ -169,6 +169,12 @@ def task_id(config: Optional[TFConfig] = None) -> int:
     return 0 if config is None else config.task_index
 
 
+def task_name(config: Optional[TFConfig] = None) -> str:
+    """``"<type>-<index>"`` of this task (``"worker-0"`` without TF_CONFIG),
+    as tfdist-run names tasks in its output."""
+    return f"{task_type(config) or 'worker'}-{task_id(config)}"
+
+
 def num_workers(config: Optional[TFConfig] = None) -> int:
     """Training tasks in the cluster; 1 without TF_CONFIG."""
     config = _current(config)

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple, Optional
 
 import tensorflow as tf
 
-from tfdist import collectives
+from tfdist import collectives, validation
 from tfdist.batch import Batch
 from tfdist.errors import ConfigurationError
 
@@ -85,11 +85,7 @@ class HostLoop:
 
     def __init__(self, strategy: tf.distribute.Strategy, replica_step: Callable, *,
                  steps_per_execution: int = 1, after_step: Optional[Callable] = None):
-        if (not isinstance(steps_per_execution, int) or isinstance(steps_per_execution, bool)
-                or steps_per_execution < 1):
-            raise ConfigurationError(
-                f"`steps_per_execution` ({steps_per_execution!r}) must be a positive "
-                "integer: the number of steps one host call runs (1: one per call).")
+        validation.positive_int("steps_per_execution", steps_per_execution)
         if not callable(replica_step):
             raise ConfigurationError(
                 f"`replica_step` ({replica_step!r}) must be a function of one "

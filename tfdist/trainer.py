@@ -125,7 +125,7 @@ class Trainer:
             TrainingCheckpoint(
                 model, checkpoint_dir, max_to_keep=max_to_keep,
                 is_chief=self._is_chief,
-                task_name=f"{cluster.task_type() or 'worker'}-{cluster.task_id()}",
+                task_name=cluster.task_name(),
             )
             if checkpoint_dir
             else None
@@ -338,7 +338,7 @@ class Trainer:
         """Every worker agreed to stop at this step: save, then exit."""
         self._save()
         stop = Preempted(self._position.step, watcher.signum, saved=self._checkpoint is not None)
-        print(f"{cluster.task_type() or 'worker'}-{cluster.task_id()}: {stop}", flush=True)
+        print(f"{cluster.task_name()}: {stop}", flush=True)
         raise stop
 
     def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None,

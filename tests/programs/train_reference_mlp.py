@@ -48,7 +48,7 @@ def _broken_host(args):
 
 
 def _write(args, results):
-    task = f"{tfdist.cluster.task_type() or 'worker'}-{tfdist.cluster.task_id()}"
+    task = tfdist.cluster.task_name()
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, f"{task}.json"), "w", encoding="utf-8") as out:
         json.dump(results, out)
