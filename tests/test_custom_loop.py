@@ -38,6 +38,26 @@ def test_custom_loop_equals_single_device_keras(make_strategy, num_replicas, num
     ref.assert_logs_close({k: expected_history[k] for k in ("loss", "accuracy")}, history)
 
 
+def test_custom_loop_on_a_dataset_fn_equals_single_device_keras(make_strategy):
+    """Per-replica batches of 8 from a ``dataset_fn``: consecutive batches go
+    to the 2 replicas, so each step's union is Keras' global batch of 16; the
+    last step (rows 64-69) leaves replica 1 empty. The global count is then
+    all-reduced (a dataset_fn's batches do not carry it)."""
+    x, y, w = ref.classification_arrays(70)
+    expected_model, expected_history = ref.keras_fit(ref.global_batches(70, BATCH), EPOCHS, "adam")
+
+    def dataset_fn(input_context):
+        per_replica = input_context.get_per_replica_batch_size(BATCH)
+        return tf.data.Dataset.from_tensor_slices((x, y, w)).batch(per_replica)
+
+    strategy = make_strategy(2)
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "adam")
+    history = custom_loop.train(strategy, model, dataset_fn, EPOCHS)
+    ref.assert_weights_close(expected_model, model)
+    ref.assert_logs_close({k: expected_history[k] for k in ("loss", "accuracy")}, history)
+
+
 def test_readme_shows_the_programs_loop():
     source = (REPO / "strategies" / "custom_loop.py").read_text()
     loop = re.search(r"# \[custom-loop\]\n(.*?)# \[/custom-loop\]", source, re.S).group(1)
