@@ -24,6 +24,10 @@ setup(
     extras_require={
         "test": ["pytest>=8", "psutil>=5.9", "matplotlib>=3.7", "pyyaml>=6"],
         "plot": ["matplotlib>=3.7"],
+        # Engines (issue 15): Ray Train's TensorflowTrainer; Spark barrier
+        # stages (needs a Java runtime). Tested: ray 2.60, pyspark 4.3.
+        "ray": ["ray[train]>=2.50"],
+        "spark": ["pyspark>=3.5"],
     },
     entry_points={
         "console_scripts": [

@@ -1,0 +1,87 @@
+"""Issue 15, point 4: tfdist programs on Spark executors, for real.
+
+A local Spark (``local[2]``: one JVM, two task slots, bound to 127.0.0.1)
+runs `tfdist.spark.run` three times on one session: 2 workers training (the
+chief's weights and history compared with single-device Keras ``fit`` on
+the same batches), 2 workers of which one raises, and 3 workers on 2 slots.
+The Spark driver runs in its own process group
+(tests/programs/spark_driver.py), killed by pid when the tests end.
+Skipped, with the reason, where pyspark (the ``[spark]`` extra) or a Java
+runtime is missing; CI installs both.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests import reference as ref
+from tests.programs import engine_train
+
+pytest.importorskip("pyspark", reason="the [spark] extra is not installed")
+if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    pytest.skip("Spark needs a Java runtime (Debian: openjdk-17-jre-headless)",
+                allow_module_level=True)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRIVER = os.path.join(REPO, "tests", "programs", "spark_driver.py")
+RUNS = [{"num_workers": 2}, {"num_workers": 2, "fail_worker": 1}, {"num_workers": 3}]
+
+
+@pytest.fixture(scope="module")
+def spark_runs(tmp_path_factory):
+    """The driver's results for RUNS, and its log."""
+    output = tmp_path_factory.mktemp("spark") / "results.json"
+    process = subprocess.Popen(
+        [sys.executable, DRIVER, f"--output={output}", f"--runs={json.dumps(RUNS)}"],
+        cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )
+    try:
+        log, _ = process.communicate(timeout=900)
+    finally:
+        try:  # the JVM, Spark's Python workers and the training processes
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
+    assert output.exists(), f"driver exited {process.returncode}:\n{log[-4000:]}"
+    results = json.loads(output.read_text())
+    assert len(results) == len(RUNS), log[-4000:]
+    return results, log
+
+
+def test_two_spark_tasks_train_like_one_device(spark_runs):
+    results, log = spark_runs
+    expected_model, expected_history = ref.keras_fit(
+        ref.global_batches(engine_train.EXAMPLES, engine_train.BATCH), engine_train.EPOCHS)
+
+    assert "result" in results[0], f"{results[0]}\n{log[-4000:]}"
+    chief = results[0]["result"]
+    assert chief["task"] == "worker-0"
+    expected_weights = expected_model.get_weights()
+    assert len(chief["weights"]) == len(expected_weights)
+    for index, (expected, actual) in enumerate(zip(expected_weights, chief["weights"])):
+        np.testing.assert_allclose(np.asarray(actual), expected, rtol=0, atol=1e-5,
+                                   err_msg=f"weight {index}")
+    ref.assert_logs_close(expected_history, chief["history"])
+
+
+def test_a_failing_task_is_an_error_with_its_traceback(spark_runs):
+    results, log = spark_runs
+    assert results[1].get("error") == "SparkTrainingError", f"{results[1]}\n{log[-4000:]}"
+    assert "deliberate failure on worker 1" in results[1]["message"]
+    assert "spark task worker-1" in results[1]["message"]
+
+
+def test_more_workers_than_task_slots_is_a_named_error(spark_runs):
+    results, _ = spark_runs
+    assert results[2].get("error") == "ConfigurationError", results[2]
+    assert "`num_workers=3`" in results[2]["message"]
+    assert "has 2" in results[2]["message"]
