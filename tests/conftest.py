@@ -39,8 +39,27 @@ def synthetic_data_dir(tmp_path_factory) -> str:
     return str(directory)
 
 
+# Modules whose tests judge timing or resources: how fast a dead, hung or
+# unreachable task is named, whether threads / RSS / files stay flat, the
+# launcher's signal handling. They run one at a time on an otherwise idle
+# machine (`-m serial`); everything else, real clusters included, runs two
+# at a time (`-n 2 -m "not serial"`, pytest-xdist). README "Set-up".
+SERIAL_MODULES = {
+    "test_chaos", "test_launcher", "test_multi_worker", "test_parameter_server",
+    "test_reliability", "test_soak", "test_tpu_connect",
+}
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "soak: a real cluster runs for minutes (short form in CI)")
     config.addinivalue_line(
         "markers", "chaos: seeded faults on real clusters (short form in CI)")
+    config.addinivalue_line(
+        "markers", "serial: judges timing or resources; run alone (-m serial)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in SERIAL_MODULES:
+            item.add_marker(pytest.mark.serial)

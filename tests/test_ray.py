@@ -128,3 +128,16 @@ def test_a_killed_worker_is_restarted_by_ray_and_resumes_exactly(ray_runs, keras
         _assert_weights_equal(expected_model, worker["weights"])
     _assert_reported_last_epoch(run, expected_history)
     assert "resuming from Ray checkpoint" in log
+
+
+@pytest.mark.parametrize("arguments,named", [
+    ({"num_workers": 0, "storage_path": "/tmp/x"}, "num_workers"),
+    ({"num_workers": 2, "storage_path": ""}, "storage_path"),
+    ({"num_workers": 2, "storage_path": "/tmp/x", "max_failures": -2}, "max_failures"),
+])
+def test_bad_arguments_are_named(arguments, named):
+    import tfdist.ray
+    from tfdist.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=named):
+        tfdist.ray.tensorflow_trainer(engine_train.ray_train_loop, **arguments)

@@ -85,3 +85,18 @@ def test_more_workers_than_task_slots_is_a_named_error(spark_runs):
     assert results[2].get("error") == "ConfigurationError", results[2]
     assert "`num_workers=3`" in results[2]["message"]
     assert "has 2" in results[2]["message"]
+
+
+@pytest.mark.parametrize("arguments,named", [
+    ({"num_workers": 0}, "num_workers"),
+    ({"num_workers": 2, "timeout_seconds": -1}, "timeout_seconds"),
+    ({"num_workers": 2, "train_fn": "train.py"}, "train_fn"),
+])
+def test_bad_arguments_are_named_before_spark_starts(arguments, named):
+    import tfdist.spark
+    from tfdist.errors import ConfigurationError
+
+    arguments = dict(arguments)
+    train_fn = arguments.pop("train_fn", engine_train.train_reference_mlp)
+    with pytest.raises(ConfigurationError, match=named):
+        tfdist.spark.run(train_fn, **arguments)
