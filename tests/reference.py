@@ -73,6 +73,15 @@ def assert_weights_close(model_a, model_b, atol: float = 1e-5) -> None:
         np.testing.assert_allclose(a, b, rtol=0, atol=atol, err_msg=f"weight {index}")
 
 
+def assert_weights_equal_lists(model, weights, atol: float = 1e-5) -> None:
+    """``model``'s weights against ``weights`` (lists, as a worker's JSON holds them)."""
+    expected = model.get_weights()
+    assert len(weights) == len(expected), (len(weights), len(expected))
+    for index, (want, got) in enumerate(zip(expected, weights)):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=atol,
+                                   err_msg=f"weight {index}")
+
+
 def assert_logs_close(expected: dict, actual: dict, rtol: float = 1e-5) -> None:
     """Same keys; every value (or per-epoch list) equal to ``rtol``."""
     assert sorted(expected) == sorted(actual), (sorted(expected), sorted(actual))

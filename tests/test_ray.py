@@ -18,77 +18,28 @@ killed by pid when the tests end. Skipped, with the reason, without the
 ``[ray]`` extra; CI installs it.
 """
 
-import json
-import os
-import signal
-import subprocess
-import sys
-
-import numpy as np
-import psutil
 import pytest
 
 from tests import reference as ref
+from tests.engine_harness import run_driver
 from tests.programs import engine_train
 
 pytest.importorskip("ray.train", reason="the [ray] extra is not installed")
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DRIVER = os.path.join(REPO, "tests", "programs", "ray_driver.py")
 RUNS = [{"num_workers": 2}, {"num_workers": 2, "max_failures": 1, "kill_rank": 1}]
-
-
-def _kill_tree(pid: int) -> None:
-    try:
-        processes = psutil.Process(pid).children(recursive=True) + [psutil.Process(pid)]
-    except psutil.NoSuchProcess:
-        return
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(processes, timeout=10)
 
 
 @pytest.fixture(scope="module")
 def ray_runs(tmp_path_factory):
     """Per run of RUNS: Ray's result and each worker's output; the log."""
     work = tmp_path_factory.mktemp("ray")
-    output = work / "results.json"
-    process = subprocess.Popen(
-        [sys.executable, DRIVER, f"--output={output}", f"--work_dir={work}",
-         f"--runs={json.dumps(RUNS)}"],
-        cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )
-    try:
-        log, _ = process.communicate(timeout=900)
-    finally:
-        _kill_tree(process.pid)
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    assert output.exists(), f"driver exited {process.returncode}:\n{log[-4000:]}"
-    results = json.loads(output.read_text())
-    assert len(results) == len(RUNS), log[-4000:]
-    return results, log
+    return run_driver("ray_driver.py", work / "results.json", [f"--work_dir={work}"], runs=RUNS)
 
 
 @pytest.fixture(scope="module")
 def keras_reference():
     return ref.keras_fit(ref.global_batches(engine_train.EXAMPLES, engine_train.BATCH),
                          engine_train.EPOCHS)
-
-
-def _assert_weights_equal(expected_model, weights):
-    expected = expected_model.get_weights()
-    assert len(weights) == len(expected)
-    for index, (want, got) in enumerate(zip(expected, weights)):
-        np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5,
-                                   err_msg=f"weight {index}")
 
 
 def _assert_reported_last_epoch(run, expected_history):
@@ -107,7 +58,7 @@ def test_two_ray_workers_train_like_one_device(ray_runs, keras_reference):
     assert sorted(run["workers"]) == ["worker-0", "worker-1"]
     for worker in run["workers"].values():
         assert worker["resumed_from"] is None
-        _assert_weights_equal(expected_model, worker["weights"])
+        ref.assert_weights_equal_lists(expected_model, worker["weights"])
         ref.assert_logs_close(expected_history, worker["history"])
     _assert_reported_last_epoch(run, expected_history)
 
@@ -125,7 +76,7 @@ def test_a_killed_worker_is_restarted_by_ray_and_resumes_exactly(ray_runs, keras
         # Resumed after epoch 1: this fit trained epochs 2 and 3 only.
         ref.assert_logs_close({k: v[1:] for k, v in expected_history.items()},
                               worker["history"])
-        _assert_weights_equal(expected_model, worker["weights"])
+        ref.assert_weights_equal_lists(expected_model, worker["weights"])
     _assert_reported_last_epoch(run, expected_history)
     assert "resuming from Ray checkpoint" in log
 

@@ -10,17 +10,13 @@ Skipped, with the reason, where pyspark (the ``[spark]`` extra) or a Java
 runtime is missing; CI installs both.
 """
 
-import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 
-import numpy as np
 import pytest
 
 from tests import reference as ref
+from tests.engine_harness import run_driver
 from tests.programs import engine_train
 
 pytest.importorskip("pyspark", reason="the [spark] extra is not installed")
@@ -28,8 +24,6 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime (Debian: openjdk-17-jre-headless)",
                 allow_module_level=True)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DRIVER = os.path.join(REPO, "tests", "programs", "spark_driver.py")
 RUNS = [{"num_workers": 2}, {"num_workers": 2, "fail_worker": 1}, {"num_workers": 3}]
 
 
@@ -37,24 +31,7 @@ RUNS = [{"num_workers": 2}, {"num_workers": 2, "fail_worker": 1}, {"num_workers"
 def spark_runs(tmp_path_factory):
     """The driver's results for RUNS, and its log."""
     output = tmp_path_factory.mktemp("spark") / "results.json"
-    process = subprocess.Popen(
-        [sys.executable, DRIVER, f"--output={output}", f"--runs={json.dumps(RUNS)}"],
-        cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
-    )
-    try:
-        log, _ = process.communicate(timeout=900)
-    finally:
-        try:  # the JVM, Spark's Python workers and the training processes
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait()
-    assert output.exists(), f"driver exited {process.returncode}:\n{log[-4000:]}"
-    results = json.loads(output.read_text())
-    assert len(results) == len(RUNS), log[-4000:]
-    return results, log
+    return run_driver("spark_driver.py", output, [], runs=RUNS)
 
 
 def test_two_spark_tasks_train_like_one_device(spark_runs):
@@ -65,11 +42,7 @@ def test_two_spark_tasks_train_like_one_device(spark_runs):
     assert "result" in results[0], f"{results[0]}\n{log[-4000:]}"
     chief = results[0]["result"]
     assert chief["task"] == "worker-0"
-    expected_weights = expected_model.get_weights()
-    assert len(chief["weights"]) == len(expected_weights)
-    for index, (expected, actual) in enumerate(zip(expected_weights, chief["weights"])):
-        np.testing.assert_allclose(np.asarray(actual), expected, rtol=0, atol=1e-5,
-                                   err_msg=f"weight {index}")
+    ref.assert_weights_equal_lists(expected_model, chief["weights"])
     ref.assert_logs_close(expected_history, chief["history"])
 
 
