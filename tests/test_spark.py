@@ -1,9 +1,10 @@
 """Issue 15, point 4: tfdist programs on Spark executors, for real.
 
 A local Spark (``local[2]``: one JVM, two task slots, bound to 127.0.0.1)
-runs `tfdist.spark.run` three times on one session: 2 workers training (the
+runs `tfdist.spark.run` four times on one session: 2 workers training (the
 chief's weights and history compared with single-device Keras ``fit`` on
-the same batches), 2 workers of which one raises, and 3 workers on 2 slots.
+the same batches), 2 workers of which one raises, 3 workers on 2 slots, and
+2 workers returning 8 MB.
 The Spark driver runs in its own process group
 (tests/programs/spark_driver.py), killed by pid when the tests end.
 Skipped, with the reason, where pyspark (the ``[spark]`` extra) or a Java
@@ -24,7 +25,8 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime (Debian: openjdk-17-jre-headless)",
                 allow_module_level=True)
 
-RUNS = [{"num_workers": 2}, {"num_workers": 2, "fail_worker": 1}, {"num_workers": 3}]
+RUNS = [{"num_workers": 2}, {"num_workers": 2, "fail_worker": 1}, {"num_workers": 3},
+        {"num_workers": 2, "large_result": True}]
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +75,10 @@ def test_bad_arguments_are_named_before_spark_starts(arguments, named):
     train_fn = arguments.pop("train_fn", engine_train.train_reference_mlp)
     with pytest.raises(ConfigurationError, match=named):
         tfdist.spark.run(train_fn, **arguments)
+
+
+def test_a_result_larger_than_a_pipe_buffer_comes_back(spark_runs):
+    """8 MB from the chief: read before the training process is joined
+    (joined first, the process would wait for its reader until the timeout)."""
+    results, log = spark_runs
+    assert results[3].get("result") == "x" * (8 << 20), f"{str(results[3])[:300]}\n{log[-4000:]}"

@@ -30,6 +30,7 @@ import os
 import queue
 import socket
 import threading
+import time
 import traceback
 import uuid
 from typing import Any, Callable, Optional
@@ -94,15 +95,10 @@ def _run_training_process(payload: bytes, tf_config: str, task: str, timeout: Op
                               name=f"tfdist-spark-{task}")
     process.start()
     try:
-        process.join(timeout)
-        if process.is_alive():
-            raise SparkTrainingError(f"{task}: training did not finish within {timeout} s.")
-        try:
-            status, value = results.get(timeout=_RESULT_GRACE_SECONDS)
-        except queue.Empty:
-            raise SparkTrainingError(
-                f"{task}: the training process exited with code {process.exitcode} "
-                "without a result (killed?).") from None
+        # The result is read before the process is joined: a process whose
+        # result is larger than a pipe's buffer exits only once it is read.
+        status, value = _result_of(process, results, task, timeout)
+        process.join(_RESULT_GRACE_SECONDS)
     finally:
         if process.is_alive():
             process.kill()
@@ -110,6 +106,25 @@ def _run_training_process(payload: bytes, tf_config: str, task: str, timeout: Op
     if status == "error":
         raise SparkTrainingError(f"{task}: train_fn raised {value}")
     return cloudpickle.loads(value)
+
+
+def _result_of(process, results, task: str, timeout: Optional[float]):
+    """(status, value) from ``process``, waiting at most ``timeout`` seconds."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return results.get(timeout=1.0)
+        except queue.Empty:
+            pass
+        if not process.is_alive():
+            try:  # it may have put its result just before exiting
+                return results.get(timeout=_RESULT_GRACE_SECONDS)
+            except queue.Empty:
+                raise SparkTrainingError(
+                    f"{task}: the training process exited with code {process.exitcode} "
+                    "without a result (killed?).") from None
+        if deadline is not None and time.monotonic() > deadline:
+            raise SparkTrainingError(f"{task}: training did not finish within {timeout} s.")
 
 
 def _barrier_task(payload: bytes, timeout: Optional[float]):

@@ -25,13 +25,19 @@ def fail_on_worker(index: int):
     return engine_train.train_reference_mlp()
 
 
+def large_result():
+    """A train_fn whose result (8 MB) is far larger than a pipe's buffer."""
+    return "x" * (8 << 20)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--output", required=True)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--runs", default='[{"num_workers": 2}]',
                         help="JSON list of runs on one Spark session, each "
-                             '{"num_workers": N, "fail_worker": I (optional)}')
+                             '{"num_workers": N, "fail_worker": I (optional), "large_result": true '
+                             '(optional)}')
     parser.add_argument("--timeout_seconds", type=float, default=600)
     args = parser.parse_args()
 
@@ -57,8 +63,12 @@ def main():
     try:
         for run in json.loads(args.runs):
             fail_worker = run.get("fail_worker")
-            train_fn = (functools.partial(fail_on_worker, fail_worker)
-                        if fail_worker is not None else engine_train.train_reference_mlp)
+            if run.get("large_result"):
+                train_fn = large_result
+            elif fail_worker is not None:
+                train_fn = functools.partial(fail_on_worker, fail_worker)
+            else:
+                train_fn = engine_train.train_reference_mlp
             try:
                 results.append({"result": tfdist.spark.run(
                     train_fn, run["num_workers"], spark=spark,
