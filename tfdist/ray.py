@@ -125,8 +125,9 @@ def tensorflow_trainer(train_fn: Callable[..., Any], num_workers: int, *,
       num_workers: Ray Train workers (TensorFlow workers).
       storage_path: where Ray keeps reported checkpoints and results (a
         local path on a one-node cluster; shared storage or a bucket on more).
-      name: the run's name under ``storage_path``; a new run with the same
-        name and path does not resume (pass the checkpoint to resume).
+      name: the run's name under ``storage_path``. A run with the same name
+        and path continues that run (Ray restores its record of reported
+        checkpoints); use a new name for a new run.
       max_failures: restarts of the worker group Ray makes after a worker
         fails (``FailureConfig``); -1: unlimited.
       config: ``train_loop_config`` passed to ``train_fn``.
@@ -134,7 +135,8 @@ def tensorflow_trainer(train_fn: Callable[..., Any], num_workers: int, *,
       num_to_keep: reported checkpoints Ray keeps.
 
     Call ``.fit()`` on it: Ray returns a ``ray.train.Result`` (its
-    ``metrics`` are the chief's last report) or raises
+    ``metrics`` are those reported with the newest checkpoint: with
+    `ReportToRay` and a checkpoint directory, the last epoch's logs) or raises
     ``ray.train.TrainingFailedError`` when the failures exceed ``max_failures``.
     """
     from ray.train.tensorflow import TensorflowTrainer
