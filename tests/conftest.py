@@ -56,7 +56,8 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "chaos: seeded faults on real clusters (short form in CI)")
     config.addinivalue_line(
-        "markers", "serial: judges timing or resources; run alone (-m serial)")
+        "markers", "serial: judges timing or resources, or is pathologically "
+                   "slow beside another TensorFlow process; run alone (-m serial)")
 
 
 def pytest_collection_modifyitems(config, items):

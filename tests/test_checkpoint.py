@@ -17,6 +17,10 @@ def _trainer(strategy, checkpoint_dir, **kwargs):
     return model, tfdist.Trainer(model, strategy, checkpoint_dir=checkpoint_dir, **kwargs)
 
 
+# Serial: beside another TensorFlow process (CI's parallel pass) its
+# 2-replica case took 75 s and 103 s in two runs instead of ~4 s alone;
+# cause not found (issue 10 note).
+@pytest.mark.serial
 @pytest.mark.parametrize("resume_replicas", [1, 2])
 def test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device(
     make_strategy, tmp_path, resume_replicas
