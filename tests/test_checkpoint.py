@@ -19,7 +19,7 @@ def _trainer(strategy, checkpoint_dir, **kwargs):
 
 # Serial: beside another TensorFlow process (CI's parallel pass) its
 # 2-replica case took 75 s and 103 s in two runs instead of ~4 s alone;
-# cause not found (issue 10 note).
+# cause not found (closing note of stop 22).
 @pytest.mark.serial
 @pytest.mark.parametrize("resume_replicas", [1, 2])
 def test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device(
