@@ -9,6 +9,16 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# CI's parallel pass runs two test files at a time on 2 cores. TensorFlow's
+# intra-op thread pools (one thread per core, spinning while they wait for
+# work) then oversubscribe the cores, and a 4-replica test that takes 7 s
+# alone took 33 s beside the Ray test (92 s in one CI run); with one intra-op
+# thread per process it took 15-17 s, about the fair half of two cores.
+# Set before any test starts TensorFlow; subprocesses (clusters, engines)
+# inherit it. The serial pass keeps TensorFlow's defaults.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+
 import pytest  # noqa: E402
 
 import tfdist  # noqa: E402

@@ -17,7 +17,8 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _kill_tree(pid: int) -> None:
+def kill_tree(pid: int) -> None:
+    """Kills ``pid``, every process under it, then its process group."""
     try:
         root = psutil.Process(pid)
         processes = root.children(recursive=True) + [root]
@@ -48,7 +49,7 @@ def run_driver(driver: str, output, arguments, *, runs, timeout: float = 900):
     try:
         log, _ = process.communicate(timeout=timeout)
     finally:
-        _kill_tree(process.pid)
+        kill_tree(process.pid)
     assert os.path.exists(output), f"{driver} exited {process.returncode}:\n{log[-4000:]}"
     with open(output, encoding="utf-8") as results_file:
         results = json.load(results_file)

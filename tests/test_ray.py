@@ -2,17 +2,17 @@
 
 One driver process (tests/programs/ray_driver.py) starts a one-node Ray
 cluster on 127.0.0.1 and runs Ray Train's ``TensorflowTrainer`` (through
-`tfdist.ray.tensorflow_trainer`) twice, each with 2 workers training
+`tfdist.ray.tensorflow_trainer`) with 2 workers training
 tests/reference.py's MLP with ``tfdist.Trainer`` under
 MultiWorkerMirroredStrategy, reporting every epoch to Ray with
-`tfdist.ray.ReportToRay` and checkpointing into `tfdist.ray.checkpoint_dir`:
-
-1. uninterrupted;
-2. with ``max_failures=1``, worker 1 SIGKILLs itself in epoch 2, once Ray
-   holds epoch 1's checkpoint; Ray restarts the group, every worker
-   restores that checkpoint, and the run ends after epochs 2 and 3.
-
-Both are compared with single-device Keras ``fit`` on the same batches.
+`tfdist.ray.ReportToRay` and checkpointing into `tfdist.ray.checkpoint_dir`,
+with ``max_failures=1``: worker 1 SIGKILLs itself in epoch 2, once Ray
+holds epoch 1's checkpoint; Ray restarts the group, every worker restores
+that checkpoint, and the run ends after epochs 2 and 3. Epochs 2 and 3 and
+the final weights are compared with single-device Keras ``fit`` on the same
+batches, so epoch 1 (trained by the first group) must have been exact too.
+(An uninterrupted run was a second Ray run here; it added ~40 s of CI time
+and nothing this run does not check.)
 The driver and every process under it (Ray's GCS, raylet, workers) are
 killed by pid when the tests end. Skipped, with the reason, without the
 ``[ray]`` extra; CI installs it.
@@ -26,7 +26,7 @@ from tests.programs import engine_train
 
 pytest.importorskip("ray.train", reason="the [ray] extra is not installed")
 
-RUNS = [{"num_workers": 2}, {"num_workers": 2, "max_failures": 1, "kill_rank": 1}]
+RUNS = [{"num_workers": 2, "max_failures": 1, "kill_rank": 1}]
 
 
 @pytest.fixture(scope="module")
@@ -50,22 +50,8 @@ def _assert_reported_last_epoch(run, expected_history):
     assert run["checkpoint"], "the last report's checkpoint is Ray's result checkpoint"
 
 
-def test_two_ray_workers_train_like_one_device(ray_runs, keras_reference):
-    results, log = ray_runs
-    run = results[0]
-    expected_model, expected_history = keras_reference
-    assert run["error"] is None, f"{run['error']}\n{log[-4000:]}"
-    assert sorted(run["workers"]) == ["worker-0", "worker-1"]
-    for worker in run["workers"].values():
-        assert worker["resumed_from"] is None
-        ref.assert_weights_equal_lists(expected_model, worker["weights"])
-        ref.assert_logs_close(expected_history, worker["history"])
-    _assert_reported_last_epoch(run, expected_history)
-
-
-def test_a_killed_worker_is_restarted_by_ray_and_resumes_exactly(ray_runs, keras_reference):
-    results, log = ray_runs
-    run = results[1]
+def test_two_ray_workers_killed_and_restarted_by_ray_equal_one_device(ray_runs, keras_reference):
+    (run,), log = ray_runs
     expected_model, expected_history = keras_reference
     assert run["error"] is None, f"{run['error']}\n{log[-4000:]}"
     killed = int(run["killed_pid"])

@@ -1,0 +1,1 @@
+"""Parts of scripts/benchmark.py: workloads, contenders, timing, report."""

@@ -1,0 +1,68 @@
+"""One benchmark configuration on a real cluster, run under tfdist-run.
+
+    tfdist-run --num_workers=2 -- python scripts/bench/cluster_program.py --config=JSON --output=F
+    tfdist-run --num_workers=2 --num_ps=1 -- python scripts/bench/cluster_program.py ...
+
+MultiWorkerMirroredStrategy: every worker runs this program; the contenders
+alternate in the same order on every worker (their collectives pair up),
+and the workers agree on the window length by an all-reduce. Parameter
+servers: this program is the chief (coordinator) and the contenders
+schedule steps on the worker servers. The chief writes the result JSON.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench import contenders, measure  # noqa: E402
+
+
+def _agreement(strategy, steps_per_execution: int):
+    """``agree(steps)``: the workers' mean window, a whole number of executions."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    @tf.function
+    def mean(value):
+        per_replica = strategy.run(lambda v: tf.identity(v), args=(value,))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, per_replica, axis=None)
+
+    def agree(steps: int) -> int:
+        executions = round(float(mean(tf.constant(float(steps)))) / steps_per_execution)
+        return max(2, int(executions)) * steps_per_execution
+
+    return agree
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True, help="JSON: strategy, model, ...")
+    parser.add_argument("--output", required=True, help="where the chief writes its JSON")
+    args = parser.parse_args()
+    config = json.loads(args.config)
+
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    kind = config["strategy"].partition(":")[0]
+    spe = config["steps_per_execution"]
+    if kind == "parameter_server":
+        strategy = tfdist.make_strategy("parameter_server", timeout_seconds=120)
+        agree = lambda steps: steps  # noqa: E731  (the chief alone decides)
+    else:
+        strategy = tfdist.make_strategy("multi_worker_mirrored")
+        agree = _agreement(strategy, spe)
+    builders = contenders.builders(strategy, config["model"], config["global_batch_size"],
+                                   spe, config["contenders"])
+    result = measure.measure(
+        builders, batch_size=config["global_batch_size"], steps_per_execution=spe,
+        window_seconds=config["window_seconds"], rounds=config["rounds"],
+        probe_steps=config["probe_steps"], agree=agree,
+        progress=lambda line: print(line, flush=True))
+    if tfdist.cluster.is_chief():
+        pathlib.Path(args.output).write_text(json.dumps(dict(result, config=config)))
+
+
+if __name__ == "__main__":
+    main()

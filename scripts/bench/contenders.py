@@ -1,0 +1,198 @@
+"""The contenders: each builds a ``run(steps)`` that trains ``steps`` steps.
+
+Every contender trains the same compiled model (fresh, same seed) on the
+same endless global-batch dataset with the same ``steps_per_execution``, and
+starts a new iterator per ``run`` call, as an epoch does:
+
+  tfdist         `tfdist.Trainer.fit` (metrics read at its log points)
+  tfdist_attach  `tfdist.attach(model)` then Keras' own ``model.fit`` call
+  keras_fit      Keras 3 ``model.fit``
+  custom_loop    hand-written, the best plain TensorFlow we can write:
+                 ``strategy.run`` in one ``tf.function`` per execution with a
+                 ``tf.range`` loop, ``experimental_distribute_dataset``,
+                 ``tf.nn.compute_average_loss`` with the global batch, loss
+                 and accuracy metrics updated but never read. Under
+                 ParameterServerStrategy: a ``ClusterCoordinator`` schedules
+                 the same execution on per-worker datasets.
+  tfdist_loop    (optional) a custom loop on tfdist's public layer
+                 (`tfdist.loop.HostLoop` + `tfdist.losses.replica_loss` ...)
+  tfdist_eager   (optional) `Trainer.fit` reading metrics after every
+                 execution (``log_every_steps=1``): what lazy metrics save
+"""
+
+from bench import workloads
+
+DEFAULT = ("tfdist", "tfdist_attach", "keras_fit", "custom_loop")
+OPTIONAL = ("tfdist_loop", "tfdist_eager")
+REFERENCE = "custom_loop"
+# Keras 3's fit under ParameterServerStrategy is not supported (it needs a
+# ClusterCoordinator of its own); tfdist_loop is for synchronous strategies.
+NOT_UNDER_PS = ("keras_fit", "tfdist_attach", "tfdist_loop")
+
+
+def builders(strategy, model_name: str, batch_size: int, steps_per_execution: int,
+             names=DEFAULT) -> dict:
+    """``{name: build}``; ``build()`` returns ``run(steps)``. Building (model,
+    tracing) happens in ``build`` so that it can be timed and fail alone."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    parameter_server = isinstance(
+        strategy, tf.distribute.experimental.ParameterServerStrategy)
+    spe = steps_per_execution
+    dataset = workloads.endless_dataset(model_name, batch_size)
+
+    def model():
+        return workloads.compiled_model(strategy, model_name, spe)
+
+    def tfdist_fit(log_every_steps=100):
+        import tfdist  # pylint: disable=import-outside-toplevel
+
+        trainer = tfdist.Trainer(model(), strategy, steps_per_execution=spe,
+                                 log_every_steps=log_every_steps)
+        return lambda steps: trainer.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+
+    def tfdist_attach():
+        import tfdist  # pylint: disable=import-outside-toplevel
+
+        attached = tfdist.attach(model(), strategy, steps_per_execution=spe)
+        return lambda steps: attached.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+
+    def keras_fit():
+        compiled = model()
+        return lambda steps: compiled.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+
+    def custom_loop():
+        if parameter_server:
+            return _coordinator_loop(strategy, model(), model_name, batch_size, spe)
+        return _distributed_loop(strategy, model(), dataset, batch_size, spe)
+
+    def tfdist_loop():
+        return _tfdist_loop(strategy, model(), dataset, spe)
+
+    every = {
+        "tfdist": tfdist_fit,
+        "tfdist_attach": tfdist_attach,
+        "keras_fit": keras_fit,
+        "custom_loop": custom_loop,
+        "tfdist_loop": tfdist_loop,
+        "tfdist_eager": lambda: tfdist_fit(log_every_steps=1),
+    }
+    unknown = sorted(set(names) - set(every))
+    if unknown:
+        raise ValueError(f"--contenders: unknown {unknown}; known: {sorted(every)}.")
+    if parameter_server:
+        names = [name for name in names if name not in NOT_UNDER_PS]
+    return {name: every[name] for name in names}
+
+
+def _replica_step(model, batch_size):
+    """The hand-written replica step: loss scaled by the GLOBAL batch.
+    Call under the strategy's scope (optimizer and metric variables)."""
+    import keras  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    model.optimizer.build(model.trainable_variables)  # before tracing
+    loss_mean = keras.metrics.Mean()
+    accuracy = keras.metrics.SparseCategoricalAccuracy()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction="none")
+
+    # Without this, autograph converts Keras 3's optimizer code, and under
+    # MirroredStrategy inside a tf.range loop that fails with "You must feed
+    # a value for placeholder tensor 'cond/else/...'".
+    @tf.autograph.experimental.do_not_convert
+    def replica_step(inputs):
+        features, labels = inputs
+        with tf.GradientTape() as tape:
+            predictions = model(features, training=True)
+            per_example = loss_fn(labels, predictions)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch_size)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        loss_mean.update_state(per_example)  # updated every step,
+        accuracy.update_state(labels, predictions)  # never read here
+
+    return replica_step
+
+
+def _distributed_loop(strategy, model, dataset, batch_size, spe):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    with strategy.scope():
+        replica_step = _replica_step(model, batch_size)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    distributed = strategy.experimental_distribute_dataset(dataset.with_options(options))
+
+    @tf.function
+    def execution(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            strategy.run(replica_step, args=(next(iterator),))
+
+    num_steps = tf.constant(spe)
+
+    def run(steps):
+        iterator = iter(distributed)
+        for _ in range(steps // spe):
+            execution(iterator, num_steps)
+
+    return run
+
+
+def _coordinator_loop(strategy, model, model_name, batch_size, spe):
+    """TensorFlow's parameter-server tutorial loop, steps_per_execution steps
+    per scheduled closure; every worker reads whole global batches."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        replica_step = _replica_step(model, batch_size)
+    # The dataset is made on each worker (one made here would be the
+    # coordinator's, which workers cannot read).
+    per_worker = coordinator.create_per_worker_dataset(
+        lambda: workloads.endless_dataset(model_name, batch_size))
+
+    @tf.function
+    def execution(iterator):
+        for _ in tf.range(spe):
+            strategy.run(replica_step, args=(next(iterator),))
+
+    def run(steps):
+        iterator = iter(per_worker)
+        for _ in range(steps // spe):
+            coordinator.schedule(execution, args=(iterator,))
+        coordinator.join()
+
+    return run
+
+
+def _tfdist_loop(strategy, model, dataset, spe):
+    import keras  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    with strategy.scope():
+        model.optimizer.build(model.trainable_variables)
+        loss_mean = keras.metrics.Mean(name="loss")
+        accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+
+    def replica_step(batch):
+        with tf.GradientTape() as tape:
+            predictions = model(batch.x, training=True)
+            per_example = loss_fn(batch.y, predictions)
+            loss = tfdist.losses.replica_loss(per_example, batch, model)
+        tfdist.metrics.update_loss_mean(loss_mean, per_example, batch, model)
+        tfdist.metrics.update_metrics([accuracy], batch, predictions)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        tfdist.gradients.apply_gradients(model.optimizer, gradients, model.trainable_variables)
+
+    loop = tfdist.loop.HostLoop(strategy, replica_step, steps_per_execution=spe)
+    batches = tfdist.data.distribute(strategy, dataset, avoid_empty_replicas=True)
+
+    def run(steps):
+        iterator = iter(batches)
+        for _ in range(steps // spe):
+            loop.run(iterator)
+
+    return run

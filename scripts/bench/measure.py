@@ -1,0 +1,67 @@
+"""One configuration measured: build each contender, calibrate, alternate."""
+
+import os
+import resource
+import time
+from typing import Callable, Dict
+
+from bench import contenders, timing
+
+
+def rss_mb() -> float:
+    """This process's resident memory now, in MiB."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _first_line(error: Exception) -> str:
+    line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return f"{type(error).__name__}: {line[:200]}"
+
+
+def measure(builders: Dict[str, Callable], *, batch_size: int, steps_per_execution: int,
+            window_seconds: float, rounds: int, probe_steps: int = 64,
+            agree: Callable[[int], int] = lambda steps: steps,
+            progress: Callable[[str], None] = print) -> dict:
+    """Builds and warms up every contender (a failure is recorded, not
+    raised), sizes the window from the reference's speed so it lasts about
+    ``window_seconds``, then times ``rounds`` alternating rounds.
+
+    ``agree(steps)`` makes every worker of a cluster use the same window.
+    """
+    spe = steps_per_execution
+    probe = max(2 * spe, probe_steps // spe * spe)
+    results, runners = {}, {}
+    for name, build in builders.items():
+        before, start = rss_mb(), time.perf_counter()
+        try:
+            run = build()
+            run(probe)  # tracing and compilation, then `probe` steps
+        except Exception as error:  # pylint: disable=broad-except
+            results[name] = {"error": _first_line(error)}
+            progress(f"{name}: {results[name]['error']}")
+            continue
+        results[name] = {"first_run_s": time.perf_counter() - start,
+                         "rss_growth_mb": rss_mb() - before}
+        runners[name] = run
+        progress(f"{name}: built and warmed up in {results[name]['first_run_s']:.1f} s")
+    if not runners:
+        return {"window_steps": 0, "results": results}
+    reference = contenders.REFERENCE if contenders.REFERENCE in runners else next(iter(runners))
+    start = time.perf_counter()
+    runners[reference](probe)
+    steps = agree(timing.window_steps((time.perf_counter() - start) / probe,
+                                      window_seconds, spe))
+    progress(f"window: {steps} steps (about {window_seconds:g} s of {reference})")
+    rates = timing.alternate(runners, rounds, steps, batch_size, progress)
+    for name, values in rates.items():
+        results[name].update(rates=values, examples_per_s=timing.summary(values))
+    for name, ratio in timing.paired_ratios(rates, contenders.REFERENCE).items():
+        results[name]["vs_loop"] = ratio
+    for name, ratio in timing.paired_ratios(rates, "keras_fit").items():
+        results[name]["vs_keras"] = ratio
+    return {"window_steps": steps, "results": results, "peak_rss_mb": peak_rss_mb()}

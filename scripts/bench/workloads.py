@@ -1,0 +1,51 @@
+"""The benchmark's models and data: what every contender trains on.
+
+Data is one constant in-memory global batch repeated forever, so the
+training loop is measured, not the input pipeline; each contender runs a
+window of ``steps`` steps from a fresh iterator, as an epoch does.
+"""
+
+import numpy as np
+
+MODELS = ("mlp", "convnet", "embedding")
+IMAGE_SHAPE = (16, 16, 1)
+NUM_CLASSES = 10
+# The embedding model reads a 16x16 image as 256 tokens of 16 buckets each
+# (tfdist.recipes.pixel_tokens): a 4096 x 16 table.
+SEQUENCE_LENGTH = 256
+VOCABULARY = SEQUENCE_LENGTH * 16
+
+
+def global_batch(model: str, batch_size: int):
+    """``(x, y)`` NumPy arrays of one global batch for ``model``."""
+    rng = np.random.RandomState(0)
+    y = rng.randint(0, NUM_CLASSES, batch_size)
+    if model == "embedding":
+        return rng.randint(0, VOCABULARY, (batch_size, SEQUENCE_LENGTH)).astype("int32"), y
+    return rng.rand(batch_size, *IMAGE_SHAPE).astype("float32"), y
+
+
+def endless_dataset(model: str, batch_size: int):
+    """The global batch repeated forever (static batch dimension)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return tf.data.Dataset.from_tensors(global_batch(model, batch_size)).repeat()
+
+
+def compiled_model(strategy, model: str, steps_per_execution: int):
+    """A freshly seeded, compiled ``model`` under ``strategy``'s scope."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    from tfdist import recipes  # pylint: disable=import-outside-toplevel
+
+    if model not in MODELS:
+        raise ValueError(f"--models: {model!r} is not one of {MODELS}.")
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        if model == "embedding":
+            built = recipes.build_embedding_model(VOCABULARY, SEQUENCE_LENGTH, NUM_CLASSES)
+        else:
+            built = recipes.build_model(model, IMAGE_SHAPE, NUM_CLASSES)
+        built.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    return built
