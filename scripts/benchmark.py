@@ -48,8 +48,8 @@ flags.DEFINE_list("steps_per_execution", ["1", "16"], "Values to run.")
 flags.DEFINE_list("contenders", list(contenders.DEFAULT),
                   f"Of {list(contenders.DEFAULT + contenders.OPTIONAL)}.")
 flags.DEFINE_integer("global_batch_size", 256, "Global batch size.")
-flags.DEFINE_float("window_seconds", 2.0, "Length of one timed window.")
-flags.DEFINE_integer("rounds", 6, "Timed rounds (each contender once per round).")
+flags.DEFINE_float("window_seconds", 1.5, "Length of one timed window.")
+flags.DEFINE_integer("rounds", 5, "Timed rounds (each contender once per round, each between two windows of the hand-written loop).")
 flags.DEFINE_integer("probe_steps", 64, "Warm-up / calibration steps.")
 flags.DEFINE_bool("quick", False,
                   "A check that every path works, not a measurement: one_device, "

@@ -29,7 +29,7 @@ def measure(builders: Dict[str, Callable], *, batch_size: int, steps_per_executi
             progress: Callable[[str], None] = print) -> dict:
     """Builds and warms up every contender (a failure is recorded, not
     raised), sizes the window from the reference's speed so it lasts about
-    ``window_seconds``, then times ``rounds`` alternating rounds.
+    ``window_seconds``, then times ``rounds`` rounds of `timing.schedule`.
 
     ``agree(steps)`` makes every worker of a cluster use the same window.
     """
@@ -57,11 +57,13 @@ def measure(builders: Dict[str, Callable], *, batch_size: int, steps_per_executi
     steps = agree(timing.window_steps((time.perf_counter() - start) / probe,
                                       window_seconds, spe))
     progress(f"window: {steps} steps (about {window_seconds:g} s of {reference})")
-    rates = timing.alternate(runners, rounds, steps, batch_size, progress)
-    for name, values in rates.items():
+    timeline = timing.alternate(runners, rounds, steps, batch_size,
+                                reference=contenders.REFERENCE, progress=progress)
+    for name, values in timing.rates_by_name(timeline).items():
         results[name].update(rates=values, examples_per_s=timing.summary(values))
-    for name, ratio in timing.paired_ratios(rates, contenders.REFERENCE).items():
+    for name, ratio in timing.paired_ratios(timeline, contenders.REFERENCE).items():
         results[name]["vs_loop"] = ratio
-    for name, ratio in timing.paired_ratios(rates, "keras_fit").items():
+    for name, ratio in timing.ratios_between(timeline, contenders.REFERENCE,
+                                             "keras_fit").items():
         results[name]["vs_keras"] = ratio
     return {"window_steps": steps, "results": results, "peak_rss_mb": peak_rss_mb()}

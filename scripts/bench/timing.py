@@ -1,18 +1,22 @@
 """Alternating, paired timing on a noisy machine.
 
-Machine noise (other processes, CPU frequency, a neighbour VM) comes in
-spells of seconds, so contenders are timed in windows of several seconds
-and in alternation within a round; the round's order rotates, so no
-contender always goes first (or right after the same one). The figure that
-counts is the PAIRED ratio: a contender's rate over the reference's rate in
-the same round, which cancels the noise both saw. Its median over rounds,
-its quartiles, and the medians of the first and second half of the rounds
-(if those two differ much, the run was too short to trust) are reported.
+This machine's speed comes in bands that switch every few seconds (the same
+loop measured at 26k, 52k and 100k examples/s in consecutive windows: a
+shared VM's cores come and go). So contenders are timed in windows of a
+second or two, and every window of a contender sits between two windows
+of the reference (R a R b R c R, the order of a, b, c rotating by round):
+the figure that counts is the PAIRED ratio of a window's rate to each of
+its neighbouring reference windows, which cancels whatever band both saw.
+Reported per contender: the median of those ratios, their quartiles, and
+the medians of the first and second half of the run (if these two differ
+much, the run was too short to trust).
 """
 
 import statistics
 import time
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+Timeline = List[Tuple[str, float]]  # (contender, examples/s), in run order
 
 
 def order_of_round(names: Sequence[str], round_index: int) -> List[str]:
@@ -21,19 +25,41 @@ def order_of_round(names: Sequence[str], round_index: int) -> List[str]:
     return list(names[shift:]) + list(names[:shift])
 
 
+def schedule(names: Sequence[str], reference: Optional[str], round_index: int) -> List[str]:
+    """One round: every other contender once, each between two windows of
+    ``reference`` (when it runs); the others' order rotates by round."""
+    others = order_of_round([name for name in names if name != reference], round_index)
+    if reference not in names:
+        return others
+    sequence = [reference]
+    for name in others:
+        sequence += [name, reference]
+    return sequence
+
+
 def alternate(runners: Dict[str, Callable[[int], None]], rounds: int, steps: int,
-              examples_per_step: int, progress: Callable[[str], None] = print
-              ) -> Dict[str, List[float]]:
-    """Runs every contender for ``steps`` steps per round; returns each one's
-    examples/s per round (index = round), so rounds can be paired."""
-    rates = {name: [] for name in runners}
+              examples_per_step: int, reference: Optional[str] = None,
+              progress: Callable[[str], None] = print) -> Timeline:
+    """Runs ``rounds`` rounds of `schedule`, each window ``steps`` steps;
+    returns every window's (contender, examples/s) in run order."""
+    timeline: Timeline = []
     for round_index in range(rounds):
-        for name in order_of_round(list(runners), round_index):
+        this_round = []
+        for name in schedule(list(runners), reference, round_index):
             start = time.perf_counter()
             runners[name](steps)
-            rates[name].append(steps * examples_per_step / (time.perf_counter() - start))
+            this_round.append((name, steps * examples_per_step / (time.perf_counter() - start)))
+        timeline += this_round
         progress(f"round {round_index + 1}/{rounds}: " + ", ".join(
-            f"{name} {values[-1]:,.0f}" for name, values in rates.items()) + " ex/s")
+            f"{name} {rate:,.0f}" for name, rate in this_round) + " ex/s")
+    return timeline
+
+
+def rates_by_name(timeline: Timeline) -> Dict[str, List[float]]:
+    """Each contender's rates, in run order."""
+    rates: Dict[str, List[float]] = {}
+    for name, rate in timeline:
+        rates.setdefault(name, []).append(rate)
     return rates
 
 
@@ -69,12 +95,34 @@ def summary(values: Sequence[float]) -> dict:
     }
 
 
-def paired_ratios(rates: Dict[str, List[float]], reference: str) -> Dict[str, dict]:
-    """``summary`` of rate / reference rate, round by round, per contender."""
-    if reference not in rates:
+def _normalized(timeline: Timeline, reference: str) -> Dict[str, List[List[float]]]:
+    """Per contender, per window: its rate over each neighbouring reference
+    window's rate (one or two ratios)."""
+    ratios: Dict[str, List[List[float]]] = {}
+    for index, (name, rate) in enumerate(timeline):
+        if name == reference:
+            continue
+        neighbours = [timeline[j][1] for j in (index - 1, index + 1)
+                      if 0 <= j < len(timeline) and timeline[j][0] == reference]
+        if neighbours:
+            ratios.setdefault(name, []).append([rate / other for other in neighbours])
+    return ratios
+
+
+def paired_ratios(timeline: Timeline, reference: str) -> Dict[str, dict]:
+    """`summary` of every contender's window-to-neighbouring-reference ratios."""
+    return {name: summary([r for window in windows for r in window])
+            for name, windows in _normalized(timeline, reference).items()}
+
+
+def ratios_between(timeline: Timeline, reference: str, baseline: str) -> Dict[str, dict]:
+    """`summary` of each contender's rate over ``baseline``'s, round by round,
+    both first normalized by their neighbouring ``reference`` windows (so a
+    speed band shared by neither pair is cancelled too)."""
+    normalized = {name: [statistics.mean(window) for window in windows]
+                  for name, windows in _normalized(timeline, reference).items()}
+    if baseline not in normalized:
         return {}
-    return {
-        name: summary([a / b for a, b in zip(values, rates[reference])])
-        for name, values in rates.items()
-        if name != reference and len(values) == len(rates[reference])
-    }
+    return {name: summary([a / b for a, b in zip(values, normalized[baseline])])
+            for name, values in normalized.items()
+            if name != baseline and len(values) == len(normalized[baseline])}
