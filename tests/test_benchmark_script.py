@@ -45,8 +45,11 @@ def test_benchmark_quick_covers_every_strategy_kind(tmp_path):
         assert set(results) == expected, strategy
         for name in expected - {"keras_fit"}:  # Keras may fail; tfdist and the loop may not
             rates = results[name]["rates"]
-            assert len(rates) == 2 and min(rates) > 0, (strategy, name, results[name])
-        assert results["tfdist"]["vs_loop"]["n"] == 2
+            assert min(rates) > 0, (strategy, name, results[name])
+            # One window per round; the loop's around every other window.
+            assert len(rates) >= 2 if name == "custom_loop" else len(rates) == 2, (strategy, name)
+        # Each of tfdist's 2 windows paired with the loop windows on both sides.
+        assert results["tfdist"]["vs_loop"]["n"] == 4
         if "keras_fit" in expected:  # Keras 3 fit fails under some strategies: recorded
             assert "examples_per_s" in results["keras_fit"] or "error" in results["keras_fit"]
     table = (tmp_path / "benchmark.txt").read_text()

@@ -41,25 +41,44 @@ def rebuilder(dataset: tf.data.Dataset) -> Callable[[], tf.data.Dataset]:
     return rebuild
 
 
+class PerWorkerIterators:
+    """Makes ``PerWorkerValues`` of fresh iterators, worker ``i`` reading
+    ``make_dataset(i, num_workers)``; pass them to ``schedule``.
+
+    The per-worker functions are traced once, here; each call only creates
+    new iterators on the workers (as ``iter()`` of a
+    ``create_per_worker_dataset`` does), so a ``fit`` per epoch does not pay
+    the tracing again.
+    """
+
+    def __init__(self, coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
+                 make_dataset: MakeDataset):
+        # Worker.create_resource is the one way to create a resource on one
+        # worker only (ClusterCoordinator has no public per-worker variant).
+        workers = coordinator._cluster.workers  # pylint: disable=protected-access
+        num_workers = len(workers)
+        self._functions = []
+        for worker in workers:
+
+            def make_iterator(index=worker.worker_index):
+                return iter(make_dataset(index, num_workers))
+
+            self._functions.append(
+                (worker, tf.function(make_iterator).get_concrete_function()))
+
+    def __call__(self):
+        remote_iterators = []
+        for worker, function in self._functions:
+            remote = worker.create_resource(function)
+            # Lets functions that take this iterator be traced on the coordinator.
+            remote._type_spec = function.structured_outputs._type_spec  # pylint: disable=protected-access
+            remote_iterators.append(remote)
+        return tf.distribute.experimental.coordinator.PerWorkerValues(tuple(remote_iterators))
+
+
 def per_worker_iterators(
     coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
     make_dataset: MakeDataset,
 ):
-    """Returns ``PerWorkerValues`` of iterators, worker ``i`` reading
-    ``make_dataset(i, num_workers)``; pass it to ``schedule``."""
-    # Worker.create_resource is the one way to create a resource on one
-    # worker only (ClusterCoordinator has no public per-worker variant).
-    workers = coordinator._cluster.workers  # pylint: disable=protected-access
-    num_workers = len(workers)
-    remote_iterators = []
-    for worker in workers:
-
-        def make_iterator(index=worker.worker_index):
-            return iter(make_dataset(index, num_workers))
-
-        function = tf.function(make_iterator).get_concrete_function()
-        remote = worker.create_resource(function)
-        # Lets functions that take this iterator be traced on the coordinator.
-        remote._type_spec = function.structured_outputs._type_spec  # pylint: disable=protected-access
-        remote_iterators.append(remote)
-    return tf.distribute.experimental.coordinator.PerWorkerValues(tuple(remote_iterators))
+    """``PerWorkerValues`` of iterators over ``make_dataset`` (one use)."""
+    return PerWorkerIterators(coordinator, make_dataset)()
