@@ -21,7 +21,8 @@ medians of the first and second half of the rounds, which show whether the
 run was long enough.
 
 Outputs in ``--output_dir``: benchmark.json (every rate), benchmark.txt,
-benchmark.md (the README tables) and with ``--plot`` ratios.png and
+benchmark.md (the README's tables: per configuration,
+scaling, then per contender) and with ``--plot`` ratios.png and
 scaling.png (throughput against replicas, with the ideal line).
 """
 
@@ -173,8 +174,9 @@ def main(argv):
     out = pathlib.Path(FLAGS.output_dir)
     (out / "benchmark.json").write_text(json.dumps(runs, indent=1))
     (out / "benchmark.txt").write_text(table + "\n")
-    (out / "benchmark.md").write_text(
-        report.markdown_table(runs) + "\n\n" + report.scaling_table(runs) + "\n")
+    (out / "benchmark.md").write_text("\n\n".join([
+        report.summary_table(runs), report.scaling_table(runs),
+        report.markdown_table(runs)]) + "\n")
     if FLAGS.plot:
         report.plot(runs, str(out / "ratios.png"), str(out / "scaling.png"))
     failed = [run["config"] for run in runs if "error" in run]

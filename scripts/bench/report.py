@@ -69,6 +69,30 @@ def markdown_table(runs: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def summary_table(runs: List[dict]) -> str:
+    """Markdown, one row per configuration: the hand-written loop's ex/s and
+    every contender's paired ratio to it, and tfdist's to Keras ``fit``
+    ("fails": the contender raised; "n/a": not run under this strategy)."""
+    lines = ["| strategy | model | spe | loop ex/s | tfdist vs loop | attach vs loop | "
+             "Keras fit vs loop | tfdist vs Keras |", "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        config, results = run["config"], run.get("results", {})
+        loop = results.get(contenders.REFERENCE, {}).get("examples_per_s")
+
+        def cell(name, key="vs_loop"):
+            if name not in results:
+                return "n/a"
+            return "fails" if "error" in results[name] else _ratio(results[name], key)
+
+        keras_ran = "keras_fit" in results and "error" not in results["keras_fit"]
+        lines.append("| " + " | ".join([
+            config["strategy"], config["model"], str(config["steps_per_execution"]),
+            f"{loop['median']:,.0f}" if loop else run.get("error", "fails"),
+            cell("tfdist"), cell("tfdist_attach"), cell("keras_fit"),
+            cell("tfdist", "vs_keras") if keras_ran else "-"]) + " |")
+    return "\n".join(lines)
+
+
 def scaling_points(runs: List[dict]) -> dict:
     """``{(model, spe): {contender: [(replicas, ex/s)]}}`` over the
     synchronous single-process strategies (one device, Mirrored)."""

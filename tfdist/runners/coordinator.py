@@ -69,9 +69,10 @@ class CoordinatorRunner:
 
         The dataset graph and the per-worker functions are made once per
         (data, epoch source, position, policy) and reused by later calls
-        (e.g. one ``fit`` per epoch): building them costs a tenth of a
-        second or more per call (measured in scripts/benchmark.py: 0.87-0.96
-        of TensorFlow's own loop with 1.5 s windows before this cache)."""
+        (e.g. one ``fit`` per epoch), as TensorFlow's own loop reuses its
+        ``create_per_worker_dataset``: without this cache, tfdist measured
+        0.87-0.96 of that loop in scripts/benchmark.py, whose windows are
+        one ``fit`` call of ~1.5 s each."""
         key = (source.original, epoch if source.per_epoch else None, skip_steps,
                partial_batch, global_batch_size)
         if key not in self._iterator_makers:

@@ -75,10 +75,3 @@ class PerWorkerIterators:
             remote_iterators.append(remote)
         return tf.distribute.experimental.coordinator.PerWorkerValues(tuple(remote_iterators))
 
-
-def per_worker_iterators(
-    coordinator: tf.distribute.experimental.coordinator.ClusterCoordinator,
-    make_dataset: MakeDataset,
-):
-    """``PerWorkerValues`` of iterators over ``make_dataset`` (one use)."""
-    return PerWorkerIterators(coordinator, make_dataset)()
