@@ -9,16 +9,16 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# Two cores, and often more than one TensorFlow process on them: CI's
-# parallel pass runs two test files at a time, and a cluster test runs 2-4
-# TensorFlow tasks. TensorFlow's intra-op pools (a thread per core, spinning
-# while they wait for work) then oversubscribe the cores: a 4-replica test
-# that takes 7 s alone took 33 s beside the Ray test (92 s in one CI run);
-# with one intra-op thread per process, 15-17 s, about the fair half of two
-# cores. Set before any test starts TensorFlow; every process a test starts
-# (clusters, engines, programs) inherits it. Programs run by users keep
-# TensorFlow's defaults.
-os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+# CI's parallel pass runs two test files at a time on 2 cores. TensorFlow's
+# intra-op thread pools (one thread per core, spinning while they wait for
+# work) then oversubscribe the cores, and a 4-replica test that takes 7 s
+# alone took 33 s beside the Ray test (92 s in one CI run); with one intra-op
+# thread per process it took 15-17 s, about the fair half of two cores.
+# Set before any test starts TensorFlow; subprocesses (clusters, engines)
+# inherit it. The serial pass keeps TensorFlow's defaults: with one thread
+# its cluster tests ran 20-30% longer (serial pass 744 s instead of 636 s).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 import pytest  # noqa: E402
 
