@@ -25,8 +25,10 @@ from bench import workloads
 DEFAULT = ("tfdist", "tfdist_attach", "keras_fit", "custom_loop")
 OPTIONAL = ("tfdist_loop", "tfdist_eager")
 REFERENCE = "custom_loop"
-# Keras 3's fit under ParameterServerStrategy is not supported (it needs a
-# ClusterCoordinator of its own); tfdist_loop is for synchronous strategies.
+# Not run under parameter servers: Keras 3's trainer has no
+# ParameterServerStrategy path (no ClusterCoordinator anywhere in
+# keras/src/trainers or backend/tensorflow/trainer.py, 3.15), `attach` runs
+# the same Trainer as `tfdist`, and HostLoop is for synchronous strategies.
 NOT_UNDER_PS = ("keras_fit", "tfdist_attach", "tfdist_loop")
 
 
