@@ -71,38 +71,7 @@ def pytest_configure(config):
                    "slow beside another TensorFlow process; run alone (-m serial)")
 
 
-# CI's parallel pass hands out whole files (`--dist loadfile`) in collection
-# order (`--no-loadscope-reorder`; xdist's default order is by test count,
-# which put the few-test, minute-long Ray, Spark and benchmark files last and
-# left one worker idle at the end). Longest first, from the --durations of a
-# CI run (seconds then): a greedy schedule with the short files filling the
-# end. Modules not listed keep their order after these.
-LONGEST_MODULES_FIRST = (
-    "test_keras_fit",  # 108 s
-    "test_exactness",  # 108
-    "test_custom_loop",  # 81
-    "test_spark",  # 72
-    "test_ray",  # 71
-    "test_empty_replicas",  # 70
-    "test_program",  # 68
-    "test_callbacks",  # 63
-    "test_accumulation",  # 60
-    "test_benchmark_script",  # 59
-    "test_static_shapes",  # 58
-    "test_slurm",  # 45
-    "test_checkpoint",  # 35
-    "test_clipping",  # 21
-    "test_datasets",  # 13
-)
-
-
-def _module(item) -> str:
-    return item.module.__name__.rsplit(".", 1)[-1]
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if _module(item) in SERIAL_MODULES:
+        if item.module.__name__.rsplit(".", 1)[-1] in SERIAL_MODULES:
             item.add_marker(pytest.mark.serial)
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES_FIRST)}
-    items.sort(key=lambda item: rank.get(_module(item), len(rank)))  # stable
