@@ -113,8 +113,13 @@ def test_terminate_on_nan_stops_at_the_same_step_as_keras(make_strategy):
     x[37, 1] = np.nan  # batch 2 of epoch 0
     expected, expected_history, model, history = _fit_both(
         make_strategy, lambda side: [keras.callbacks.TerminateOnNaN()], x, y)
-    assert int(expected.optimizer.iterations) == 3
-    assert int(model.optimizer.iterations.numpy()) == 3
+    # Keras stops at the first batch whose loss is NaN: batch 2 (3 steps) on
+    # most CPUs; where the matmul kernel keeps batch 2's loss finite (seen on
+    # an AVX-512 machine: only the weights turn NaN) at batch 3. tfdist must
+    # stop where Keras does, before the epoch's 5 batches are done.
+    stopped_at = int(expected.optimizer.iterations)
+    assert stopped_at in (3, 4)
+    assert int(model.optimizer.iterations.numpy()) == stopped_at
     assert history.epoch == expected_history.epoch == [0]
 
 
