@@ -7,9 +7,10 @@ function here:
   (loss denominators under Keras masks, the example count without a
   carried count column, synchronized batch statistics over real rows),
   and the batch's gradient when the optimizer clips (`tfdist.gradients`);
-* `any_worker`: the stop agreement (SIGTERM / Ctrl-C on any worker stops
-  every worker at the same step), folded into the training function so it
-  costs no host call of its own;
+* `sum_over_replicas` / `any_worker`: host-side agreements, each in its own
+  small function: the stop agreement (SIGTERM / Ctrl-C on any worker stops
+  every worker at the same step; `tfdist.agreement`, about once a second)
+  and choices that decide which collectives run;
 * `barrier`: every worker has joined the cluster.
 
 Otherwise gradient sums belong to the optimizer (``apply_gradients``) and metric
@@ -28,14 +29,22 @@ def all_reduce_sum(value):
     return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
 
+def sum_over_replicas(strategy: tf.distribute.Strategy, values) -> tf.Tensor:
+    """The sum over every replica of ``values`` (the same tensor on each of
+    a worker's replicas): the same result on every worker.
+
+    Call in cross-replica context, inside a ``tf.function``.
+    """
+    per_replica = strategy.run(lambda: tf.identity(tf.cast(values, tf.float32)))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+
 def any_worker(strategy: tf.distribute.Strategy, requested) -> tf.Tensor:
     """True on every worker when any worker passed a true ``requested``.
 
     Call in cross-replica context, inside a ``tf.function``.
     """
-    per_replica = strategy.run(lambda: tf.identity(tf.cast(requested, tf.float32)))
-    total = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-    return total > 0
+    return sum_over_replicas(strategy, requested) > 0
 
 
 def barrier(strategy: tf.distribute.Strategy) -> None:

@@ -17,19 +17,19 @@ the data may end inside an execution: it returns how many steps ran, and
 the number of steps is a tensor argument, so a short final execution does
 not retrace.
 
-Under a multi-worker strategy it also sums every worker's stop request
-(SIGTERM / Ctrl-C, `tfdist.preemption`) after its steps, so all workers
-learn in the same host call whether to stop. A separate call for it would
-double the host calls with cross-worker collectives, and TensorFlow's
-multi-worker runtime keeps ~1.6 KB of memory per such call (measured; see
-README "Reliability").
+Under a multi-worker strategy every worker must stop after the same step
+when any one is asked to (SIGTERM / Ctrl-C): `tfdist.agreement` sums the
+stop requests about once a second in a call of its own, not inside the
+loop, because TensorFlow's multi-worker runtime keeps ~1.6 KB of memory per
+host call for each collective op in it (measured; see README "Reliability").
 """
 
 from typing import Callable, NamedTuple, Optional
 
 import tensorflow as tf
 
-from tfdist import collectives, validation
+from tfdist import validation
+from tfdist.agreement import StopAgreement
 from tfdist.batch import Batch
 from tfdist.errors import ConfigurationError
 
@@ -41,14 +41,13 @@ def spans_workers(strategy: tf.distribute.Strategy) -> bool:
 
 
 def make_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
-              agree_on_stop: bool = False, after_step: Optional[Callable] = None):
-    """A ``tf.function(iterator, num_steps, stop_requested)`` that runs up to
-    ``num_steps`` of ``strategy.run(replica_step, (element,))`` and returns
-    ``(steps run, stop)``. ``after_step`` runs in cross-replica context after
-    each step; with ``agree_on_stop`` ``stop`` is summed over workers."""
+              after_step: Optional[Callable] = None):
+    """A ``tf.function(iterator, num_steps)`` that runs up to ``num_steps``
+    of ``strategy.run(replica_step, (element,))`` and returns the steps run.
+    ``after_step`` runs in cross-replica context after each step."""
 
     @tf.function
-    def loop(iterator, num_steps, stop_requested):
+    def loop(iterator, num_steps):
         steps_run = tf.constant(0, tf.int64)
         for _ in tf.range(num_steps):
             optional = iterator.get_next_as_optional()
@@ -58,9 +57,7 @@ def make_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
             if after_step is not None:  # cross-replica work of the step
                 after_step()
             steps_run += 1
-        if agree_on_stop:
-            return steps_run, collectives.any_worker(strategy, stop_requested)
-        return steps_run, stop_requested > 0
+        return steps_run
 
     return loop
 
@@ -99,16 +96,15 @@ class HostLoop:
         def step(structure):
             return replica_step(Batch.from_structure(structure))
 
-        self._loop = make_loop(strategy, step, agree_on_stop=spans_workers(strategy),
-                               after_step=after_step)
+        self._loop = make_loop(strategy, step, after_step=after_step)
+        self._stop_agreement = StopAgreement(strategy, spans_workers=spans_workers(strategy))
 
     def run(self, iterator, stop_requested: bool = False) -> Execution:
         """Runs up to ``steps_per_execution`` steps from ``iterator`` (an
         iterator of `tfdist.data.distribute`'s dataset); ``stop_requested``:
         this task wants to stop (e.g. ``PreemptionWatcher.requested``)."""
         try:
-            steps, stop = self._loop(iterator, tf.constant(self.steps_per_execution, tf.int64),
-                                     tf.constant(1.0 if stop_requested else 0.0))
+            steps = self._loop(iterator, tf.constant(self.steps_per_execution, tf.int64))
         except Exception as error:  # pylint: disable=broad-except
             # Autograph re-raises errors from tracing the step as its own
             # StagingError; a tfdist error about the step's code stays itself.
@@ -117,4 +113,7 @@ class HostLoop:
                 raise error.__context__ from None
             raise
         steps = int(steps)
-        return Execution(steps, bool(stop), steps < self.steps_per_execution)
+        # Out of data (the same step on every worker): agree now.
+        stop = self._stop_agreement.after_execution(
+            stop_requested, last=steps < self.steps_per_execution)
+        return Execution(steps, stop, steps < self.steps_per_execution)

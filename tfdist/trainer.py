@@ -300,7 +300,9 @@ class Trainer:
         while not cadence.epoch_done(position.step_in_epoch):
             num_steps = cadence.next_execution(position.step, position.step_in_epoch)
             callbacks.on_train_batch_begin(position.step_in_epoch)
-            ran, stop = self._runner.train(iterator, num_steps, watcher.requested)
+            ran, stop = self._runner.train(
+                iterator, num_steps, watcher.requested,
+                ends_epoch=cadence.epoch_done(position.step_in_epoch + num_steps))
             if ran == 0 and not stop:  # out of data (as Keras: no batch end)
                 return True
             before = dataclasses.replace(position)

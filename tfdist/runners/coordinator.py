@@ -112,12 +112,14 @@ class CoordinatorRunner:
                 ).prefetch(tf.data.AUTOTUNE)
         return make_dataset
 
-    def train(self, iterator, num_steps: int, stop_requested: bool = False):
+    def train(self, iterator, num_steps: int, stop_requested: bool = False, *,
+              ends_epoch: bool = False):
         """Schedules ``num_steps`` steps on a free worker; does not wait.
 
         Returns ``(num_steps, stop_requested)``: the coordinator alone
         decides to stop, so there is nothing to agree on.
         """
+        del ends_epoch
         self._coordinator.schedule(
             self._train_execution, args=(iterator, tf.constant(num_steps, tf.int64))
         )

@@ -1,9 +1,9 @@
 """Runs up to N replica steps per call inside one ``tf.function``.
 
 The loops are `tfdist.loop.make_loop`'s (Keras' ``steps_per_execution``: the
-host dispatches once per N steps, and under a multi-worker strategy the
-training loop also agrees on stop requests); the outer loop (the Trainer)
-uses the count of steps run to end the epoch.
+host dispatches once per N steps); under a multi-worker strategy workers
+agree on stop requests about once a second (`tfdist.agreement`). The outer
+loop (the Trainer) uses the count of steps run to end the epoch.
 """
 
 from typing import Callable, Optional
@@ -13,6 +13,7 @@ import tensorflow as tf
 from tfdist import collectives, peers
 from tfdist import loop as host_loop
 from tfdist import data as data_lib
+from tfdist.agreement import StopAgreement
 
 
 class SynchronousRunner:
@@ -33,9 +34,8 @@ class SynchronousRunner:
         self._strategy = strategy
         self._shard_policy = shard_policy
         self._multi_worker = host_loop.spans_workers(strategy)
-        self._train_loop = host_loop.make_loop(strategy, train_step,
-                                               agree_on_stop=self._multi_worker,
-                                               after_step=after_train_step)
+        self._train_loop = host_loop.make_loop(strategy, train_step, after_step=after_train_step)
+        self.stop_agreement = StopAgreement(strategy, spans_workers=self._multi_worker)
         self._eval_loop = host_loop.make_loop(strategy, eval_step)
         self._distributed = {}
         self._agree = None
@@ -62,17 +62,18 @@ class SynchronousRunner:
             global_batch_size=global_batch_size,
         ))
 
-    def train(self, iterator, num_steps: int, stop_requested: bool = False):
+    def train(self, iterator, num_steps: int, stop_requested: bool = False, *,
+              ends_epoch: bool = False):
         """Runs up to ``num_steps`` training steps.
 
-        Returns ``(steps run, stop)``: ``stop`` is True on every worker when
-        any worker passed ``stop_requested``.
+        Returns ``(steps run, stop)``: ``stop`` is True on every worker, at
+        the same call, once any worker passed ``stop_requested``
+        (`tfdist.agreement`: within about a second of steps, and always at
+        the execution that ends the epoch (``ends_epoch``) or the data).
         """
-        ran, stop = self._train_loop(
-            iterator, tf.constant(num_steps, tf.int64),
-            tf.constant(1.0 if stop_requested else 0.0),
-        )
-        return int(ran), bool(stop)
+        ran = int(self._train_loop(iterator, tf.constant(num_steps, tf.int64)))
+        last = ends_epoch or ran < num_steps
+        return ran, self.stop_agreement.after_execution(stop_requested, last=last)
 
     def sync(self) -> None:
         """Nothing to wait for: `train` returns when its steps are done."""
@@ -99,8 +100,7 @@ class SynchronousRunner:
         done = 0
         while steps is None or done < steps:
             chunk = 1024 if steps is None else steps - done
-            ran, _ = self._eval_loop(iterator, tf.constant(chunk, tf.int64), tf.constant(0.0))
-            ran = int(ran)
+            ran = int(self._eval_loop(iterator, tf.constant(chunk, tf.int64)))
             done += ran
             if ran < chunk:
                 break
