@@ -34,7 +34,7 @@ from tfdist.cadence import Cadence
 from tfdist.checkpoint import Position, TrainingCheckpoint
 from tfdist.metrics import MetricState
 from tfdist.predict import Predictor
-from tfdist.preemption import Preempted, PreemptionWatcher
+from tfdist.preemption import Preempted, PreemptionWatcher, free_iterators_or_exit
 from tfdist.progress import ProgressReporter
 from tfdist.step import ReplicaSteps
 
@@ -229,23 +229,25 @@ class Trainer:
         initial_epoch = _keras.begin_training(self.model, callback_list, initial_epoch)
         self._restore(verbose, initial_epoch)
         with self._explain_failures(), watcher, contextlib.closing(reporter):
-            for epoch, iterator, total_steps, persistent in epochs_lib.epoch_iterators(
-                source, functools.partial(self._iterator, source), self._position,
-                epochs, steps_per_epoch, initial_epoch,
-            ):
-                callback_list.on_epoch_begin(epoch)
-                exhausted = self._train_epoch(
-                    iterator, cadence, reporter, callback_list, total_steps, watcher
-                )
-                self._end_epoch_steps(ran_out=exhausted and persistent)
-                validates = (epoch + 1) % validation_freq == 0
-                logs = self._epoch_logs(validation_source if validates else None,
-                                        validation_steps, callback_list)
-                steps_done = self._end_epoch()
-                reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
-                callback_list.on_epoch_end(epoch, logs)
-                if self.model.stop_training:
-                    break
+            try:
+                for epoch, iterator, total_steps, persistent in epochs_lib.epoch_iterators(
+                        source, functools.partial(self._iterator, source), self._position,
+                        epochs, steps_per_epoch, initial_epoch):
+                    callback_list.on_epoch_begin(epoch)
+                    exhausted = self._train_epoch(iterator, cadence, reporter, callback_list,
+                                                  total_steps, watcher)
+                    self._end_epoch_steps(ran_out=exhausted and persistent)
+                    validates = (epoch + 1) % validation_freq == 0
+                    logs = self._epoch_logs(validation_source if validates else None,
+                                            validation_steps, callback_list)
+                    steps_done = self._end_epoch()
+                    reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
+                    callback_list.on_epoch_end(epoch, logs)
+                    if self.model.stop_training:
+                        break
+            except Preempted as stop:
+                iterator = None
+                raise free_iterators_or_exit(stop) from None
         callback_list.on_train_end()
         return self.model.history
 
