@@ -3,9 +3,9 @@
 A cluster manager (or ``timeout``, ``kill``, Docker, tfdist-run) stops a job
 with SIGTERM, often to one task; a person presses Ctrl-C. While
 `Trainer.fit` runs, `PreemptionWatcher` turns either signal into a flag; the
-runner passes the flag into each execution, which under a multi-worker
-strategy sums it over all workers at its end (`tfdist.runners.synchronous`),
-so all workers agree on the step. The Trainer then saves a checkpoint with
+runner hands it to `tfdist.agreement`, which under a multi-worker strategy
+sums it over all workers about once a second, so all workers agree on the
+step. The Trainer then saves a checkpoint with
 the exact data position (when it has a ``checkpoint_dir``) and raises
 `Preempted`, a ``SystemExit`` with code 143 (128 + SIGTERM) or 130 (Ctrl-C),
 which `tfdist-run --max_restarts` answers with a restart; `fit` then resumes
