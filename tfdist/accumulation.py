@@ -39,6 +39,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tfdist import collectives
 from tfdist import gradients as gradients_lib
 from tfdist.errors import ConfigurationError
 
@@ -95,7 +96,7 @@ class GradientAccumulator:
         self._micro_batches = tf.Variable(
             0, dtype=tf.int64, trainable=False, name="micro_batches",
             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-        self._flush = tf.function(lambda: self._apply_when(self._micro_batches > 0))
+        self._flush = collectives.function(lambda: self._apply_when(self._micro_batches > 0))
 
     def variables(self) -> dict:
         """``{name: variable}`` for the checkpoint."""

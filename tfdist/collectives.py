@@ -13,11 +13,18 @@ function here:
   and choices that decide which collectives run;
 * `barrier`: every worker has joined the cluster.
 
+`function` makes tfdist's own ``tf.function``s whose collectives keep the
+instance keys of their trace, so a worker's memory does not grow per call.
+
 Otherwise gradient sums belong to the optimizer (``apply_gradients``) and metric
 totals are reduced by Keras when read; tfdist adds no other collective.
 """
 
+import contextlib
+import functools
+
 import tensorflow as tf
+from tensorflow.python.distribute import cross_device_utils as _cross_device_utils
 
 
 def all_reduce_sum(value):
@@ -57,3 +64,46 @@ def barrier(strategy: tf.distribute.Strategy) -> None:
         )
 
     all_reduce_one()
+
+
+@contextlib.contextmanager
+def _instance_keys_fixed_at_trace():
+    """Collectives traced inside take their instance keys at trace time.
+
+    TensorFlow's default (``_prefer_unique_instance_key``) draws a new key for
+    every call of a function, and each worker's collective param resolver
+    keeps a record per key that it never frees: ~1.6 KB per collective op
+    per host call under MultiWorkerMirroredStrategy, which grows without
+    bound in a long run (`scripts/collective_memory.py`). TensorFlow reads the
+    flag while it traces, so the flag is off only while tfdist's functions
+    are called (and, at their first call, traced).
+    """
+    launcher = _cross_device_utils.CollectiveReplicaLauncher
+    previous = launcher._prefer_unique_instance_key  # pylint: disable=protected-access
+    launcher._prefer_unique_instance_key = False  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        launcher._prefer_unique_instance_key = previous  # pylint: disable=protected-access
+
+
+def function(python_function, **tf_function_options):
+    """``tf.function(python_function)`` whose collectives keep the instance
+    keys they got when traced, instead of a new key per call.
+
+    Keys fixed at trace time must be the same on every worker, so every
+    worker must trace the function at the same point of the same sequence of
+    collectives: true of tfdist's loops and agreements, whose traces depend
+    only on global values (type specs of the distributed data, global step
+    counts), never on a worker's own shapes. Functions that may retrace on
+    one worker alone (``reduce_retracing`` over per-worker shapes, as in
+    predict's last batch) and users' own functions keep TensorFlow's default.
+    """
+    traced = tf.function(python_function, **tf_function_options)
+
+    @functools.wraps(python_function)
+    def call(*args, **kwargs):
+        with _instance_keys_fixed_at_trace():
+            return traced(*args, **kwargs)
+
+    return call

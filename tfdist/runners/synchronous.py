@@ -85,7 +85,8 @@ class SynchronousRunner:
         if not self._multi_worker:
             return flag
         if self._agree is None:
-            self._agree = tf.function(lambda value: collectives.any_worker(self._strategy, value))
+            self._agree = collectives.function(
+                lambda value: collectives.any_worker(self._strategy, value))
         return bool(self._agree(tf.constant(1.0 if flag else 0.0)))
 
     @staticmethod
