@@ -116,7 +116,7 @@ class Trainer:
             f"{checkpoint_dir}/logs" if checkpoint_dir else None
         )) if getattr(strategy.extended, "should_save_summary", True) else None
         with strategy.scope():
-            self._metrics = MetricState(model)
+            self._metrics = MetricState(model, strategy)
         steps = self._steps = ReplicaSteps(model, self._metrics, jit_compile=options.jit_compile)
         runner = runners.for_strategy(strategy)
         self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy,
