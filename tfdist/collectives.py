@@ -93,11 +93,13 @@ def function(python_function, **tf_function_options):
 
     Keys fixed at trace time must be the same on every worker, so every
     worker must trace the function at the same point of the same sequence of
-    collectives: true of tfdist's loops and agreements, whose traces depend
-    only on global values (type specs of the distributed data, global step
-    counts), never on a worker's own shapes. Functions that may retrace on
-    one worker alone (``reduce_retracing`` over per-worker shapes, as in
-    predict's last batch) and users' own functions keep TensorFlow's default.
+    collectives: true of tfdist's loops, agreements and multi-worker metric
+    reads (`tfdist.metrics`), whose traces depend only on global values
+    (type specs of the distributed data, global step counts, metric
+    variable counts), never on a worker's own shapes. Functions that may
+    retrace on one worker alone (``reduce_retracing`` over per-worker
+    shapes, as in predict's last batch) and users' own functions keep
+    TensorFlow's default.
     """
     traced = tf.function(python_function, **tf_function_options)
 
