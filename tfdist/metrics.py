@@ -38,9 +38,14 @@ class MetricState:
         # Across workers, each eager read of a replica-local variable is a
         # collective with a new instance key, whose record TensorFlow keeps
         # (~1.6 KB each): at a log point every 100 steps that grew a worker
-        # by ~0.15 KB per step. Read in one traced function instead.
+        # by ~0.15 KB per step. Under parameter servers each eager op is a
+        # remote call: 3.9 ms per read of loss and accuracy, 1.3 ms traced.
+        # So these strategies read in one traced function.
         self._traced_read = (collectives.function(self._result_tensors)
-                             if strategy is not None and spans_workers(strategy) else None)
+                             if strategy is not None and (
+                                 spans_workers(strategy) or isinstance(
+                                     strategy, tf.distribute.experimental.ParameterServerStrategy))
+                             else None)
         self._names = {}  # the results' order, per traced variable count
 
     @property

@@ -18,12 +18,14 @@ starts a new iterator per ``run`` call, as an epoch does:
                  (`tfdist.loop.HostLoop` + `tfdist.losses.replica_loss` ...)
   tfdist_eager   (optional) `Trainer.fit` reading metrics after every
                  execution (``log_every_steps=1``): what lazy metrics save
+  tfdist_epoch_logs (optional) `Trainer.fit` reading metrics only at the
+                 epoch's end: what the log points cost
 """
 
 from bench import workloads
 
 DEFAULT = ("tfdist", "tfdist_attach", "keras_fit", "custom_loop")
-OPTIONAL = ("tfdist_loop", "tfdist_eager")
+OPTIONAL = ("tfdist_loop", "tfdist_eager", "tfdist_epoch_logs")
 REFERENCE = "custom_loop"
 # Not run under parameter servers: Keras 3's trainer has no
 # ParameterServerStrategy path (no ClusterCoordinator anywhere in
@@ -78,6 +80,7 @@ def builders(strategy, model_name: str, batch_size: int, steps_per_execution: in
         "custom_loop": custom_loop,
         "tfdist_loop": tfdist_loop,
         "tfdist_eager": lambda: tfdist_fit(log_every_steps=1),
+        "tfdist_epoch_logs": lambda: tfdist_fit(log_every_steps=10**9),
     }
     unknown = sorted(set(names) - set(every))
     if unknown:
