@@ -137,8 +137,14 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_
     step = int(preempted[0].rsplit(" ", 1)[1])
     assert step % 5 != 0  # mid-epoch
     assert "exit code 143" in run.output
+    _, history, _ = keras_reference
     for result in _results(tmp_path / "out"):
         _assert_equals_reference(result, keras_reference, check_history=False)
+        # The restarted run's history: the epoch resumed mid-way (its metric
+        # state came from the checkpoint) and the last one, as uninterrupted.
+        resumed = {key: values[-2:] for key, values in history.items()}
+        assert all(len(values) == 2 for values in result["history"].values()), result["history"]
+        ref.assert_logs_close(resumed, result["history"])
 
 
 def test_elastic_shrink_continues_exactly_on_fewer_workers(tmp_path, keras_reference):

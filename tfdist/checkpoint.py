@@ -40,6 +40,7 @@ import tensorflow as tf
 from tfdist import cluster, sharded
 from tfdist.errors import CheckpointMismatchError, ConfigurationError
 from tfdist.metrics import state_variables
+from tfdist.state_snapshot import TotalsSnapshot
 
 
 @dataclasses.dataclass
@@ -97,6 +98,7 @@ class TrainingCheckpoint:
             self._checkpoint, directory, max_to_keep=max_to_keep
         )
         self._model = model
+        self._snapshots = []  # `track_state`
 
     @classmethod
     def for_strategy(cls, model: keras.Model, strategy: tf.distribute.Strategy,
@@ -117,10 +119,13 @@ class TrainingCheckpoint:
 
     def track_state(self, metric_variables, accumulator=None) -> None:
         """Adds metric state variables (``{name: variable}``) and a
-        `tfdist.accumulation.GradientAccumulator`'s sums to what is saved."""
-        self._checkpoint.metrics = dict(metric_variables)
+        `tfdist.accumulation.GradientAccumulator`'s sums to what is saved
+        (through `tfdist.state_snapshot` under multi-worker strategies)."""
+        self._snapshots = [TotalsSnapshot(dict(metric_variables))]
+        self._checkpoint.metrics = self._snapshots[0].tracked
         if accumulator is not None:
-            self._checkpoint.gradient_accumulation = accumulator.variables()
+            self._snapshots.append(TotalsSnapshot(accumulator.variables()))
+            self._checkpoint.gradient_accumulation = self._snapshots[1].tracked
 
     def _prepare_sharded(self) -> None:
         """Sharded variables (parameter servers) save as full tensors."""
@@ -163,6 +168,8 @@ class TrainingCheckpoint:
                     "for this model, or rebuild the model that wrote the "
                     f"checkpoint. Nothing in {os.path.dirname(path)} was changed."
                 ) from error
+            for snapshot in self._snapshots:
+                snapshot.after_restore()
             return path
         return None
 
@@ -184,6 +191,8 @@ class TrainingCheckpoint:
         if self._manager is None:
             return None
         self._prepare_sharded()
+        for snapshot in self._snapshots:
+            snapshot.before_save()
         if self._is_chief:
             return self._manager.save(checkpoint_number=step)
         scratch = tempfile.mkdtemp(prefix=f"tfdist-{self._task_name}-ckpt-")
