@@ -56,10 +56,12 @@ def read_proc(pid: int):
     return int(fields["Threads"]), int(fields["VmRSS"].split()[0]) / 1024.0, files
 
 
-def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: int = 1):
+def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: int = 1,
+                     checkpoint_every_steps: int = 500):
     train = [sys.executable, os.path.join(REPO, "scripts", "soak_train.py"),
              f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
-             f"--steps_per_execution={steps_per_execution}"]
+             f"--steps_per_execution={steps_per_execution}",
+             f"--checkpoint_every_steps={checkpoint_every_steps}"]
     cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
     if mode == "ps":
         train.append("--strategy=parameter_server")
@@ -107,11 +109,12 @@ class Soak:
     """One run: start, sample until the deadline, stop with SIGTERM."""
 
     def __init__(self, mode: str, minutes: float, interval: float, workdir: str, steps: int,
-                 steps_per_execution: int = 1):
+                 steps_per_execution: int = 1, checkpoint_every_steps: int = 500):
         self.mode, self.seconds, self.interval = mode, minutes * 60, interval
         self.lines, self.samples = [], []
         self.process = subprocess.Popen(
-            launcher_command(mode, workdir, steps, steps_per_execution), cwd=REPO, text=True,
+            launcher_command(mode, workdir, steps, steps_per_execution, checkpoint_every_steps),
+            cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
         )
@@ -183,6 +186,8 @@ def main(argv=None):
     parser.add_argument("--interval", type=float, default=2.0)
     parser.add_argument("--steps", type=int, default=10_000_000)
     parser.add_argument("--steps_per_execution", type=int, default=1)
+    parser.add_argument("--checkpoint_every_steps", type=int, default=500,
+                        help="a larger value than the run's steps: no checkpoint but the last")
     parser.add_argument("--slack", type=int, default=8)
     parser.add_argument("--max_rss_kb_per_step", type=float, default=None,
                         help="default: 1 for mwms, 8 for ps (see the module docstring)")
@@ -194,7 +199,7 @@ def main(argv=None):
         args.max_rss_kb_per_step = {"mwms": 1.0, "ps": 8.0}[args.mode]
     with tempfile.TemporaryDirectory(prefix="tfdist-soak-") as workdir:
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
-                    args.steps_per_execution)
+                    args.steps_per_execution, args.checkpoint_every_steps)
         try:
             run = soak.run()
         finally:

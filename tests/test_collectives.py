@@ -46,3 +46,55 @@ def test_tfdist_functions_keep_their_instance_keys_and_leave_tensorflows_default
     assert taken["tfdist"] == 0  # keys fixed when traced: nothing new per call
     assert taken["tf.function"] == 3 * 2  # TensorFlow's default: new keys per call, per replica
     assert taken["flag_after"] is True  # restored for everyone else's functions
+
+
+_TRAINER_PROGRAM = textwrap.dedent("""
+    import json, sys
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    import tfdist
+
+    strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=2)
+    table = strategy.extended._collective_keys._instance_key_table
+
+    def keys_taken():
+        return sum(sum(per_device.values()) for per_device in table.values())
+
+    rng = np.random.RandomState(0)
+    x = rng.randn(64, 6).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(3, activation="softmax")])
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+    taken = []
+
+    class Keys(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            taken.append(keys_taken())
+
+    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=sys.argv[1],
+                             checkpoint_every_steps=3, log_every_steps=2)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    trainer.fit(data, epochs=4, callbacks=[Keys()], verbose=1)
+    print(json.dumps(taken))
+""")
+
+
+def test_a_warmed_up_trainer_takes_no_instance_keys(tmp_path):
+    """Epochs 3 and 4 of `Trainer.fit` under MultiWorkerMirroredStrategy
+    (one worker, 2 replicas): steps, a progress line with its example rate
+    every 2 steps, a checkpoint every 3 (replica-local metric totals
+    included), the metric reset at the epoch's start and the epoch's
+    results. None may take a new collective instance key: each would keep a
+    record for the rest of the run (a log point's eager example-count read
+    did, until it moved into the traced metric read)."""
+    done = subprocess.run([sys.executable, "-c", _TRAINER_PROGRAM, str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "train | epoch 4 | step 8/8" in done.stdout  # progress lines were written
+    taken = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(taken) == 4
+    assert taken[3] - taken[1] == 0, taken

@@ -29,6 +29,7 @@ of their own that is removed right after. Every worker restores from
 """
 
 import dataclasses
+import fnmatch
 import os
 import shutil
 import tempfile
@@ -60,6 +61,22 @@ class Position:
         """The epoch ended; the next starts at its first batch."""
         self.epoch += 1
         self.step_in_epoch = 0
+
+
+def _forget_glob_patterns() -> None:
+    """Drops the glob patterns Python compiled for the last save.
+
+    After each write TensorFlow sizes the checkpoint with
+    ``glob.glob(prefix + "*")``, and ``fnmatch`` keeps every compiled
+    pattern, up to 32,768 of them. The prefix is new at every save
+    (``ckpt-<step>``, and a new scratch directory on the other workers), so
+    each save kept its pattern: 0.8 KB per save in one process, 1.6-2.0 KB
+    per save on each of 2 workers (with the other per-save costs). Only
+    compiled patterns are lost; they are rebuilt when next needed.
+    """
+    cache_clear = getattr(getattr(fnmatch, "_compile_pattern", None), "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
 
 
 class TrainingCheckpoint:
@@ -193,10 +210,13 @@ class TrainingCheckpoint:
         self._prepare_sharded()
         for snapshot in self._snapshots:
             snapshot.before_save()
-        if self._is_chief:
-            return self._manager.save(checkpoint_number=step)
-        scratch = tempfile.mkdtemp(prefix=f"tfdist-{self._task_name}-ckpt-")
         try:
-            return self._checkpoint.write(os.path.join(scratch, f"ckpt-{step}"))
+            if self._is_chief:
+                return self._manager.save(checkpoint_number=step)
+            scratch = tempfile.mkdtemp(prefix=f"tfdist-{self._task_name}-ckpt-")
+            try:
+                return self._checkpoint.write(os.path.join(scratch, f"ckpt-{step}"))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            _forget_glob_patterns()

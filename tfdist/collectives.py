@@ -27,6 +27,21 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_utils as _cross_device_utils
 
 
+def spans_workers(strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``strategy`` is a MultiWorkerMirroredStrategy over 2+ workers."""
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and getattr(strategy.extended, "_num_workers", 1) > 1)
+
+
+def uses_instance_keys(strategy) -> bool:
+    """Whether ``strategy`` reduces with TensorFlow's collective ops
+    (MultiWorkerMirroredStrategy, on any number of workers and replicas):
+    there each eager reduction, such as reading a replica-local variable
+    outside a function, takes a new instance key whose record stays, so
+    tfdist's reads and resets run in a `function` instead."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
 def all_reduce_sum(value):
     """Sums ``value`` (a tensor or a structure of them) over all replicas.
 

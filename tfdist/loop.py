@@ -35,12 +35,6 @@ from tfdist.batch import Batch
 from tfdist.errors import ConfigurationError
 
 
-def spans_workers(strategy: tf.distribute.Strategy) -> bool:
-    """Whether ``strategy`` is a MultiWorkerMirroredStrategy over 2+ workers."""
-    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and getattr(strategy.extended, "_num_workers", 1) > 1)
-
-
 def make_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
               after_step: Optional[Callable] = None):
     """A ``tf.function(iterator, num_steps)`` that runs up to ``num_steps``
@@ -98,7 +92,7 @@ class HostLoop:
             return replica_step(Batch.from_structure(structure))
 
         self._loop = make_loop(strategy, step, after_step=after_step)
-        self._stop_agreement = StopAgreement(strategy, spans_workers=spans_workers(strategy))
+        self._stop_agreement = StopAgreement(strategy, spans_workers=collectives.spans_workers(strategy))
 
     def run(self, iterator, stop_requested: bool = False) -> Execution:
         """Runs up to ``steps_per_execution`` steps from ``iterator`` (an

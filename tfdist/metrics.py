@@ -15,7 +15,7 @@ the model's compiled metrics.
 cross-replica context only at log points and epoch ends.
 """
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -23,23 +23,24 @@ import tensorflow as tf
 from tfdist import _keras, collectives, losses
 from tfdist.batch import require_batch
 from tfdist.errors import ConfigurationError
-from tfdist.loop import spans_workers
 
 
 def _reads_traced(strategy: Optional[tf.distribute.Strategy]) -> bool:
-    """Whether results are read in one traced function under ``strategy``.
+    """Whether results are read, and state reset, in traced functions under
+    ``strategy``.
 
-    Across workers, each eager read of a replica-local variable is a
-    collective with a new instance key, whose record TensorFlow keeps: with
-    a log point every 100 steps, eager reads grew each worker of a 2-worker
-    soak by another 0.06-0.08 KB per step. Under parameter servers each
-    eager op is a remote call: 3.9 ms per read of loss and accuracy, 1.3 ms
-    traced (2 workers + 1 ps).
+    Under MultiWorkerMirroredStrategy (any number of workers), each eager
+    read of a replica-local variable is a collective with a new instance
+    key, whose record TensorFlow keeps: with a log point every 100 steps,
+    eager reads grew each worker of a 2-worker soak by another 0.06-0.08 KB
+    per step. An eager reset is such a read too (Keras' ``assign`` reads
+    the variable back), as was the example count read for the progress
+    line's rate (now in the same traced read). Under parameter servers
+    each eager op is a remote call: 3.9 ms per read of loss and accuracy,
+    1.3 ms traced (2 workers + 1 ps).
     """
-    if strategy is None:
-        return False
-    return spans_workers(strategy) or isinstance(
-        strategy, tf.distribute.experimental.ParameterServerStrategy)
+    return strategy is not None and (collectives.uses_instance_keys(strategy) or isinstance(
+        strategy, tf.distribute.experimental.ParameterServerStrategy))
 
 
 class MetricState:
@@ -51,18 +52,14 @@ class MetricState:
     def __init__(self, model: keras.Model, strategy: Optional[tf.distribute.Strategy] = None):
         self._loss = keras.metrics.Mean(name="loss")
         self._model = model
-        self._traced_read = (collectives.function(self._result_tensors)
-                             if _reads_traced(strategy) else None)
+        traced = _reads_traced(strategy)
+        self._traced_read = collectives.function(self._read_tensors) if traced else None
+        self._traced_reset = collectives.function(self._reset) if traced else None
         self._names = {}  # the results' order, per traced variable count
 
     @property
     def _compiled(self):
         return _keras.compile_metrics(self._model)
-
-    @property
-    def examples_seen(self) -> tf.Variable:
-        """Examples counted since the last reset (all replicas, on read)."""
-        return self._loss.count
 
     def update(
         self,
@@ -106,14 +103,23 @@ class MetricState:
         self._names[num_variables] = list(values)
         return values
 
+    def _read_tensors(self, num_variables: int):
+        return self._result_tensors(num_variables), tf.convert_to_tensor(self._loss.count)
+
     def results(self) -> Dict[str, float]:
         """Reduced results with Keras names (cross-replica context)."""
+        return self.results_and_examples()[0] if self._traced_read else {
+            name: float(value) for name, value in self._result_tensors().items()}
+
+    def results_and_examples(self) -> Tuple[Dict[str, float], float]:
+        """`results` and the examples counted since the last reset (all
+        replicas), in one read (cross-replica context)."""
         if self._traced_read is None:
-            return {name: float(value) for name, value in self._result_tensors().items()}
+            return self.results(), float(tf.convert_to_tensor(self._loss.count))
         # Retraced when metrics gain variables (Keras builds them lazily).
         count = len(self.variables())
-        values = self._traced_read(count)
-        return {name: float(values[name]) for name in self._names[count]}
+        values, examples = self._traced_read(count)
+        return {name: float(values[name]) for name in self._names[count]}, float(examples)
 
     def variables(self) -> Dict[str, tf.Variable]:
         """Every state variable, by a stable name (for checkpoints).
@@ -129,6 +135,14 @@ class MetricState:
         return state_variables(metrics)
 
     def reset(self) -> None:
+        """Zeroes every state variable (an epoch or evaluation starts)."""
+        if self._traced_reset is None:
+            self._reset()
+        else:
+            self._traced_reset(len(self.variables()))
+
+    def _reset(self, num_variables: int = 0) -> None:
+        del num_variables  # retraces the traced reset when metrics gain variables
         self._loss.reset_state()
         for mean in _keras.output_loss_metrics(self._model):
             mean.reset_state()

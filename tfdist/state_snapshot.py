@@ -1,5 +1,5 @@
 """Replica-local state (metric sums, accumulated gradients) checkpointed
-through one-copy snapshots under a multi-worker strategy.
+through one-copy snapshots under MultiWorkerMirroredStrategy.
 
 A checkpoint stores a replica-local (``ON_READ``) variable as its value
 read across replicas: its total. Under MultiWorkerMirroredStrategy
@@ -7,7 +7,8 @@ TensorFlow's saver makes that read eagerly, one collective per variable per
 save, each with a new instance key whose record every worker keeps:
 measured with 2 workers, 21.6 KB per save with loss and accuracy state
 tracked, 0.12 KB without (`tfdist.collectives.function` explains the
-keys). So under multi-worker strategies the checkpoint tracks a plain
+keys; one worker with several replicas keeps them too). So under
+MultiWorkerMirroredStrategy the checkpoint tracks a plain
 variable per state variable, under the same name, holding the same total:
 `before_save` copies the totals in in one traced function whose collective
 keys are fixed, and `after_restore` spreads them back (a ``SUM`` variable's
@@ -21,7 +22,6 @@ from typing import Dict
 import tensorflow as tf
 
 from tfdist import collectives
-from tfdist.loop import spans_workers
 
 
 def _replica_local(variable) -> bool:
@@ -37,7 +37,8 @@ class TotalsSnapshot:
         self.tracked = dict(variables)
         for name, variable in variables.items():
             strategy = getattr(variable, "distribute_strategy", None)
-            if _replica_local(variable) and strategy is not None and spans_workers(strategy):
+            if (_replica_local(variable) and strategy is not None
+                    and collectives.uses_instance_keys(strategy)):
                 with tf.init_scope():
                     snapshot = tf.Variable(tf.zeros(variable.shape, variable.dtype),
                                            trainable=False, name=f"total_{len(self._pairs)}")

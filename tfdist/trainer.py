@@ -330,11 +330,11 @@ class Trainer:
 
     def _log(self, reporter, total_steps) -> Dict[str, float]:  # reads metrics, reports
         position = self._position
-        logs = self._metrics.results()
+        logs, examples_seen = self._metrics.results_and_examples()
         reporter.log_point(
             epoch=position.epoch, step_in_epoch=position.step_in_epoch,
             total_steps=total_steps, global_step=position.step, values=logs,
-            examples_seen=float(self._metrics.examples_seen.numpy()),
+            examples_seen=examples_seen,
         )
         return logs
 

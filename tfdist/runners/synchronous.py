@@ -33,7 +33,7 @@ class SynchronousRunner:
     ):
         self._strategy = strategy
         self._shard_policy = shard_policy
-        self._multi_worker = host_loop.spans_workers(strategy)
+        self._multi_worker = collectives.spans_workers(strategy)
         self._train_loop = host_loop.make_loop(strategy, train_step, after_step=after_train_step)
         self.stop_agreement = StopAgreement(strategy, spans_workers=self._multi_worker)
         self._eval_loop = host_loop.make_loop(strategy, eval_step)
