@@ -60,3 +60,47 @@ def test_verbose_zero_prints_nothing(make_strategy, capsys):
         ref.global_batches(40, 16), epochs=1, verbose=0
     )
     assert "train |" not in capsys.readouterr().out
+
+
+_SUMMARY_MEMORY_PROGRAM = """
+import sys
+import tensorflow as tf
+from tfdist.progress import ProgressReporter
+
+def rss_mb():
+    with open("/proc/self/status") as status:
+        return next(int(l.split()[1]) for l in status if l.startswith("VmRSS")) / 1024
+
+reporter = ProgressReporter(verbose=0, log_dir=sys.argv[1])
+def log_points(first, count):
+    for step in range(first, first + count):
+        reporter.log_point(epoch=0, step_in_epoch=step, total_steps=None, global_step=step,
+                           values={"loss": 1.0 / (step + 1), "accuracy": step / 1e6},
+                           examples_seen=float(step))
+def python_scalars(first, count):  # what the reporter used to hand TensorFlow
+    for step in range(first, first + count):
+        tf.constant(step, tf.int64), tf.constant(1.0 / (step + 1)), tf.constant(step / 1e6)
+log_points(0, 500)
+before = rss_mb()
+log_points(500, 6000)
+after_reporter = rss_mb()
+python_scalars(10_000, 6000)
+print(after_reporter - before, rss_mb() - after_reporter)
+"""
+
+
+def test_summaries_at_log_points_do_not_grow_memory(tmp_path):
+    """A log point's summary step and values are new numbers every time;
+    TensorFlow keeps a cached tensor per distinct Python scalar it is
+    handed, so they go to TensorFlow as numpy scalars (`tfdist.host_values`).
+    6,000 log points: the reporter's growth against the same numbers handed
+    over as Python scalars (the control, which must grow)."""
+    import subprocess  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    done = subprocess.run([sys.executable, "-c", _SUMMARY_MEMORY_PROGRAM, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reporter_mb, python_scalars_mb = map(float, done.stdout.split())
+    assert python_scalars_mb > 5.0  # the control: ~0.6 KB per distinct scalar, 18,000 of them
+    assert reporter_mb < 1.5, (reporter_mb, python_scalars_mb)

@@ -38,7 +38,7 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from tfdist import cluster, sharded
+from tfdist import cluster, host_values, sharded
 from tfdist.errors import CheckpointMismatchError, ConfigurationError
 from tfdist.metrics import state_variables
 from tfdist.state_snapshot import TotalsSnapshot
@@ -202,9 +202,9 @@ class TrainingCheckpoint:
     def save(self, step: int, epoch: int, step_in_epoch: int) -> Optional[str]:
         """Records the position and writes a checkpoint numbered ``step``
         (returns its path; None without a directory)."""
-        self.step.assign(step)
-        self.epoch.assign(epoch)
-        self.step_in_epoch.assign(step_in_epoch)
+        self.step.assign(host_values.int64(step))
+        self.epoch.assign(host_values.int64(epoch))
+        self.step_in_epoch.assign(host_values.int64(step_in_epoch))
         if self._manager is None:
             return None
         self._prepare_sharded()

@@ -16,6 +16,8 @@ from typing import Dict, Optional
 
 import tensorflow as tf
 
+from tfdist import host_values
+
 
 def format_line(
     phase: str,
@@ -76,9 +78,9 @@ class ProgressReporter:
             _emit(format_line(
                 "train", epoch + 1, step_in_epoch, total_steps, values, rate))
         if self._log_dir:
-            with self._writer("train").as_default(step=global_step):
+            with self._writer("train").as_default(step=host_values.int64(global_step)):
                 for name, value in values.items():
-                    tf.summary.scalar(f"batch_{name}", value)
+                    tf.summary.scalar(f"batch_{name}", host_values.float32(value))
 
     def epoch_end(self, *, epoch, steps, logs: Dict[str, float]) -> None:
         """Reports an epoch's results (``val_*`` entries go to validation)."""
@@ -92,9 +94,9 @@ class ProgressReporter:
             for writer_name, values in (("train", train), ("validation", val)):
                 if not values:
                     continue
-                with self._writer(writer_name).as_default(step=epoch):
+                with self._writer(writer_name).as_default(step=host_values.int64(epoch)):
                     for name, value in values.items():
-                        tf.summary.scalar(f"epoch_{name}", value)
+                        tf.summary.scalar(f"epoch_{name}", host_values.float32(value))
                 self._writer(writer_name).flush()
 
     def close(self) -> None:
