@@ -20,13 +20,18 @@ more than ``--max_rss_kb_per_step`` KB per training step, a least-squares
 slope over the samples after the warm-up (default 1 for ``mwms``, 8 for
 ``ps``).
 
-MWMS is flat at one step per host call: 0.2 / -0.1 KB per step over 14,900
-steps (2026-11-23). TensorFlow's multi-worker runtime keeps ~1.6 KB per host
-call for every collective op whose instance key is new at each call (its
-default; `scripts/collective_memory.py`); tfdist's functions fix the keys
-when they are traced (`tfdist.collectives.function`), which took the
-training call from 3.2-3.6 KB per step to ~0. Parameter servers keep ~5 KB
-per step (remote variable access, not collectives), hence their bound.
+MWMS is flat at one step per host call: 0.011 / 0.004 KB per step over
+34,100 steps in 3 minutes (2026-11-23, 0.3 / 0.1 MB in all). What it took:
+TensorFlow's multi-worker runtime keeps ~1.6 KB per host call for every
+collective op whose instance key is new at each call (its default;
+`scripts/collective_memory.py`), so tfdist's functions fix the keys when
+they are traced (`tfdist.collectives.function`) and no eager collective is
+left per log point, epoch or save; and TensorFlow keeps a tensor per
+distinct Python scalar it is handed, so step numbers and logged values go
+as numpy scalars (`tfdist.host_values`). Parameter servers keep ~0.6-0.7
+KB per step on the chief and the ps (remote variable access, not
+collectives), hence their bound. ``--checkpoint_every_steps`` larger than
+the run leaves out the periodic saves (to tell their cost apart).
 """
 
 import argparse

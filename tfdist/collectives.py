@@ -33,7 +33,7 @@ def spans_workers(strategy: tf.distribute.Strategy) -> bool:
             and getattr(strategy.extended, "_num_workers", 1) > 1)
 
 
-def uses_instance_keys(strategy) -> bool:
+def uses_instance_keys(strategy: tf.distribute.Strategy) -> bool:
     """Whether ``strategy`` reduces with TensorFlow's collective ops
     (MultiWorkerMirroredStrategy, on any number of workers and replicas):
     there each eager reduction, such as reading a replica-local variable

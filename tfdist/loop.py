@@ -92,7 +92,8 @@ class HostLoop:
             return replica_step(Batch.from_structure(structure))
 
         self._loop = make_loop(strategy, step, after_step=after_step)
-        self._stop_agreement = StopAgreement(strategy, spans_workers=collectives.spans_workers(strategy))
+        self._stop_agreement = StopAgreement(
+            strategy, spans_workers=collectives.spans_workers(strategy))
 
     def run(self, iterator, stop_requested: bool = False) -> Execution:
         """Runs up to ``steps_per_execution`` steps from ``iterator`` (an

@@ -108,14 +108,18 @@ class MetricState:
 
     def results(self) -> Dict[str, float]:
         """Reduced results with Keras names (cross-replica context)."""
-        return self.results_and_examples()[0] if self._traced_read else {
-            name: float(value) for name, value in self._result_tensors().items()}
+        if self._traced_read is None:
+            return {name: float(value) for name, value in self._result_tensors().items()}
+        return self._read_traced()[0]
 
     def results_and_examples(self) -> Tuple[Dict[str, float], float]:
         """`results` and the examples counted since the last reset (all
         replicas), in one read (cross-replica context)."""
         if self._traced_read is None:
             return self.results(), float(tf.convert_to_tensor(self._loss.count))
+        return self._read_traced()
+
+    def _read_traced(self) -> Tuple[Dict[str, float], float]:
         # Retraced when metrics gain variables (Keras builds them lazily).
         count = len(self.variables())
         values, examples = self._traced_read(count)
