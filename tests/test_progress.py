@@ -2,6 +2,8 @@
 
 import glob
 import re
+import subprocess
+import sys
 
 import tensorflow as tf
 
@@ -95,9 +97,6 @@ def test_summaries_at_log_points_do_not_grow_memory(tmp_path):
     handed, so they go to TensorFlow as numpy scalars (`tfdist.host_values`).
     6,000 log points: the reporter's growth against the same numbers handed
     over as Python scalars (the control, which must grow)."""
-    import subprocess  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
-
     done = subprocess.run([sys.executable, "-c", _SUMMARY_MEMORY_PROGRAM, str(tmp_path)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
