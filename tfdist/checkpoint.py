@@ -22,6 +22,10 @@ strategy.
 A checkpoint from an incompatible model raises `CheckpointMismatchError`
 before anything is written; the checkpoint directory is left as it was.
 
+Variables on several tasks (parameter servers) are saved by one traced
+function (`tfdist.traced_saves`): TensorFlow's eager save traces a new one
+at every save and keeps it.
+
 Under a multi-worker strategy every worker takes part in each save, but only
 the chief writes to ``directory``; the others write to a temporary directory
 of their own that is removed right after. Every worker restores from
@@ -42,6 +46,7 @@ from tfdist import cluster, host_values, sharded
 from tfdist.errors import CheckpointMismatchError, ConfigurationError
 from tfdist.metrics import state_variables
 from tfdist.state_snapshot import TotalsSnapshot
+from tfdist.traced_saves import TracedSaves
 
 
 @dataclasses.dataclass
@@ -116,6 +121,7 @@ class TrainingCheckpoint:
         )
         self._model = model
         self._snapshots = []  # `track_state`
+        TracedSaves.install(self._checkpoint, self._saved_variables)
 
     @classmethod
     def for_strategy(cls, model: keras.Model, strategy: tf.distribute.Strategy,
@@ -144,12 +150,16 @@ class TrainingCheckpoint:
             self._snapshots.append(TotalsSnapshot(accumulator.variables()))
             self._checkpoint.gradient_accumulation = self._snapshots[1].tracked
 
+    def _saved_variables(self) -> list:
+        """The model's, its optimizer's and the position counters' variables."""
+        optimizer = self._model.optimizer
+        return (list(self._model.variables)
+                + (list(optimizer.variables) if optimizer else [])
+                + [self.step, self.epoch, self.step_in_epoch])
+
     def _prepare_sharded(self) -> None:
         """Sharded variables (parameter servers) save as full tensors."""
-        optimizer = self._model.optimizer
-        sharded.save_as_full_tensors(
-            list(self._model.variables) + (list(optimizer.variables) if optimizer else [])
-        )
+        sharded.save_as_full_tensors(self._saved_variables())
 
     @property
     def latest(self) -> Optional[str]:
