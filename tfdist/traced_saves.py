@@ -68,6 +68,9 @@ class TracedSaves:
         return getattr(self._saver, name)
 
     def _object_graph(self) -> tuple:
+        """What the checkpoint reaches, by object identity: a traced save
+        captures the variables it was traced with, so a variable tracked
+        later needs a new trace."""
         return tuple(id(obj) for obj in tf.train.TrackableView(self._checkpoint).descendants())
 
     def save(self, file_prefix, checkpoint_number: Optional[int] = None,

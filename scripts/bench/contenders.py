@@ -20,12 +20,17 @@ starts a new iterator per ``run`` call, as an epoch does:
                  execution (``log_every_steps=1``): what lazy metrics save
   tfdist_epoch_logs (optional) `Trainer.fit` reading metrics only at the
                  epoch's end: what the log points cost
+  custom_loop_tfdist_data (optional, parameter servers) the hand-written
+                 ``ClusterCoordinator`` loop reading tfdist's per-worker
+                 streams (`tfdist.data.worker_stream`: each worker reads the
+                 stream and keeps its share; a global-count column): what
+                 tfdist's data costs, apart from its step
 """
 
 from bench import workloads
 
 DEFAULT = ("tfdist", "tfdist_attach", "keras_fit", "custom_loop")
-OPTIONAL = ("tfdist_loop", "tfdist_eager", "tfdist_epoch_logs")
+OPTIONAL = ("tfdist_loop", "tfdist_eager", "tfdist_epoch_logs", "custom_loop_tfdist_data")
 REFERENCE = "custom_loop"
 # Not run under parameter servers: Keras 3's trainer has no
 # ParameterServerStrategy path (no ClusterCoordinator anywhere in
@@ -73,6 +78,12 @@ def builders(strategy, model_name: str, batch_size: int, steps_per_execution: in
     def tfdist_loop():
         return _tfdist_loop(strategy, model(), dataset, spe)
 
+    def custom_loop_tfdist_data():
+        if not parameter_server:
+            raise ValueError("custom_loop_tfdist_data runs under parameter servers only.")
+        return _coordinator_loop(strategy, model(), model_name, batch_size, spe,
+                                 tfdist_streams=True)
+
     every = {
         "tfdist": tfdist_fit,
         "tfdist_attach": tfdist_attach,
@@ -81,6 +92,7 @@ def builders(strategy, model_name: str, batch_size: int, steps_per_execution: in
         "tfdist_loop": tfdist_loop,
         "tfdist_eager": lambda: tfdist_fit(log_every_steps=1),
         "tfdist_epoch_logs": lambda: tfdist_fit(log_every_steps=10**9),
+        "custom_loop_tfdist_data": custom_loop_tfdist_data,
     }
     unknown = sorted(set(names) - set(every))
     if unknown:
@@ -106,7 +118,8 @@ def _replica_step(model, batch_size):
     # a value for placeholder tensor 'cond/else/...'".
     @tf.autograph.experimental.do_not_convert
     def replica_step(inputs):
-        features, labels = inputs
+        # (features, labels), or a `tfdist.Batch` structure (its x and y).
+        features, labels = (inputs["x"], inputs["y"]) if isinstance(inputs, dict) else inputs
         with tf.GradientTape() as tape:
             predictions = model(features, training=True)
             per_example = loss_fn(labels, predictions)
@@ -143,18 +156,29 @@ def _distributed_loop(strategy, model, dataset, batch_size, spe):
     return run
 
 
-def _coordinator_loop(strategy, model, model_name, batch_size, spe):
+def _coordinator_loop(strategy, model, model_name, batch_size, spe, tfdist_streams=False):
     """TensorFlow's parameter-server tutorial loop, steps_per_execution steps
-    per scheduled closure; every worker reads whole global batches."""
+    per scheduled closure; every worker reads whole global batches (or, with
+    ``tfdist_streams``, its share of tfdist's worker streams)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         replica_step = _replica_step(model, batch_size)
-    # The dataset is made on each worker (one made here would be the
-    # coordinator's, which workers cannot read).
-    per_worker = coordinator.create_per_worker_dataset(
-        lambda: workloads.endless_dataset(model_name, batch_size))
+    if tfdist_streams:
+        import tfdist  # pylint: disable=import-outside-toplevel
+        from tfdist.runners.per_worker import PerWorkerIterators, rebuilder  # pylint: disable=import-outside-toplevel
+
+        rebuild = rebuilder(workloads.endless_dataset(model_name, batch_size))
+        make_iterators = PerWorkerIterators(
+            coordinator, lambda worker, workers: tfdist.data.worker_stream(
+                rebuild(), worker, workers, global_batch_size=batch_size))
+        per_worker = _Iterable(make_iterators)
+    else:
+        # The dataset is made on each worker (one made here would be the
+        # coordinator's, which workers cannot read).
+        per_worker = coordinator.create_per_worker_dataset(
+            lambda: workloads.endless_dataset(model_name, batch_size))
 
     @tf.function
     def execution(iterator):
@@ -168,6 +192,16 @@ def _coordinator_loop(strategy, model, model_name, batch_size, spe):
         coordinator.join()
 
     return run
+
+
+class _Iterable:
+    """``iter()`` gives fresh per-worker iterators, as a per-worker dataset."""
+
+    def __init__(self, make_iterators):
+        self._make_iterators = make_iterators
+
+    def __iter__(self):
+        return self._make_iterators()
 
 
 def _tfdist_loop(strategy, model, dataset, spe):

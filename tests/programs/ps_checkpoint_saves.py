@@ -4,7 +4,8 @@ Run under ``tfdist-run --num_ps=1 --num_workers=1``. Builds the 6-16-3 MLP
 with Adam (its variables on the ps, the checkpoint's counters here), then
 saves ``--saves`` checkpoints with `tfdist.checkpoint.TrainingCheckpoint`
 and prints ``save <n> rss_kb <this process's RSS>`` after each, so a test
-can follow the chief's and the ps's memory per save.
+can follow the chief's and the ps's memory per save; then tracks one more
+variable, saves again and prints the value the checkpoint holds for it.
 """
 
 import argparse
@@ -42,6 +43,16 @@ def main():
     for number in range(1, args.saves + 1):
         checkpoint.save(number, 0, number)
         print(f"save {number} rss_kb {_rss_kb()}", flush=True)
+
+    # A variable tracked after the saves above must be in the next save
+    # (the traced save is traced again for the new object graph).
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    checkpoint.track_state({"late_total": tf.Variable(7.0)})
+    path = checkpoint.save(args.saves + 1, 0, args.saves + 1)
+    reader = tf.train.load_checkpoint(path)
+    late = [name for name in reader.get_variable_to_shape_map() if "late_total" in name]
+    print(f"late variable saved: {[float(reader.get_tensor(name)) for name in late]}", flush=True)
 
 
 if __name__ == "__main__":
