@@ -2,11 +2,14 @@
 hand-written ``ClusterCoordinator`` loop, per task of one real cluster.
 
     python scripts/ps_profile.py --num_workers=2 --model=mlp --steps_per_execution=1
+    python scripts/ps_profile.py --contenders=tfdist,custom_loop,custom_loop_tfdist_data
 
 Starts ``tfdist-run --num_workers=N --num_ps=1`` with
 `scripts/bench/ps_profile_program.py` as the chief, which alternates the
 contenders of `scripts/benchmark.py` (``tfdist`` = ``Trainer.fit``,
-``custom_loop`` = TensorFlow's tutorial loop) in windows of a few seconds
+``custom_loop`` = TensorFlow's tutorial loop; ``custom_loop_tfdist_data``
+= that loop on tfdist's per-worker streams, to tell the data's cost from
+the step's) in windows of a few seconds
 and samples every task's CPU time from ``/proc``. Prints, per contender,
 examples/s and CPU milliseconds per step of each task (medians over the
 windows), and the coordinator's ``cProfile`` of one window each
@@ -32,17 +35,20 @@ def table(result: dict) -> str:
     summary = result["summary"]
     names = list(summary)
     tasks = sorted(result["tasks"], key=lambda t: (t != "coordinator", t))
-    lines = [f"{'contender':<12} {'ex/s':>9} {'wall ms/step':>12} "
+    width = max([len("contender")] + [len(name) for name in names])
+    lines = [f"{'contender':<{width}} {'ex/s':>9} {'wall ms/step':>12} "
              + " ".join(f"{t + ' cpu':>16}" for t in tasks) + f" {'all cpu':>9}"]
     for name in names:
         row = summary[name]
         cpu = row["cpu_ms_per_step"]
-        lines.append(f"{name:<12} {row['examples_per_s']:>9,.0f} {row['wall_ms_per_step']:>12.2f} "
+        lines.append(f"{name:<{width}} {row['examples_per_s']:>9,.0f} {row['wall_ms_per_step']:>12.2f} "
                      + " ".join(f"{cpu[t]:>16.2f}" for t in tasks)
                      + f" {sum(cpu.values()):>9.2f}")
-    if len(names) == 2:
-        first, second = (summary[n] for n in names)
-        lines.append(f"{names[0]} / {names[1]}: "
+    for name in names[:1] + names[2:]:  # each against the second (the loop, by default)
+        if len(names) < 2:
+            break
+        first, second = summary[name], summary[names[1]]
+        lines.append(f"{name} / {names[1]}: "
                      f"{first['examples_per_s'] / second['examples_per_s']:.3f} x examples/s; "
                      "CPU ms per step, difference: " + ", ".join(
                          f"{t} {first['cpu_ms_per_step'][t] - second['cpu_ms_per_step'][t]:+.2f}"

@@ -170,15 +170,15 @@ def _coordinator_loop(strategy, model, model_name, batch_size, spe, tfdist_strea
         from tfdist.runners.per_worker import PerWorkerIterators, rebuilder  # pylint: disable=import-outside-toplevel
 
         rebuild = rebuilder(workloads.endless_dataset(model_name, batch_size))
-        make_iterators = PerWorkerIterators(
+        new_iterators = PerWorkerIterators(
             coordinator, lambda worker, workers: tfdist.data.worker_stream(
                 rebuild(), worker, workers, global_batch_size=batch_size))
-        per_worker = _Iterable(make_iterators)
     else:
         # The dataset is made on each worker (one made here would be the
         # coordinator's, which workers cannot read).
         per_worker = coordinator.create_per_worker_dataset(
             lambda: workloads.endless_dataset(model_name, batch_size))
+        new_iterators = lambda: iter(per_worker)  # noqa: E731
 
     @tf.function
     def execution(iterator):
@@ -186,22 +186,12 @@ def _coordinator_loop(strategy, model, model_name, batch_size, spe, tfdist_strea
             strategy.run(replica_step, args=(next(iterator),))
 
     def run(steps):
-        iterator = iter(per_worker)
+        iterator = new_iterators()
         for _ in range(steps // spe):
             coordinator.schedule(execution, args=(iterator,))
         coordinator.join()
 
     return run
-
-
-class _Iterable:
-    """``iter()`` gives fresh per-worker iterators, as a per-worker dataset."""
-
-    def __init__(self, make_iterators):
-        self._make_iterators = make_iterators
-
-    def __iter__(self):
-        return self._make_iterators()
 
 
 def _tfdist_loop(strategy, model, dataset, spe):
