@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import tfdist
 from tfdist import data as data_lib
+from tfdist.batch import Batch
 
 
 def _batches(num_examples, batch_size):
@@ -167,3 +168,37 @@ def test_worker_stream_deals_the_repeated_batches_round_robin():
     # After the one batch already trained on, the stream is 1 2 3 4 0 1 2 ...
     assert first_batches(0) == [(1, 2, 2), (3, 2, 2), (0, 2, 2), (2, 2, 2), (4, 1, 1)]
     assert first_batches(1) == [(2, 2, 2), (4, 1, 1), (1, 2, 2), (3, 2, 2), (0, 2, 2)]
+
+
+def _map_function_ops(dataset):
+    """The op types of the functions in ``dataset``'s graph."""
+    from tensorflow.core.framework import graph_pb2  # pylint: disable=import-outside-toplevel
+
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(input_dataset=dataset._variant_tensor).numpy())  # pylint: disable=protected-access
+    return {node.op for function in graph.library.function for node in function.node_def}
+
+
+def test_static_size_batches_carry_the_same_global_count_without_a_batch_function(make_strategy):
+    """(x, y) batches of one static size get their count from a zipped
+    constant column; the structures equal those of the computing map."""
+    x = np.arange(12, dtype="float32")[:, None]
+    y = np.arange(12)
+    static = tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True)
+    assert static.element_spec[0].shape[0] == 4
+    fast = data_lib.apply_partial_batch_policy(static, "exact", add_global_count=True)
+    computed = static.map(lambda *e: Batch.from_element(e).with_global_count().to_structure())
+    assert fast.element_spec == computed.element_spec
+    assert int(fast.cardinality()) == 3
+    assert _map_function_ops(fast) == {"Identity"}  # the computing map: Shape, Fill, ...
+    assert _map_function_ops(computed) - {"Identity"}
+    for got, expected in zip(fast, computed):
+        assert sorted(got) == ["global_examples", "x", "y"]
+        for key in expected:
+            np.testing.assert_array_equal(got[key].numpy(), expected[key].numpy())
+    # Split over 2 replicas, every replica reads the global count, 4.
+    strategy = make_strategy(2)
+    distributed = data_lib.distribute(strategy, static)
+    counts = [[t["global_examples"].numpy().tolist() for t in strategy.experimental_local_results(b)]
+              for b in distributed]
+    assert counts == [[[4.0, 4.0], [4.0, 4.0]]] * 3

@@ -68,6 +68,24 @@ def test_steps_per_execution_equals_single_device(make_strategy, num_replicas):
     ref.assert_logs_close(expected_history, history)
 
 
+@pytest.mark.parametrize("num_replicas", [2, 4])
+def test_static_size_batches_without_weights_equal_single_device_keras(make_strategy, num_replicas):
+    # (x, y) batches of one static size take tfdist.data's path without a
+    # per-batch function: the global count is a constant column zipped in.
+    x, y, _ = ref.classification_arrays(64)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True)
+    expected_model, expected_history = ref.keras_fit(dataset, EPOCHS, "adam")
+
+    model, trainer, history = _tfdist_fit(make_strategy(num_replicas), dataset, "adam")
+
+    ref.assert_weights_close(expected_model, model)
+    ref.assert_logs_close(expected_history, history)
+    ref.assert_logs_close(
+        expected_model.evaluate(dataset, verbose=0, return_dict=True),
+        trainer.evaluate(dataset),
+    )
+
+
 # The "pad" policy with jit_compile (the static-shape path) is tested in
 # tests/test_static_shapes.py.
 
