@@ -2,6 +2,7 @@
 
 import os
 import re
+import statistics
 import time
 
 import keras
@@ -166,12 +167,25 @@ def test_restore_skips_a_newest_checkpoint_whose_files_are_broken(make_strategy,
     ref.assert_weights_close(expected_model, model)
 
 
-def _kb_per_save(samples):
-    """Least-squares slope of RSS (KB) against saves done."""
-    mean_x = sum(x for x, _ in samples) / len(samples)
-    mean_y = sum(y for _, y in samples) / len(samples)
-    return (sum((x - mean_x) * (y - mean_y) for x, y in samples)
-            / sum((x - mean_x) ** 2 for x, _ in samples))
+def _kb_per_save(samples, span=25):
+    """Median RSS growth (KB per save) over windows of `span` saves.
+
+    A leak grows RSS at every save; the allocator also moves RSS up or down
+    by ~8 MB at a time when it takes or returns an arena. A least-squares
+    slope over 500 saves turns one such step near the end into ~25 KB per
+    save (a CI run failed on that); the median over windows ignores the few
+    windows a step falls in and still reads a steady leak in full (untraced
+    saves: ~200 KB per save on the chief; traced: ~2).
+    """
+    slopes = []
+    end = 0
+    for saves, rss in samples:
+        while end < len(samples) and samples[end][0] < saves + span:
+            end += 1
+        if end == len(samples):
+            break
+        slopes.append((samples[end][1] - rss) / (samples[end][0] - saves))
+    return statistics.median(slopes)
 
 
 def _rss_kb(pid: int) -> int:
@@ -183,8 +197,9 @@ def test_parameter_server_saves_do_not_grow_memory(tmp_path):
     """With the model on a ps and the counters on the chief, TensorFlow's
     eager save traces a new function per save and keeps it: ~110 KB per
     save on the chief and ~320 KB on the ps. `tfdist.traced_saves` traces
-    once. 600 saves on a real 1-ps cluster; the slope after the first 100
-    must stay under 20 KB per save on both (measured ~3). A variable tracked
+    once. 600 saves on a real 1-ps cluster; after the first 100, the median
+    growth over 25-save windows must stay under 20 KB per save on both
+    (measured ~2; ~200 with the traced save removed). A variable tracked
     after them must be in the next save."""
     saved = re.compile(r"save (\d+) rss_kb (\d+)")
     ps = []
@@ -207,6 +222,6 @@ def test_parameter_server_saves_do_not_grow_memory(tmp_path):
              for m in map(saved.search, run.lines) if m and int(m.group(1)) >= 100]
     assert chief[-1][0] == 600 and len(ps) > 20, run.output[-3000:]
     assert _kb_per_save(chief) < 20 and _kb_per_save(ps) < 20, (
-        _kb_per_save(chief), _kb_per_save(ps))
+        _kb_per_save(chief), _kb_per_save(ps), chief[::50], ps[::25])
     # A variable tracked after those saves is in the next one.
     assert "late variable saved: [7.0]" in run.output, run.output[-3000:]
