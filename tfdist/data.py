@@ -28,11 +28,12 @@ Partial final batches follow a policy:
 [4, 1]
 """
 
+import math
 from typing import Optional
 
 import tensorflow as tf
 
-from tfdist import epochs
+from tfdist import collectives, epochs
 from tfdist.batch import Batch, validate_element_spec
 from tfdist.epochs import EpochDataset, epoch_seed  # noqa: F401  (public names)
 from tfdist.errors import ConfigurationError
@@ -168,6 +169,36 @@ def distribute(
 ):
     """Returns a distributed dataset of `Batch` structures for ``epoch``.
 
+    Arguments as `distribute_counted`, which also says how many steps the
+    dataset certainly has.
+    """
+    distributed, _ = distribute_counted(
+        strategy, data, epoch=epoch, skip_steps=skip_steps, partial_batch=partial_batch,
+        global_batch_size=global_batch_size, shard_policy=shard_policy,
+        avoid_empty_replicas=avoid_empty_replicas,
+    )
+    return distributed
+
+
+def distribute_counted(
+    strategy: tf.distribute.Strategy,
+    data,
+    *,
+    epoch: int = 0,
+    skip_steps: int = 0,
+    partial_batch: str = "exact",
+    global_batch_size: Optional[int] = None,
+    shard_policy: str = "auto",
+    avoid_empty_replicas: bool = False,
+):
+    """``(distributed dataset, guaranteed steps)`` for ``epoch``.
+
+    ``guaranteed steps`` is how many steps an iterator of it certainly
+    yields: ``math.inf`` for an endless dataset (``repeat()``), the
+    dataset's cardinality on one worker when tf.data knows it, else 0. A
+    loop that reads no further than that needs no end-of-data check per
+    step (`tfdist.loop.make_loop`'s ``check_end``).
+
     Args:
       strategy: where the batches go.
       data: a `tf.data.Dataset` of global batches, an `EpochDataset`, a
@@ -196,10 +227,10 @@ def distribute(
         )
     source = epochs.as_source(data)
     replicas = strategy.num_replicas_in_sync
-    if source.per_replica:
+    if source.per_replica:  # its length is the dataset_fn's: unknown here
         return _distribute_dataset_fn(
             strategy, source, skip_steps, partial_batch, global_batch_size, shard_policy
-        )
+        ), 0
     data = source.global_batches(epoch)
     # "auto" means DATA here: every worker reads the global batches and
     # keeps its replicas' slices, so each step trains on exactly the
@@ -222,7 +253,22 @@ def distribute(
                 f"multiple of {replicas}, or use partial_batch='exact'."
             )
     dataset = dataset.with_options(_options(policy)).prefetch(tf.data.AUTOTUNE)
-    return strategy.experimental_distribute_dataset(dataset)
+    return (strategy.experimental_distribute_dataset(dataset),
+            _guaranteed_steps(strategy, dataset))
+
+
+def _guaranteed_steps(strategy, dataset: tf.data.Dataset):
+    """Steps an iterator of ``dataset`` distributed over ``strategy``
+    certainly yields: inf when endless, the cardinality on one worker (each
+    global batch is one step), else 0 (unknown; across workers a step
+    count depends on how TensorFlow splits the last batches, and a TPU pod
+    has several input hosts)."""
+    cardinality = int(dataset.cardinality())
+    if cardinality == tf.data.INFINITE_CARDINALITY:
+        return math.inf
+    one_input_worker = not (collectives.spans_workers(strategy) or isinstance(
+        strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)))
+    return cardinality if cardinality >= 0 and one_input_worker else 0
 
 
 def _distribute_dataset_fn(strategy, source, skip_steps, partial_batch,

@@ -36,10 +36,19 @@ from tfdist.errors import ConfigurationError
 
 
 def make_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
-              after_step: Optional[Callable] = None):
+              after_step: Optional[Callable] = None, check_end: bool = True):
     """A ``tf.function(iterator, num_steps)`` that runs up to ``num_steps``
     of ``strategy.run(replica_step, (element,))`` and returns the steps run.
-    ``after_step`` runs in cross-replica context after each step."""
+    ``after_step`` runs in cross-replica context after each step.
+
+    ``check_end=False``: the caller knows the iterator has ``num_steps``
+    more elements (`tfdist.data.distribute_counted`), so each step reads
+    with ``next`` instead of ``get_next_as_optional`` plus a test and a
+    ``break``: ~50 us less per host call here (a one-step call of an
+    optional-reading loop on a distributed iterator: ~395 us against
+    ~345 us for ``next``), about what a hand-written loop pays. Reading past
+    the end raises ``OutOfRangeError``.
+    """
 
     @collectives.function  # instance keys fixed at trace: flat memory per call
     def loop(iterator, num_steps):
@@ -54,7 +63,15 @@ def make_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
             steps_run += 1
         return steps_run
 
-    return loop
+    @collectives.function
+    def loop_without_end_check(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            strategy.run(replica_step, args=(next(iterator),))
+            if after_step is not None:
+                after_step()
+        return num_steps
+
+    return loop if check_end else loop_without_end_check
 
 
 class Execution(NamedTuple):

@@ -1,12 +1,15 @@
 """Runs up to N replica steps per call inside one ``tf.function``.
 
 The loops are `tfdist.loop.make_loop`'s (Keras' ``steps_per_execution``: the
-host dispatches once per N steps); under a multi-worker strategy workers
+host dispatches once per N steps), without the per-step end-of-data check
+while the data certainly lasts (endless data, or a known length on one
+worker: `CountedIterator`); under a multi-worker strategy workers
 agree on stop requests about once a second (`tfdist.agreement`). The outer
 loop (the Trainer) uses the count of steps run to end the epoch.
 """
 
-from typing import Callable, Optional
+import dataclasses
+from typing import Any, Callable, Optional, Union
 
 import tensorflow as tf
 
@@ -14,6 +17,39 @@ from tfdist import collectives, peers
 from tfdist import loop as host_loop
 from tfdist import data as data_lib
 from tfdist.agreement import StopAgreement
+
+
+@dataclasses.dataclass
+class CountedIterator:
+    """A distributed iterator and the steps it certainly still has
+    (``math.inf``: endless; 0: unknown). Executions within that many steps
+    run without an end-of-data check (`tfdist.loop.make_loop`)."""
+
+    iterator: Any
+    guaranteed_steps: Union[int, float]
+
+
+class CountedLoops:
+    """A replica step's two host loops: with and without the end check."""
+
+    def __init__(self, strategy, replica_step, after_step=None):
+        self._checked = host_loop.make_loop(strategy, replica_step, after_step=after_step)
+        self._unchecked = host_loop.make_loop(
+            strategy, replica_step, after_step=after_step, check_end=False)
+        self._step_counts = {}  # num_steps -> its int64 tensor, made once
+
+    def run(self, counted: CountedIterator, num_steps: int) -> int:
+        """Runs up to ``num_steps`` steps; returns how many ran."""
+        steps = self._step_counts.get(num_steps)
+        if steps is None:
+            steps = self._step_counts.setdefault(num_steps, tf.constant(num_steps, tf.int64))
+        if num_steps <= counted.guaranteed_steps:
+            self._unchecked(counted.iterator, steps)
+            counted.guaranteed_steps -= num_steps
+            return num_steps
+        ran = int(self._checked(counted.iterator, steps))
+        counted.guaranteed_steps = max(0, counted.guaranteed_steps - ran)
+        return ran
 
 
 class SynchronousRunner:
@@ -34,35 +70,38 @@ class SynchronousRunner:
         self._strategy = strategy
         self._shard_policy = shard_policy
         self._multi_worker = collectives.spans_workers(strategy)
-        self._train_loop = host_loop.make_loop(strategy, train_step, after_step=after_train_step)
+        self._train_loops = CountedLoops(strategy, train_step, after_step=after_train_step)
         self.stop_agreement = StopAgreement(strategy, spans_workers=self._multi_worker)
-        self._eval_loop = host_loop.make_loop(strategy, eval_step)
+        self._eval_loops = CountedLoops(strategy, eval_step)
         self._distributed = {}
         self._agree = None
 
     def _distribute(self, source, *, epoch, skip_steps, partial_batch, global_batch_size):
-        """The distributed dataset; reused while the data, epoch source and
-        position are unchanged (building one costs tens of milliseconds)."""
+        """``(distributed dataset, guaranteed steps)``; reused while the
+        data, epoch source and position are unchanged (building one costs
+        tens of milliseconds)."""
         key = (source.original, epoch if source.per_epoch else None, skip_steps, partial_batch)
         if key not in self._distributed:
             if len(self._distributed) >= 4:
                 self._distributed.clear()
-            self._distributed[key] = data_lib.distribute(
+            self._distributed[key] = data_lib.distribute_counted(
                 self._strategy, source, epoch=epoch, skip_steps=skip_steps,
                 partial_batch=partial_batch, global_batch_size=global_batch_size,
                 shard_policy=self._shard_policy, avoid_empty_replicas=True,
             )
         return self._distributed[key]
 
-    def iterator(self, source, *, epoch, skip_steps, partial_batch, global_batch_size=None):
+    def iterator(self, source, *, epoch, skip_steps, partial_batch,
+                 global_batch_size=None) -> CountedIterator:
         """A fresh iterator over ``source`` (`tfdist.epochs.Source`) for
         ``epoch``, after ``skip_steps``."""
-        return iter(self._distribute(
+        distributed, guaranteed_steps = self._distribute(
             source, epoch=epoch, skip_steps=skip_steps, partial_batch=partial_batch,
             global_batch_size=global_batch_size,
-        ))
+        )
+        return CountedIterator(iter(distributed), guaranteed_steps)
 
-    def train(self, iterator, num_steps: int, stop_requested: bool = False, *,
+    def train(self, iterator: CountedIterator, num_steps: int, stop_requested: bool = False, *,
               ends_epoch: bool = False):
         """Runs up to ``num_steps`` training steps.
 
@@ -71,7 +110,7 @@ class SynchronousRunner:
         (`tfdist.agreement`: within about a second of steps, and always at
         the execution that ends the epoch (``ends_epoch``) or the data).
         """
-        ran = int(self._train_loop(iterator, tf.constant(num_steps, tf.int64)))
+        ran = self._train_loops.run(iterator, num_steps)
         last = ends_epoch or ran < num_steps
         return ran, self.stop_agreement.after_execution(stop_requested, last=last)
 
@@ -101,7 +140,7 @@ class SynchronousRunner:
         done = 0
         while steps is None or done < steps:
             chunk = 1024 if steps is None else steps - done
-            ran = int(self._eval_loop(iterator, tf.constant(chunk, tf.int64)))
+            ran = self._eval_loops.run(iterator, chunk)
             done += ran
             if ran < chunk:
                 break
