@@ -156,28 +156,15 @@ def _options(shard_policy: str) -> tf.data.Options:
     return options
 
 
-def distribute(
-    strategy: tf.distribute.Strategy,
-    data,
-    *,
-    epoch: int = 0,
-    skip_steps: int = 0,
-    partial_batch: str = "exact",
-    global_batch_size: Optional[int] = None,
-    shard_policy: str = "auto",
-    avoid_empty_replicas: bool = False,
-):
-    """Returns a distributed dataset of `Batch` structures for ``epoch``.
+def distribute(strategy: tf.distribute.Strategy, data, **options):
+    """Returns a distributed dataset of `Batch` structures.
 
-    Arguments as `distribute_counted`, which also says how many steps the
-    dataset certainly has.
+    Arguments (``epoch``, ``skip_steps``, ``partial_batch``,
+    ``global_batch_size``, ``shard_policy``, ``avoid_empty_replicas``) as
+    `distribute_counted`, which also says how many steps the dataset
+    certainly has.
     """
-    distributed, _ = distribute_counted(
-        strategy, data, epoch=epoch, skip_steps=skip_steps, partial_batch=partial_batch,
-        global_batch_size=global_batch_size, shard_policy=shard_policy,
-        avoid_empty_replicas=avoid_empty_replicas,
-    )
-    return distributed
+    return distribute_counted(strategy, data, **options)[0]
 
 
 def distribute_counted(

@@ -15,7 +15,9 @@ training loops:
 The loop reads the distributed iterator with ``get_next_as_optional``, so
 the data may end inside an execution: it returns how many steps ran, and
 the number of steps is a tensor argument, so a short final execution does
-not retrace.
+not retrace. When the caller knows the data lasts (``check_end=False``; the
+Trainer's runner does for endless data and known lengths), the loop reads
+with ``next`` as a hand-written loop does.
 
 Under a multi-worker strategy every worker must stop after the same step
 when any one is asked to (SIGTERM / Ctrl-C): `tfdist.agreement` sums the
