@@ -1,0 +1,78 @@
+"""How long deleting a distributed dataset's iterator blocks (README "Performance").
+
+    python scripts/iterator_deletion.py --windows=24 --steps=300
+    python scripts/iterator_deletion.py --windows=6 --steps=2500
+
+Trains the benchmark's MLP with a hand-written `strategy.run` loop (no
+tfdist in the timed path) in windows: a fresh iterator of
+``strategy.experimental_distribute_dataset`` per window, ``--steps`` steps,
+then ``del iterator``, each part timed on its own. Once with TensorFlow's
+defaults and once with tf.data autotuning off. Prints per variant the median
+step time and every deletion's wall time, which is what makes a benchmark
+window (or an epoch's end) slow at random.
+"""
+
+import pathlib
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+flags.DEFINE_string("strategy", "one_device", "one_device or mirrored.")
+flags.DEFINE_integer("num_replicas", 2, "Replicas for mirrored.")
+flags.DEFINE_integer("windows", 24, "Windows per variant.")
+flags.DEFINE_integer("steps", 300, "Steps per window (one step per call).")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    import tfdist  # pylint: disable=import-outside-toplevel
+    from bench import contenders, workloads  # pylint: disable=import-outside-toplevel
+
+    options = {"num_replicas": FLAGS.num_replicas} if FLAGS.strategy == "mirrored" else {}
+    strategy = tfdist.make_strategy(FLAGS.strategy, **options)
+    model = workloads.compiled_model(strategy, "mlp", 1)
+    dataset = workloads.endless_dataset("mlp", 256)
+    with strategy.scope():
+        replica_step = contenders._replica_step(model, 256)  # pylint: disable=protected-access
+    no_autotune = tf.data.Options()
+    no_autotune.autotune.enabled = False
+    variants = {
+        "defaults": strategy.experimental_distribute_dataset(dataset),
+        "autotune off": strategy.experimental_distribute_dataset(
+            dataset.with_options(no_autotune)),
+    }
+
+    @tf.function
+    def execution(iterator):
+        strategy.run(replica_step, args=(next(iterator),))
+
+    for name, distributed in variants.items():
+        iterator = iter(distributed)
+        for _ in range(50):  # trace and warm up
+            execution(iterator)
+        del iterator
+        steps, deletions = [], []
+        for _ in range(FLAGS.windows):
+            iterator = iter(distributed)
+            start = time.perf_counter()
+            for _ in range(FLAGS.steps):
+                execution(iterator)
+            stepped = time.perf_counter()
+            del iterator
+            deletions.append((time.perf_counter() - stepped) * 1e3)
+            steps.append((stepped - start) / FLAGS.steps * 1e3)
+        print(f"{name}: {statistics.median(steps):.3f} ms per step "
+              f"[{min(steps):.3f}-{max(steps):.3f}]; deletions (ms): "
+              f"{[round(d) for d in deletions]}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
