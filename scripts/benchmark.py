@@ -56,6 +56,9 @@ flags.DEFINE_bool("quick", False,
                   "A check that every path works, not a measurement: one_device, "
                   "mirrored:2, multi_worker:2 and parameter_server:1, the mlp, "
                   "spe 2, 2 rounds of 0.2 s windows.")
+flags.DEFINE_bool("keep_teardown_stall", False,
+                  "Keep TensorFlow's iterator-teardown stall in the windows (bench.teardown): "
+                  "what an epoch's end costs a user, but it decides most windows' rates.")
 flags.DEFINE_bool("plot", False, "Also draw ratios.png and scaling.png (matplotlib).")
 flags.DEFINE_string("child", None, "Internal: run one single-process configuration (JSON).")
 flags.DEFINE_integer("timeout_seconds", 1800, "Bound on one configuration.")
@@ -89,16 +92,20 @@ def _configurations():
                 yield {"strategy": entry, "model": model, "steps_per_execution": spe,
                        "global_batch_size": FLAGS.global_batch_size,
                        "contenders": FLAGS.contenders, "window_seconds": window,
-                       "rounds": rounds, "probe_steps": probe}
+                       "rounds": rounds, "probe_steps": probe,
+                       "keep_teardown_stall": FLAGS.keep_teardown_stall}
 
 
 # -- a single-process configuration (child process) ------------------------
 
 
 def run_child(config) -> dict:
-    from bench import measure  # pylint: disable=import-outside-toplevel
+    from bench import measure, teardown  # pylint: disable=import-outside-toplevel
 
     import tfdist  # pylint: disable=import-outside-toplevel
+
+    if not config.get("keep_teardown_stall"):
+        teardown.remove_iterator_teardown_stall()
 
     kind, _, count = config["strategy"].partition(":")
     strategy = (tfdist.make_strategy("mirrored", num_replicas=int(count) if count else None)

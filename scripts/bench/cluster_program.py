@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench import contenders, measure  # noqa: E402
+from bench import contenders, measure, teardown  # noqa: E402
 
 
 def _agreement(strategy, steps_per_execution: int):
@@ -45,6 +45,8 @@ def main():
 
     import tfdist  # pylint: disable=import-outside-toplevel
 
+    if not config.get("keep_teardown_stall"):
+        teardown.remove_iterator_teardown_stall()
     kind = config["strategy"].partition(":")[0]
     spe = config["steps_per_execution"]
     if kind == "parameter_server":

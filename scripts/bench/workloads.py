@@ -26,10 +26,14 @@ def global_batch(model: str, batch_size: int):
 
 
 def endless_dataset(model: str, batch_size: int):
-    """The global batch repeated forever (static batch dimension)."""
+    """The global batch repeated forever (static batch dimension); without
+    tf.data autotuning once `bench.teardown` removed the teardown stall."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    return tf.data.Dataset.from_tensors(global_batch(model, batch_size)).repeat()
+    from bench import teardown  # pylint: disable=import-outside-toplevel
+
+    dataset = tf.data.Dataset.from_tensors(global_batch(model, batch_size)).repeat()
+    return teardown.without_autotune(dataset) if teardown.stall_removed() else dataset
 
 
 def compiled_model(strategy, model: str, steps_per_execution: int):
