@@ -44,15 +44,13 @@ def main(argv):
     dataset = workloads.endless_dataset("mlp", 256)
     with strategy.scope():
         replica_step = contenders._replica_step(model, 256)  # pylint: disable=protected-access
-    no_autotune = tf.data.Options()
-    no_autotune.autotune.enabled = False
     variants = {
         "defaults": lambda: strategy.experimental_distribute_dataset(dataset),
         "autotune off (host)": lambda: strategy.experimental_distribute_dataset(
-            dataset.with_options(no_autotune)),
+            teardown.without_autotune(dataset)),
         "autotune off (host and devices)": lambda: (
             teardown.remove_iterator_teardown_stall(),  # iterators made from now on
-            strategy.experimental_distribute_dataset(dataset.with_options(no_autotune)))[1],
+            strategy.experimental_distribute_dataset(teardown.without_autotune(dataset)))[1],
     }
 
     @tf.function

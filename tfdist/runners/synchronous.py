@@ -42,7 +42,7 @@ class CountedLoops:
         """Runs up to ``num_steps`` steps; returns how many ran."""
         steps = self._step_counts.get(num_steps)
         if steps is None:
-            steps = self._step_counts.setdefault(num_steps, tf.constant(num_steps, tf.int64))
+            steps = self._step_counts[num_steps] = tf.constant(num_steps, tf.int64)
         if num_steps <= counted.guaranteed_steps:
             self._unchecked(counted.iterator, steps)
             counted.guaranteed_steps -= num_steps
