@@ -6,7 +6,10 @@ can run, so per-step costs (threads, memory, files) show up quickly. Runs
 under ``tfdist-run`` as every worker (MultiWorkerMirroredStrategy) or as the
 chief of a parameter-server cluster (``--strategy=parameter_server``), with a
 checkpoint every ``--checkpoint_every_steps`` steps, until ``--steps`` are
-done or it is stopped (SIGTERM: it saves and exits 143).
+done or it is stopped (SIGTERM: it saves and exits 143). With
+``--epoch_steps=N`` it trains epochs of N steps, each a pass over finite data
+with an iterator of its own (made, run out, and freed: what
+`tfdist.iterator_release` does at every epoch end); by default one epoch.
 """
 
 import argparse
@@ -23,6 +26,8 @@ def main():
     parser.add_argument("--checkpoint_every_steps", type=int, default=500)
     parser.add_argument("--log_every_steps", type=int, default=100)
     parser.add_argument("--steps_per_execution", type=int, default=1)
+    parser.add_argument("--epoch_steps", type=int, default=0,
+                        help="steps per epoch, each epoch a fresh pass (0: one epoch)")
     args = parser.parse_args()
 
     strategy = tfdist.make_strategy(args.strategy)
@@ -34,8 +39,14 @@ def main():
     x = rng.randn(4096, 6).astype("float32")
     y = (x[:, 0] + x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
     batches_per_pass = len(x) // 8
-    passes = -(-args.steps // batches_per_pass)
-    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(passes)
+    if args.epoch_steps:
+        data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8).take(
+            args.epoch_steps)
+        epochs, steps_per_epoch = -(-args.steps // args.epoch_steps), None
+    else:
+        passes = -(-args.steps // batches_per_pass)
+        data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(passes)
+        epochs, steps_per_epoch = 1, args.steps
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = keras.Sequential([
@@ -49,7 +60,7 @@ def main():
         checkpoint_every_steps=args.checkpoint_every_steps,
         log_every_steps=args.log_every_steps, steps_per_execution=args.steps_per_execution,
     )
-    trainer.fit(data, epochs=1, steps_per_epoch=args.steps, verbose=1)
+    trainer.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=1)
 
 
 if __name__ == "__main__":

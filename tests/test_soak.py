@@ -38,16 +38,34 @@ def test_judge_passes_flat_tasks_and_fails_each_kind_of_growth():
     assert not verdicts["worker-3"]["flat"] and verdicts["worker-3"]["fd_growth"] == 30
 
 
+def test_judge_tells_a_bounded_spike_of_threads_from_a_leak():
+    """Samples 2 s apart: freed data iterators' threads come and go for a
+    few seconds (tfdist.iterator_release); leaked ones stay."""
+    def rows(task, threads):
+        return [{"t": i * 2.0, "task": task, "threads": th, "rss_mb": 700.0, "fds": 20,
+                 "step": i * 100} for i, th in enumerate(threads)]
+
+    spike = rows("worker-0", [122] * 12 + [130, 142, 154, 154] + [122, 113] * 6)
+    leak = rows("worker-1", [122] * 12 + [130] * 16)
+    verdicts = soak.judge(spike + leak, warmup_seconds=5, slack=7, max_rss_kb_per_step=1.0)
+    assert verdicts["worker-0"]["flat"] and verdicts["worker-0"]["thread_spike"] == 32
+    assert not verdicts["worker-1"]["flat"] and verdicts["worker-1"]["thread_growth"] == 8
+
+
 @pytest.mark.soak
 @pytest.mark.parametrize("mode", ["mwms", "ps"])
 def test_short_soak_keeps_every_task_flat_and_stops_on_sigterm(tmp_path, mode):
+    """MWMS in epochs of 512 steps: per-step and per-epoch work (a fresh
+    iterator each epoch, the old one freed on `tfdist.iterator_release`'s
+    thread) both run ~20 times a minute."""
     report = tmp_path / "soak.json"
+    epochs = ["--epoch_steps=512"] if mode == "mwms" else []
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "soak.py"), f"--mode={mode}", "--minutes=1",
-         f"--json={report}"], cwd=REPO, timeout=420, capture_output=True, text=True,
+         f"--json={report}", *epochs], cwd=REPO, timeout=420, capture_output=True, text=True,
     )
     result = json.loads(report.read_text())
     assert result["ok"], done.stdout[-6000:]
-    assert result["run"]["last_step"] > 500  # fast steps really ran
+    assert result["run"]["last_step"] > (2048 if epochs else 500)  # fast steps really ran
     tasks = set(result["verdicts"])
     assert tasks == ({"worker-0", "worker-1"} if mode == "mwms" else {"chief-0", "worker-0", "ps-0"})

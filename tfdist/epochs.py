@@ -137,14 +137,27 @@ def epoch_iterators(
     With ``steps_per_epoch`` and a fixed dataset, one iterator runs on
     across epochs (``persistent``, as in Keras) from its start at
     ``first_epoch`` (Keras' ``initial_epoch``); otherwise every epoch is a
-    fresh pass.
+    fresh pass. A finished iterator is released (see `_release`) when the
+    next one is made and when the generator ends.
     """
     persistent = steps_per_epoch is not None and not source.per_epoch
     iterator = None
-    while position.epoch < epochs:
-        epoch = position.epoch
-        if iterator is None or not persistent:
-            skip = position.step_in_epoch + (
-                (epoch - first_epoch) * steps_per_epoch if persistent else 0)
-            iterator = make_iterator(epoch, skip)
-        yield epoch, iterator, steps_per_epoch or source.known_steps(epoch), persistent
+    try:
+        while position.epoch < epochs:
+            epoch = position.epoch
+            if iterator is None or not persistent:
+                _release(iterator)
+                skip = position.step_in_epoch + (
+                    (epoch - first_epoch) * steps_per_epoch if persistent else 0)
+                iterator = make_iterator(epoch, skip)
+            yield epoch, iterator, steps_per_epoch or source.known_steps(epoch), persistent
+    finally:  # the epochs are over, or the caller closed (or dropped) the generator
+        _release(iterator)
+
+
+def _release(iterator) -> None:
+    """Hands a finished iterator to its ``release`` (the synchronous
+    runner's free it off the training thread: `tfdist.iterator_release`)."""
+    release = getattr(iterator, "release", None)
+    if release is not None:
+        release()

@@ -26,6 +26,8 @@ import sys
 import threading
 from typing import List, Optional
 
+from tfdist import iterator_release
+
 PREEMPTED_EXIT_CODE = 143
 # After a stop, how long freeing the data iterators may take
 # (`free_iterators_or_exit`).
@@ -131,5 +133,6 @@ def free_iterators_or_exit(stop: Preempted) -> Preempted:
     threading.Thread(target=exit_if_stuck, name="tfdist-exit-if-stuck", daemon=True).start()
     stop.__traceback__ = None
     gc.collect()  # frames in reference cycles (generators) too
+    iterator_release.wait(RELEASE_SECONDS)  # what they handed to the release thread
     freed.set()
     return stop

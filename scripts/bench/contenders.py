@@ -20,11 +20,13 @@ starts a new iterator per ``run`` call, as an epoch does:
                  execution (``log_every_steps=1``): what lazy metrics save
   tfdist_epoch_logs (optional) `Trainer.fit` reading metrics only at the
                  epoch's end: what the log points cost
-  custom_loop_tfdist_data (optional, parameter servers) the hand-written
-                 ``ClusterCoordinator`` loop reading tfdist's per-worker
-                 streams (`tfdist.data.worker_stream`: each worker reads the
-                 stream and keeps its share; a global-count column): what
-                 tfdist's data costs, apart from its step
+  custom_loop_tfdist_data (optional) the hand-written loop reading
+                 tfdist's data instead of its own: `tfdist.data.distribute`
+                 (a global-count column, a prefetch) or, under parameter
+                 servers, tfdist's per-worker streams
+                 (`tfdist.data.worker_stream`: each worker reads the stream
+                 and keeps its share): what tfdist's data costs, apart from
+                 its step
 """
 
 from bench import workloads
@@ -79,10 +81,11 @@ def builders(strategy, model_name: str, batch_size: int, steps_per_execution: in
         return _tfdist_loop(strategy, model(), dataset, spe)
 
     def custom_loop_tfdist_data():
-        if not parameter_server:
-            raise ValueError("custom_loop_tfdist_data runs under parameter servers only.")
-        return _coordinator_loop(strategy, model(), model_name, batch_size, spe,
-                                 tfdist_streams=True)
+        if parameter_server:
+            return _coordinator_loop(strategy, model(), model_name, batch_size, spe,
+                                     tfdist_streams=True)
+        return _distributed_loop(strategy, model(), dataset, batch_size, spe,
+                                 tfdist_data=True)
 
     every = {
         "tfdist": tfdist_fit,
@@ -132,14 +135,20 @@ def _replica_step(model, batch_size):
     return replica_step
 
 
-def _distributed_loop(strategy, model, dataset, batch_size, spe):
+def _distributed_loop(strategy, model, dataset, batch_size, spe, tfdist_data=False):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     with strategy.scope():
         replica_step = _replica_step(model, batch_size)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    distributed = strategy.experimental_distribute_dataset(dataset.with_options(options))
+    if tfdist_data:
+        import tfdist  # pylint: disable=import-outside-toplevel
+
+        distributed = tfdist.data.distribute(strategy, dataset, avoid_empty_replicas=True)
+    else:
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.DATA)
+        distributed = strategy.experimental_distribute_dataset(dataset.with_options(options))
 
     @tf.function
     def execution(iterator, num_steps):

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Union
 
 import tensorflow as tf
 
-from tfdist import collectives, peers
+from tfdist import collectives, iterator_release, peers
 from tfdist import loop as host_loop
 from tfdist import data as data_lib
 from tfdist.agreement import StopAgreement
@@ -27,6 +27,11 @@ class CountedIterator:
 
     iterator: Any
     guaranteed_steps: Union[int, float]
+
+    def release(self) -> None:
+        """Done with it: TensorFlow frees the iterator off this thread
+        (`tfdist.iterator_release`: freeing it here can stall seconds)."""
+        iterator_release.release(self, "iterator")
 
 
 class CountedLoops:
@@ -138,9 +143,12 @@ class SynchronousRunner:
         iterator = self.iterator(source, epoch=0, skip_steps=0, partial_batch=partial_batch,
                                  global_batch_size=global_batch_size)
         done = 0
-        while steps is None or done < steps:
-            chunk = 1024 if steps is None else steps - done
-            ran = self._eval_loops.run(iterator, chunk)
-            done += ran
-            if ran < chunk:
-                break
+        try:
+            while steps is None or done < steps:
+                chunk = 1024 if steps is None else steps - done
+                ran = self._eval_loops.run(iterator, chunk)
+                done += ran
+                if ran < chunk:
+                    break
+        finally:
+            iterator.release()

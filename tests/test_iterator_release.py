@@ -1,0 +1,177 @@
+"""Finished data iterators are freed off the training thread
+(`tfdist.iterator_release`), at most `MAX_PENDING` at a time, and every
+owner of iterators hands them over: epochs, evaluation, a stopped job."""
+
+import subprocess
+import sys
+import textwrap
+import threading
+import weakref
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tfdist import epochs as epochs_lib
+from tfdist import iterator_release
+from tfdist.epochs import as_source
+
+
+class BlockingIterator:
+    """Stands for an iterator whose deletion blocks (as TensorFlow's can)
+    until ``unblock`` is set; records the thread that deleted it."""
+
+    def __init__(self, unblock: threading.Event, deleted_on: list):
+        self._unblock = unblock
+        self._deleted_on = deleted_on
+
+    def __del__(self):
+        self._unblock.wait(30)
+        self._deleted_on.append(threading.current_thread().name)
+
+
+class Holder:
+    def __init__(self, iterator):
+        self.iterator = iterator
+
+
+@pytest.fixture(autouse=True)
+def nothing_pending_after():
+    yield
+    assert iterator_release.wait(60), "a released iterator was never freed"
+
+
+def test_release_returns_while_the_deletion_blocks_on_its_own_thread():
+    unblock, deleted_on = threading.Event(), []
+    iterator_release.release(Holder(BlockingIterator(unblock, deleted_on)))
+    # The caller is back while the deletion still waits.
+    assert iterator_release.pending() == 1 and deleted_on == []
+    assert not iterator_release.wait(0.2)
+    unblock.set()
+    assert iterator_release.wait(30)
+    assert deleted_on == ["tfdist-iterator-release"]
+
+
+def test_release_blocks_once_max_pending_deletions_are_under_way():
+    unblock, deleted_on = threading.Event(), []
+    for _ in range(iterator_release.MAX_PENDING):
+        iterator_release.release(Holder(BlockingIterator(unblock, deleted_on)))
+    assert iterator_release.pending() == iterator_release.MAX_PENDING
+    one_more = threading.Thread(
+        target=iterator_release.release, args=(Holder(BlockingIterator(unblock, deleted_on)),))
+    one_more.start()
+    one_more.join(0.5)
+    assert one_more.is_alive(), "release did not wait for a free slot"
+    unblock.set()
+    one_more.join(30)
+    assert not one_more.is_alive()
+    assert iterator_release.wait(30)
+    assert len(deleted_on) == iterator_release.MAX_PENDING + 1
+
+
+class Recorded:
+    def __init__(self, name, log):
+        self.name, self._log = name, log
+
+    def release(self):
+        self._log.append(self.name)
+
+
+class Position:
+    def __init__(self):
+        self.epoch, self.step_in_epoch = 0, 0
+
+
+def _run_epochs(persistent, stop_after=None):
+    log, made = [], []
+    dataset = tf.data.Dataset.from_tensors((np.zeros((2, 1), "float32"), np.zeros(2))).repeat(4)
+    position = Position()
+
+    def make_iterator(epoch, skip):
+        made.append(epoch)
+        return Recorded(f"iterator of epoch {epoch}", log)
+
+    generator = epochs_lib.epoch_iterators(
+        as_source(dataset), make_iterator, position, epochs=3,
+        steps_per_epoch=4 if persistent else None)
+    for epoch, _, _, _ in generator:
+        log.append(f"trained epoch {epoch}")
+        if epoch == stop_after:
+            generator.close()  # what dropping fit's frames does
+            break
+        position.epoch += 1
+    return log
+
+
+def test_each_epoch_releases_its_iterator_when_the_next_is_made_and_at_the_end():
+    assert _run_epochs(persistent=False) == [
+        "trained epoch 0", "iterator of epoch 0", "trained epoch 1", "iterator of epoch 1",
+        "trained epoch 2", "iterator of epoch 2"]
+
+
+def test_an_iterator_running_across_epochs_is_released_once_at_the_end():
+    assert _run_epochs(persistent=True) == [
+        "trained epoch 0", "trained epoch 1", "trained epoch 2", "iterator of epoch 0"]
+
+
+def test_an_interrupted_fit_releases_its_iterator_when_the_epochs_close():
+    assert _run_epochs(persistent=False, stop_after=1) == [
+        "trained epoch 0", "iterator of epoch 0", "trained epoch 1", "iterator of epoch 1"]
+
+
+def test_trainer_frees_each_epochs_and_evaluations_distributed_iterator_on_the_release_thread(
+        make_strategy, monkeypatch):
+    """Real distributed iterators: every one the Trainer makes (3 training
+    epochs, 3 validations, 1 evaluation) is freed, on the release thread."""
+    strategy = make_strategy(2)
+    freed_on, made = [], []
+    from tfdist.runners import synchronous  # pylint: disable=import-outside-toplevel
+
+    original = synchronous.SynchronousRunner.iterator
+
+    def recording_iterator(self, *args, **kwargs):
+        counted = original(self, *args, **kwargs)
+        made.append(weakref.finalize(counted.iterator, lambda: freed_on.append(
+            threading.current_thread().name)))
+        return counted
+
+    monkeypatch.setattr(synchronous.SynchronousRunner, "iterator", recording_iterator)
+    x = np.random.RandomState(0).rand(64, 4).astype("float32")
+    y = (x[:, 0] > 0.5).astype("int64")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainer = tfdist.Trainer(model, strategy)
+    trainer.fit(data, epochs=3, validation_data=data, verbose=0)
+    trainer.evaluate(data)
+    assert iterator_release.wait(60)
+    assert len(made) == 7
+    assert freed_on == ["tfdist-iterator-release"] * 7
+
+
+def test_exit_waits_a_bounded_time_for_a_stuck_deletion_and_says_so(tmp_path):
+    program = tmp_path / "stuck.py"
+    program.write_text(textwrap.dedent("""
+        import threading, time
+        from tfdist import iterator_release
+        iterator_release.EXIT_WAIT_SECONDS = 0.5
+
+        class Stuck:
+            def __del__(self):
+                time.sleep(600)
+
+        class Holder:
+            def __init__(self):
+                self.iterator = Stuck()
+
+        iterator_release.release(Holder())
+        print("released", flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "released" in done.stdout
+    assert "1 data iterator(s) still being freed" in done.stderr
