@@ -3,7 +3,9 @@ threads, resident memory and open files are sampled from /proc.
 
     python scripts/soak.py --mode=mwms --minutes=10   # long form: 2 workers (MWMS)
     python scripts/soak.py --mode=ps --minutes=10     # long form: 1 worker + 1 ps
-    python scripts/soak.py --mode=mwms --minutes=1    # short form (tests/test_soak.py)
+    python scripts/soak.py --mode=mwms --minutes=1 --epoch_steps=512   # short form (tests/test_soak.py)
+    python scripts/soak.py --mode=mwms --minutes=10 --epoch_steps=512  # epoch ends: iterators made and freed
+    python scripts/soak.py --mode=mwms --minutes=10 --endless_data     # executions without an end check
 
 Each run starts ``tfdist-run`` with `scripts/soak_train.py` (global batch 8,
 one step per host call, a checkpoint every 500 steps, a progress line every
@@ -68,12 +70,13 @@ def read_proc(pid: int):
 
 
 def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: int = 1,
-                     checkpoint_every_steps: int = 500, epoch_steps: int = 0):
+                     checkpoint_every_steps: int = 500, epoch_steps: int = 0,
+                     endless_data: bool = False):
     train = [sys.executable, os.path.join(REPO, "scripts", "soak_train.py"),
              f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
              f"--steps_per_execution={steps_per_execution}",
              f"--checkpoint_every_steps={checkpoint_every_steps}",
-             f"--epoch_steps={epoch_steps}"]
+             f"--epoch_steps={epoch_steps}"] + (["--endless_data"] if endless_data else [])
     cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
     if mode == "ps":
         train.append("--strategy=parameter_server")
@@ -133,13 +136,13 @@ class Soak:
 
     def __init__(self, mode: str, minutes: float, interval: float, workdir: str, steps: int,
                  steps_per_execution: int = 1, checkpoint_every_steps: int = 500,
-                 epoch_steps: int = 0):
+                 epoch_steps: int = 0, endless_data: bool = False):
         self.mode, self.seconds, self.interval = mode, minutes * 60, interval
         self.epoch_steps = epoch_steps
         self.lines, self.samples = [], []
         self.process = subprocess.Popen(
             launcher_command(mode, workdir, steps, steps_per_execution, checkpoint_every_steps,
-                             epoch_steps),
+                             epoch_steps, endless_data),
             cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
@@ -218,6 +221,8 @@ def main(argv=None):
     parser.add_argument("--epoch_steps", type=int, default=0,
                         help="epochs of this many steps, each with a fresh iterator "
                              "(0: one epoch)")
+    parser.add_argument("--endless_data", action="store_true",
+                        help="endless data: executions without an end-of-data check")
     parser.add_argument("--slack", type=int, default=8)
     parser.add_argument("--max_rss_kb_per_step", type=float, default=None,
                         help="default: 1 for mwms, 8 for ps (see the module docstring)")
@@ -229,7 +234,8 @@ def main(argv=None):
         args.max_rss_kb_per_step = {"mwms": 1.0, "ps": 8.0}[args.mode]
     with tempfile.TemporaryDirectory(prefix="tfdist-soak-") as workdir:
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
-                    args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps)
+                    args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,
+                    args.endless_data)
         try:
             run = soak.run()
         finally:

@@ -10,6 +10,8 @@ done or it is stopped (SIGTERM: it saves and exits 143). With
 ``--epoch_steps=N`` it trains epochs of N steps, each a pass over finite data
 with an iterator of its own (made, run out, and freed: what
 `tfdist.iterator_release` does at every epoch end); by default one epoch.
+With ``--endless_data`` the data is ``repeat()``-ed without end, so the
+executions run without an end-of-data check (`tfdist.runners.synchronous`).
 """
 
 import argparse
@@ -28,6 +30,9 @@ def main():
     parser.add_argument("--steps_per_execution", type=int, default=1)
     parser.add_argument("--epoch_steps", type=int, default=0,
                         help="steps per epoch, each epoch a fresh pass (0: one epoch)")
+    parser.add_argument("--endless_data", action="store_true",
+                        help="one epoch over endless data (repeat()): the loop without "
+                             "an end-of-data check, also under MWMS")
     args = parser.parse_args()
 
     strategy = tfdist.make_strategy(args.strategy)
@@ -39,7 +44,10 @@ def main():
     x = rng.randn(4096, 6).astype("float32")
     y = (x[:, 0] + x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
     batches_per_pass = len(x) // 8
-    if args.epoch_steps:
+    if args.endless_data:
+        data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8, drop_remainder=True)
+        epochs, steps_per_epoch = 1, args.steps
+    elif args.epoch_steps:
         data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8).take(
             args.epoch_steps)
         epochs, steps_per_epoch = -(-args.steps // args.epoch_steps), None

@@ -259,3 +259,34 @@ def test_validation_calls_on_test_begin_and_end_like_keras(make_strategy):
     for want, got in zip(expected, actual):
         if want[0] == "test_end":
             ref.assert_logs_close(want[1], got[1])
+
+
+@pytest.mark.parametrize("hook", ["on_train_batch_begin", "on_batch_begin",
+                                  "on_train_batch_end", "on_batch_end"])
+def test_every_training_batch_hook_is_called_as_keras_calls_it(make_strategy, hook):
+    """The per-execution hooks are skipped only when no callback has one
+    (`tfdist._keras`): a callback overriding any of the four still gets
+    every call, with Keras' batch indices."""
+    def record(self, batch, logs=None):
+        self.batches.append(batch)
+
+    recorder_class = type("Recorder", (keras.callbacks.Callback,), {hook: record})
+    ours, theirs = recorder_class(), recorder_class()
+    ours.batches, theirs.batches = [], []
+    strategy = make_strategy(2)
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "adam")
+    tfdist.Trainer(model, strategy).fit(ref.global_batches(40, 16), epochs=2, verbose=0,
+                                        callbacks=[ours])
+    keras_model = ref.compile_model(ref.build_mlp(), "adam")
+    keras_model.fit(ref.global_batches(40, 16), epochs=2, verbose=0, callbacks=[theirs])
+    assert ours.batches == theirs.batches == [0, 1, 2, 0, 1, 2]
+
+
+def test_a_fit_without_batch_hooks_skips_them():
+    from tfdist import _keras  # pylint: disable=import-outside-toplevel
+
+    quiet = _keras.callback_list([keras.callbacks.EarlyStopping()], None, add_progbar=False)
+    with_bar = _keras.callback_list([], None, add_progbar=True)
+    assert not quiet._train_batch_hooks  # History and EarlyStopping have none
+    assert with_bar._train_batch_hooks  # Keras' progress bar has one

@@ -156,8 +156,9 @@ def epoch_iterators(
 
 
 def _release(iterator) -> None:
-    """Hands a finished iterator to its ``release`` (the synchronous
-    runner's free it off the training thread: `tfdist.iterator_release`)."""
+    """Calls a finished iterator's ``release``, if it has one (the
+    synchronous runner's iterators are freed off the training thread:
+    `tfdist.iterator_release`)."""
     release = getattr(iterator, "release", None)
     if release is not None:
         release()

@@ -10,10 +10,10 @@ with the iterator's age (README "Performance",
 when an epoch (or an evaluation) ends stands still that long.
 
 `release` takes the iterator from its holder and hands it to a thread of
-its own that drops it; the caller goes on at once. Deletions run side by side (each waits on its own
-iterator's threads), and each pending iterator holds its prefetched
-batches, so at most `MAX_PENDING` are under way: a further `release` waits
-for one of them to end. At exit, and when a stopped job frees its memory
+its own that drops it; the caller goes on at once. Deletions run side by
+side (each waits on its own iterator's threads), and each pending iterator
+holds its prefetched batches, so at most `MAX_PENDING` are under way: a
+further `release` waits for one of them to end. At exit, and when a stopped job frees its memory
 (`tfdist.preemption`), `wait` lets the pending ones finish, with a bound.
 """
 
@@ -46,8 +46,11 @@ def release(owner: Any, attribute: str = "iterator") -> None:
     _slots.acquire()  # waits while MAX_PENDING deletions are under way
     with _changed:
         _pending += 1
-    threading.Thread(target=_free, args=(holder,), name="tfdist-iterator-release",
-                     daemon=True).start()
+    try:
+        threading.Thread(target=_free, args=(holder,), name="tfdist-iterator-release",
+                         daemon=True).start()
+    except RuntimeError:  # the interpreter is exiting: no new threads
+        _free(holder)
 
 
 def _free(holder: list) -> None:

@@ -307,10 +307,10 @@ class Trainer:
                 ends_epoch=cadence.epoch_done(position.step_in_epoch + num_steps))
             if ran == 0 and not stop:  # out of data (as Keras: no batch end)
                 return True
-            before = dataclasses.replace(position)
+            step_before, step_in_epoch_before = position.step, position.step_in_epoch
             position.advance(ran)
-            log_point = cadence.is_log_point(before.step_in_epoch, position.step_in_epoch)
-            save_point = cadence.is_save_point(before.step, position.step)
+            log_point = cadence.is_log_point(step_in_epoch_before, position.step_in_epoch)
+            save_point = cadence.is_save_point(step_before, position.step)
             if log_point or save_point or stop or self._batch_logs:
                 self._runner.sync()
             if log_point:
