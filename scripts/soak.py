@@ -94,9 +94,10 @@ def slope(points):
 
 
 def _thirds(values):
-    """Medians of the first and the last third of ``values``."""
+    """Medians (the lower middle value: counts stay whole) of the first and
+    the last third of ``values``."""
     third = max(1, len(values) // 3)
-    return statistics.median(values[:third]), statistics.median(values[-third:])
+    return statistics.median_low(values[:third]), statistics.median_low(values[-third:])
 
 
 def judge(samples, *, warmup_seconds: float, slack: int, max_rss_kb_per_step: float):

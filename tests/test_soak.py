@@ -50,6 +50,9 @@ def test_judge_tells_a_bounded_spike_of_threads_from_a_leak():
     verdicts = soak.judge(spike + leak, warmup_seconds=5, slack=7, max_rss_kb_per_step=1.0)
     assert verdicts["worker-0"]["flat"] and verdicts["worker-0"]["thread_spike"] == 32
     assert not verdicts["worker-1"]["flat"] and verdicts["worker-1"]["thread_growth"] == 8
+    # Whole counts: the table prints them as integers.
+    assert all(isinstance(v[key], int) for v in verdicts.values()
+               for key in ("thread_growth", "thread_spike"))
 
 
 @pytest.mark.soak
