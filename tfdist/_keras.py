@@ -97,11 +97,7 @@ class _CallbackList(keras.callbacks.CallbackList):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        from keras.src.utils import python_utils  # pylint: disable=import-outside-toplevel
-
-        self._train_batch_hooks = any(
-            not python_utils.is_default(getattr(callback, hook))
-            for callback in self.callbacks for hook in _TRAIN_BATCH_HOOKS)
+        self._train_batch_hooks = _overrides_a_hook(self.callbacks, _TRAIN_BATCH_HOOKS)
 
     def on_train_batch_begin(self, batch, logs=None):
         if self._train_batch_hooks:
@@ -131,19 +127,24 @@ def begin_training(model, callbacks, initial_epoch: int) -> int:
     return model._initial_epoch or initial_epoch
 
 
-def wants_batch_logs(callbacks: keras.callbacks.CallbackList) -> bool:
-    """Whether a callback needs real logs at every training batch: one that
-    overrides a batch-end hook (Keras marks the base class's empty hooks as
-    default). Keras' progress bar is not one: it shows the values of the
-    last batch that had logs, so it does not force a read per batch."""
+def _overrides_a_hook(callbacks, hooks, ignore=()) -> bool:
+    """Whether one of ``callbacks`` (not of the ``ignore`` types) overrides
+    one of ``hooks``: Keras marks the base class's empty hooks as default."""
     from keras.src.utils import python_utils  # pylint: disable=import-outside-toplevel
 
-    return any(
-        not python_utils.is_default(getattr(callback, hook))
-        for callback in callbacks.callbacks
-        if not isinstance(callback, (keras.callbacks.ProgbarLogger, keras.callbacks.History))
-        for hook in ("on_train_batch_end", "on_batch_end")
-    )
+    return any(not python_utils.is_default(getattr(callback, hook))
+               for callback in callbacks if not isinstance(callback, ignore)
+               for hook in hooks)
+
+
+def wants_batch_logs(callbacks: keras.callbacks.CallbackList) -> bool:
+    """Whether a callback needs real logs at every training batch: one that
+    overrides a batch-end hook. Keras' progress bar is not one: it shows
+    the values of the last batch that had logs, so it does not force a
+    read per batch."""
+    return _overrides_a_hook(
+        callbacks.callbacks, ("on_train_batch_end", "on_batch_end"),
+        ignore=(keras.callbacks.ProgbarLogger, keras.callbacks.History))
 
 
 def all_layers(model: keras.Model) -> list:
