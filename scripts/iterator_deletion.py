@@ -17,8 +17,8 @@ window (or an epoch's end) slow at random.
 With ``--trainer_epochs=N``: `tfdist.Trainer.fit` for N epochs of
 ``--steps`` steps (each a fresh pass over finite data, TensorFlow's
 defaults), twice: with each finished iterator freed inline as before
-(``release`` replaced by a plain ``del``) and on tfdist's release thread
-(`tfdist.iterator_release`). Prints the gaps between one epoch's end and
+(``release`` replaced by dropping it on the spot) and on tfdist's release
+thread (`tfdist.iterator_release`). Prints the gaps between one epoch's end and
 the next one's start, which is where the deletion used to stand still.
 """
 
@@ -117,17 +117,19 @@ def _trainer_epoch_gaps(strategy, workloads):
     for name, release in (("freed inline (before)", inline_release),
                           ("release thread", threaded_release)):
         iterator_release.release = release
-        trainer = tfdist.Trainer(workloads.compiled_model(strategy, "mlp", 1), strategy)
-        times = EpochTimes()
-        start = time.perf_counter()
-        trainer.fit(data, epochs=FLAGS.trainer_epochs, callbacks=[times], verbose=0)
-        total = time.perf_counter() - start
+        try:
+            trainer = tfdist.Trainer(workloads.compiled_model(strategy, "mlp", 1), strategy)
+            times = EpochTimes()
+            start = time.perf_counter()
+            trainer.fit(data, epochs=FLAGS.trainer_epochs, callbacks=[times], verbose=0)
+            total = time.perf_counter() - start
+        finally:
+            iterator_release.release = threaded_release
         gaps = [(begin - end) * 1e3 for end, begin in zip(times.ends, times.begins[1:])]
         epochs = [(end - begin) for begin, end in zip(times.begins, times.ends)]
         print(f"Trainer, {name}: {FLAGS.trainer_epochs} epochs of {FLAGS.steps} steps in "
               f"{total:.1f} s (epochs {statistics.median(epochs):.2f} s each, median); gaps "
               f"between epochs (ms): {[round(g) for g in gaps]}", flush=True)
-    iterator_release.release = threaded_release
 
 
 if __name__ == "__main__":

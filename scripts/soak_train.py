@@ -43,7 +43,6 @@ def main():
     rng = np.random.RandomState(0)
     x = rng.randn(4096, 6).astype("float32")
     y = (x[:, 0] + x[:, 1] > 0).astype("int64") + (x[:, 2] > 1).astype("int64")
-    batches_per_pass = len(x) // 8
     if args.endless_data:
         data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(8, drop_remainder=True)
         epochs, steps_per_epoch = 1, args.steps
@@ -52,7 +51,7 @@ def main():
             args.epoch_steps)
         epochs, steps_per_epoch = -(-args.steps // args.epoch_steps), None
     else:
-        passes = -(-args.steps // batches_per_pass)
+        passes = -(-args.steps // (len(x) // 8))
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(passes)
         epochs, steps_per_epoch = 1, args.steps
     keras.utils.set_random_seed(0)
