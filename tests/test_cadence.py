@@ -80,3 +80,33 @@ def test_every_step_of_the_epoch_runs_exactly_once(spe):
     cadence = Cadence(steps_per_execution=spe, log_every_steps=5,
                       checkpoint_every_steps=6, steps_per_epoch=23)
     assert sum(size for size, _, _ in _executions(cadence, step=4)) == 23
+
+
+@pytest.mark.parametrize("spe", [1, 2, 3, 7, 16])
+@pytest.mark.parametrize("checkpoint_every_steps", [None, 6, 50])
+@pytest.mark.parametrize("start", [(0, 0), (4, 4), (17, 7), (99, 9)])
+def test_quiet_executions_are_the_full_size_executions_before_any_point(
+        spe, checkpoint_every_steps, start):
+    """Against a replay with `next_execution` / `is_log_point` /
+    `is_save_point`: from every position of an epoch, the quiet count is
+    how many executions in a row are full size and reach no log point,
+    no save point and not the epoch's end."""
+    step, step_in_epoch = start
+    cadence = Cadence(steps_per_execution=spe, log_every_steps=5,
+                      checkpoint_every_steps=checkpoint_every_steps, steps_per_epoch=23)
+    while not cadence.epoch_done(step_in_epoch):
+        expected, s, e = 0, step, step_in_epoch
+        for size, log, save in _executions(cadence, s, e):
+            if size < spe or log or save or e + size >= 23:
+                break
+            expected, s, e = expected + 1, s + size, e + size
+        assert cadence.quiet_executions(step, step_in_epoch) == expected, (step, step_in_epoch)
+        size = cadence.next_execution(step, step_in_epoch)
+        step, step_in_epoch = step + size, step_in_epoch + size
+
+
+def test_quiet_executions_in_epochs_of_unknown_length_stop_before_log_points():
+    cadence = Cadence(steps_per_execution=4, log_every_steps=10)
+    assert cadence.quiet_executions(step=0, step_in_epoch=0) == 2  # 0-4, 4-8; 8-12 logs
+    assert cadence.quiet_executions(step=8, step_in_epoch=8) == 0
+    assert cadence.quiet_executions(step=12, step_in_epoch=12) == 1  # 12-16; 16-20 logs

@@ -137,6 +137,14 @@ def _overrides_a_hook(callbacks, hooks, ignore=()) -> bool:
                for hook in hooks)
 
 
+def has_train_batch_hooks(callbacks: keras.callbacks.CallbackList) -> bool:
+    """Whether a callback has a training-batch hook (else the Trainer may
+    run the executions between log and save points back to back)."""
+    if isinstance(callbacks, _CallbackList):
+        return callbacks._train_batch_hooks
+    return _overrides_a_hook(callbacks.callbacks, _TRAIN_BATCH_HOOKS)
+
+
 def wants_batch_logs(callbacks: keras.callbacks.CallbackList) -> bool:
     """Whether a callback needs real logs at every training batch: one that
     overrides a batch-end hook. Keras' progress bar is not one: it shows

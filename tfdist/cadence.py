@@ -53,6 +53,23 @@ class Cadence:
             size = min(size, every - step % every)
         return size
 
+    def quiet_executions(self, step: int, step_in_epoch: int) -> int:
+        """How many executions from here run back to back with nothing for
+        the host to do between them: each of ``steps_per_execution`` steps,
+        none reaching a log point, a save point or the epoch's end (the
+        Trainer runs them in one tight loop when no callback has a batch
+        hook; the execution that reaches the point runs on its own).
+
+        >>> Cadence(steps_per_execution=1, log_every_steps=100).quiet_executions(0, 0)
+        99
+        """
+        room = self.log_every_steps - step_in_epoch % self.log_every_steps
+        if self.steps_per_epoch is not None:
+            room = min(room, self.steps_per_epoch - step_in_epoch)
+        if self.checkpoint_every_steps:
+            room = min(room, self.checkpoint_every_steps - step % self.checkpoint_every_steps)
+        return max(0, (room - 1) // self.steps_per_execution)
+
     def is_log_point(self, before: int, after: int) -> bool:
         """True when an execution from ``step_in_epoch`` ``before`` to
         ``after`` crossed (or reached) a multiple of ``log_every_steps``."""

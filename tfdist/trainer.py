@@ -121,17 +121,12 @@ class Trainer:
         runner = runners.for_strategy(strategy)
         self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy,
                               after_train_step=steps.after_train_step)
-        self._checkpoint = (
-            TrainingCheckpoint(
-                model, checkpoint_dir, max_to_keep=max_to_keep,
-                is_chief=self._is_chief,
-                task_name=cluster.task_name(),
-            )
-            if checkpoint_dir
-            else None
-        )
+        self._checkpoint = TrainingCheckpoint(
+            model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
+            task_name=cluster.task_name()) if checkpoint_dir else None
         self._position = Position()
-        self._batch_logs = False  # a callback reads logs at every batch (fit)
+        # Per fit: a callback reads logs at every batch / has a batch hook.
+        self._batch_logs = self._batch_hooks = False
         self._built_spec = None
         self._predictor = None
 
@@ -179,8 +174,7 @@ class Trainer:
         position = self._position = self._checkpoint.position()
         if verbose:
             print(f"restored {path}: epoch {position.epoch + 1}, step "
-                  f"{position.step_in_epoch} of the epoch, {position.step} in all",
-                  flush=True)
+                  f"{position.step_in_epoch} of the epoch, {position.step} in all", flush=True)
         return path
 
     def _save(self) -> None:
@@ -190,8 +184,7 @@ class Trainer:
     def _iterator(self, source, epoch: int, skip_steps: int):
         return self._runner.iterator(
             source, epoch=epoch, skip_steps=skip_steps, partial_batch=self._partial_batch,
-            global_batch_size=self._global_batch_size,
-        )
+            global_batch_size=self._global_batch_size)
 
     # -- training ----------------------------------------------------------
 
@@ -210,9 +203,8 @@ class Trainer:
         Keras ``fit``'s: ``x`` a dataset of global batches, a ``dataset_fn``,
         an `EpochDataset`, or arrays with ``y`` (`tfdist.keras_inputs`).
         """
-        validation.check_fit_arguments(
-            epochs, steps_per_epoch, initial_epoch, validation_freq,
-            needs_steps_per_epoch=self._runner.needs_steps_per_epoch)
+        validation.check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq,
+                                       needs_steps_per_epoch=self._runner.needs_steps_per_epoch)
         verbose = validation.verbosity(verbose) if self._is_chief else 0
         source, validation_source = self._fit_sources(
             x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, class_weight=class_weight,
@@ -258,6 +250,7 @@ class Trainer:
         # Metrics are read at every batch only when a callback reads them there
         # (on any worker: reading them is a collective every worker joins).
         self._batch_logs = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
+        self._batch_hooks = _keras.has_train_batch_hooks(callback_list)
         return callback_list
 
     def _end_epoch_steps(self, ran_out: bool) -> None:
@@ -293,13 +286,23 @@ class Trainer:
     def _train_epoch(self, iterator, cadence, reporter, callbacks, total_steps, watcher) -> bool:
         """Runs one epoch's executions; returns True if the data ran out."""
         position = self._position
-        if position.step_in_epoch == 0:
-            # (Resumed mid-epoch: the checkpoint brought the epoch's metric state.)
+        if position.step_in_epoch == 0:  # (resumed mid-epoch: the checkpoint has them)
             self._metrics.reset()
         reporter.start_epoch()
         if total_steps is not None:  # a known length: no execution past the end
             cadence = dataclasses.replace(cadence, steps_per_epoch=total_steps)
         while not cadence.epoch_done(position.step_in_epoch):
+            quiet = 0 if self._batch_hooks else cadence.quiet_executions(
+                position.step, position.step_in_epoch)
+            if quiet:  # up to the next point, in one loop (`tfdist.runners.executions`)
+                ran_out, stop = self._runner.train_many(
+                    iterator, quiet, cadence.steps_per_execution, lambda: watcher.requested,
+                    position.advance)
+                if stop:
+                    self._stop(watcher)
+                if ran_out or self.model.stop_training:
+                    return ran_out
+                continue
             num_steps = cadence.next_execution(position.step, position.step_in_epoch)
             callbacks.on_train_batch_begin(position.step_in_epoch)
             ran, stop = self._runner.train(
@@ -329,17 +332,15 @@ class Trainer:
         return False
 
     def _log(self, reporter, total_steps) -> Dict[str, float]:  # reads metrics, reports
-        position = self._position
-        logs, examples_seen = self._metrics.results_and_examples()
-        reporter.log_point(
-            epoch=position.epoch, step_in_epoch=position.step_in_epoch,
-            total_steps=total_steps, global_step=position.step, values=logs,
-            examples_seen=examples_seen,
-        )
+        position, (logs, examples_seen) = self._position, self._metrics.results_and_examples()
+        reporter.log_point(epoch=position.epoch, step_in_epoch=position.step_in_epoch,
+                           total_steps=total_steps, global_step=position.step, values=logs,
+                           examples_seen=examples_seen)
         return logs
 
     def _stop(self, watcher) -> None:
         """Every worker agreed to stop at this step: save, then exit."""
+        self._runner.sync()
         self._save()
         stop = Preempted(self._position.step, watcher.signum, saved=self._checkpoint is not None)
         print(f"{cluster.task_name()}: {stop}", flush=True)
@@ -376,14 +377,12 @@ class Trainer:
         first global batch of ``data``; returns the metrics of that batch
         (reset first, as Keras 3 does)."""
         source = self._source(data, "batch")
+        if not training:
+            return self._evaluate(source, steps=1)
         with self._explain_failures():
             self._metrics.reset()
-            if training:
-                ran, _ = self._runner.train(self._iterator(source, 0, 0), 1)
-                self._position.step += ran
-            else:
-                self._runner.evaluate(source, steps=1, partial_batch=self._evaluation_policy,
-                                      global_batch_size=self._global_batch_size)
+            ran, _ = self._runner.train(self._iterator(source, 0, 0), 1)
+            self._position.step += ran
             self._runner.sync()
             return self._metrics.results()
 
@@ -397,4 +396,5 @@ class Trainer:
             self._metrics.reset()
             self._runner.evaluate(source, steps=steps, partial_batch=self._evaluation_policy,
                                   global_batch_size=self._global_batch_size)
+            self._runner.sync()
             return self._metrics.results()

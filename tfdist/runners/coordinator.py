@@ -23,6 +23,7 @@ import tensorflow as tf
 from tfdist import data as data_lib
 from tfdist import peers
 from tfdist.errors import ConfigurationError
+from tfdist.runners.executions import run_each
 from tfdist.runners.per_worker import PerWorkerIterators, rebuilder
 
 
@@ -141,6 +142,10 @@ class CoordinatorRunner:
             self._coordinator.schedule(
                 self._train_execution, args=(iterator, self._step_counts[num_steps]))
         return num_steps, stop_requested
+
+    def train_many(self, iterator, executions: int, num_steps: int, stop_requested, advance):
+        """Schedules ``executions`` executions (`run_each`'s contract)."""
+        return run_each(self, iterator, executions, num_steps, stop_requested, advance)
 
     @staticmethod
     def any_worker(flag: bool) -> bool:

@@ -17,6 +17,7 @@ from tfdist import collectives, iterator_release, peers
 from tfdist import loop as host_loop
 from tfdist import data as data_lib
 from tfdist.agreement import StopAgreement
+from tfdist.runners.executions import run_each
 
 
 @dataclasses.dataclass
@@ -43,11 +44,20 @@ class CountedLoops:
             strategy, replica_step, after_step=after_step, check_end=False)
         self._step_counts = {}  # num_steps -> its int64 tensor, made once
 
-    def run(self, counted: CountedIterator, num_steps: int) -> int:
-        """Runs up to ``num_steps`` steps; returns how many ran."""
+    def _steps(self, num_steps: int) -> tf.Tensor:
         steps = self._step_counts.get(num_steps)
         if steps is None:
             steps = self._step_counts[num_steps] = tf.constant(num_steps, tf.int64)
+        return steps
+
+    def unchecked(self, num_steps: int):
+        """``(loop, steps)``: ``loop(iterator, steps)`` runs ``num_steps``
+        steps without the end check (for iterators that certainly have them)."""
+        return self._unchecked, self._steps(num_steps)
+
+    def run(self, counted: CountedIterator, num_steps: int) -> int:
+        """Runs up to ``num_steps`` steps; returns how many ran."""
+        steps = self._steps(num_steps)
         if num_steps <= counted.guaranteed_steps:
             self._unchecked(counted.iterator, steps)
             counted.guaranteed_steps -= num_steps
@@ -118,6 +128,25 @@ class SynchronousRunner:
         ran = self._train_loops.run(iterator, num_steps)
         last = ends_epoch or ran < num_steps
         return ran, self.stop_agreement.after_execution(stop_requested, last=last)
+
+    def train_many(self, iterator: CountedIterator, executions: int, num_steps: int,
+                   stop_requested: Callable[[], bool], advance: Callable[[int], None]):
+        """Runs ``executions`` executions of ``num_steps`` steps with nothing
+        for the host to do between them (`run_each`'s contract): while the
+        data certainly lasts, on one worker, a bare Python loop of calls,
+        as a hand-written loop (`Trainer.fit` without batch callbacks: ~15
+        us of Python per execution less, measured on one device)."""
+        if self._multi_worker or executions * num_steps > iterator.guaranteed_steps:
+            return run_each(self, iterator, executions, num_steps, stop_requested, advance)
+        loop, steps = self._train_loops.unchecked(num_steps)
+        distributed = iterator.iterator
+        for _ in range(executions):
+            loop(distributed, steps)
+            iterator.guaranteed_steps -= num_steps
+            advance(num_steps)
+            if stop_requested():
+                return False, True
+        return False, False
 
     def sync(self) -> None:
         """Nothing to wait for: `train` returns when its steps are done."""
