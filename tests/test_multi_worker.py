@@ -124,10 +124,14 @@ def test_killed_worker_is_named_and_a_restart_finishes_exactly(tmp_path, keras_r
         _assert_equals_reference(result, keras_reference, check_history=False)
 
 
-def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_reference):
+@pytest.mark.parametrize("slow", ["--step_delay=0.4", "--endless_slow_data=0.4"])
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_reference, slow):
+    """Slow steps from a batch-end callback (every execution alone), or from
+    endless slow data with no batch hook (executions between log points in
+    stretches, `tfdist.runners.executions`): both workers stop at one step."""
     launcher = ["--num_workers=2", "--max_restarts=1", "--grace_period=20"]
     args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
-            "--step_delay=0.4"]  # epoch checkpoints only: the mid-epoch one is the preemption's
+            slow]  # epoch checkpoints only: the mid-epoch one is the preemption's
     with LauncherRun(launcher, PROGRAM + args) as run:
         run.wait_for(r"\[worker-0\] train \| epoch 2 \| step 2/5", timeout=240)
         os.kill(run.pids()["worker-1"], signal.SIGTERM)

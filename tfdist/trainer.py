@@ -125,8 +125,7 @@ class Trainer:
             model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
             task_name=cluster.task_name()) if checkpoint_dir else None
         self._position = Position()
-        # Per fit: a callback reads logs at every batch / has a batch hook.
-        self._batch_logs = self._batch_hooks = False
+        self._batch_logs = self._batch_hooks = False  # per fit (`_callback_list`)
         self._built_spec = None
         self._predictor = None
 
@@ -250,7 +249,8 @@ class Trainer:
         # Metrics are read at every batch only when a callback reads them there
         # (on any worker: reading them is a collective every worker joins).
         self._batch_logs = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
-        self._batch_hooks = _keras.has_train_batch_hooks(callback_list)
+        # (Reads are collectives: every worker runs executions one by one then.)
+        self._batch_hooks = self._batch_logs or _keras.has_train_batch_hooks(callback_list)
         return callback_list
 
     def _end_epoch_steps(self, ran_out: bool) -> None:

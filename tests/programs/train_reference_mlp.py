@@ -47,6 +47,18 @@ def _broken_host(args):
     return KillAtStep()
 
 
+def _endless_slow(dataset, seconds: float):
+    """``dataset`` repeated, each batch ``seconds`` late."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    def late(*batch):
+        slept = tf.py_function(lambda: time.sleep(seconds) or 0.0, [], tf.float32)
+        with tf.control_dependencies([slept]):
+            return tf.nest.map_structure(tf.identity, batch)
+
+    return dataset.repeat().map(late)
+
+
 def _write(args, results):
     task = tfdist.cluster.task_name()
     os.makedirs(args.output_dir, exist_ok=True)
@@ -79,13 +91,16 @@ def _keras_fit(args, model, strategy, ref):
     # After fit, evaluate and predict: the *_on_batch methods.
     results["on_batch"] = [model.train_on_batch(x[:2], y[:2]), model.test_on_batch(x[:5], y[:5]),
                            model.predict_on_batch(x[:3]).tolist()]
-    # Then Keras' gradient accumulation (2 micro-batches per update), same cluster.
+    # Then Keras' gradient accumulation (2 micro-batches per update), same
+    # cluster; verbose=1: the chief's Keras progress bar has a batch hook and
+    # the worker has none, so one runs executions one by one and the other
+    # in stretches (`tfdist.runners.executions`): they must still agree.
     with strategy.scope():
         accumulating = ref.compile_model(ref.build_mlp(), "adam")
         accumulating.optimizer.gradient_accumulation_steps = 2
     tfdist.attach(accumulating, strategy)
     history = accumulating.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
-                               shuffle=False, verbose=0)
+                               shuffle=False, verbose=1)
     results["accumulated"] = {
         "history": history.history,
         "weights": [w.tolist() for w in accumulating.get_weights()],
@@ -102,7 +117,12 @@ def main():
     parser.add_argument("--examples", type=int, default=70)
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--checkpoint_every_steps", type=int, default=None)
-    parser.add_argument("--step_delay", type=float, default=0.0)
+    parser.add_argument("--step_delay", type=float, default=0.0,
+                        help="seconds slept in a batch-end callback (executions one by one)")
+    parser.add_argument("--endless_slow_data", type=float, default=0.0,
+                        help="seconds slept per batch in the input pipeline, which repeats "
+                             "(steps_per_epoch: a pass): slow steps with no batch hook, so "
+                             "executions run in stretches on endless data")
     parser.add_argument("--log_every_steps", type=int, default=2)
     parser.add_argument("--timeout_seconds", type=float, default=0.0,
                         help="per-collective timeout; 0: none (tfdist's default)")
@@ -144,7 +164,9 @@ def main():
     )
     dataset = ref.global_batches(args.examples, args.batch_size)
     history = trainer.fit(
-        dataset, epochs=args.epochs, verbose=1,
+        _endless_slow(dataset, args.endless_slow_data) if args.endless_slow_data else dataset,
+        steps_per_epoch=-(-args.examples // args.batch_size) if args.endless_slow_data else None,
+        epochs=args.epochs, verbose=1,
         callbacks=[c for c in (Slow() if args.step_delay else None, broken) if c],
         validation_data=(ref.global_batches(args.validation_examples, args.batch_size)
                          if args.validation_examples else None),
