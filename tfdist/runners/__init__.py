@@ -4,7 +4,9 @@
 ``strategy.run`` (one device, mirrored, multi-worker mirrored, TPU);
 `CoordinatorRunner` schedules steps on parameter-server workers. Both offer
 ``iterator`` (data for an epoch), ``train`` (dispatch an execution),
-``sync`` (wait before metrics are read), ``evaluate`` and
+``train_many`` (a stretch of executions with nothing to do between them:
+`tfdist.runners.executions`), ``sync`` (wait before metrics are read),
+``evaluate`` and
 ``explain_failures`` (a lost task becomes an error naming it).
 `for_strategy` picks one, so the Trainer never names a strategy family.
 """
