@@ -125,7 +125,7 @@ class Trainer:
             model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
             task_name=cluster.task_name()) if checkpoint_dir else None
         self._position = Position()
-        self._batch_logs = self._batch_hooks = False  # per fit (`_callback_list`)
+        self._batch_logs = self._one_at_a_time = False  # per fit (`_callback_list`)
         self._built_spec = None
         self._predictor = None
 
@@ -249,8 +249,8 @@ class Trainer:
         # Metrics are read at every batch only when a callback reads them there
         # (on any worker: reading them is a collective every worker joins).
         self._batch_logs = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
-        # (Reads are collectives: every worker runs executions one by one then.)
-        self._batch_hooks = self._batch_logs or _keras.has_train_batch_hooks(callback_list)
+        # One at a time for a batch hook here or batch logs anywhere (reads: collectives).
+        self._one_at_a_time = self._batch_logs or _keras.has_train_batch_hooks(callback_list)
         return callback_list
 
     def _end_epoch_steps(self, ran_out: bool) -> None:
@@ -292,7 +292,7 @@ class Trainer:
         if total_steps is not None:  # a known length: no execution past the end
             cadence = dataclasses.replace(cadence, steps_per_epoch=total_steps)
         while not cadence.epoch_done(position.step_in_epoch):
-            quiet = 0 if self._batch_hooks else cadence.quiet_executions(
+            quiet = 0 if self._one_at_a_time else cadence.quiet_executions(
                 position.step, position.step_in_epoch)
             if quiet:  # up to the next point, in one loop (`tfdist.runners.executions`)
                 ran_out, stop = self._runner.train_many(
