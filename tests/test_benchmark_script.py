@@ -61,3 +61,29 @@ def test_benchmark_quick_covers_every_strategy_kind(tmp_path):
         assert (tmp_path / "scaling.png").stat().st_size > 0
     else:
         pytest.skip("matplotlib not installed: --plot not exercised (pip install '.[plot]')")
+
+
+def test_every_optional_contender_runs(tmp_path):
+    """The contenders that take tfdist's gap apart (its data, its step, its
+    log points...) are built, warmed up and timed like the default ones."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from bench import contenders  # pylint: disable=import-outside-toplevel
+
+    names = list(contenders.OPTIONAL) + [contenders.REFERENCE]
+    command = [sys.executable, str(REPO / "scripts" / "benchmark.py"),
+               f"--output_dir={tmp_path}", "--strategies=one_device", "--models=mlp",
+               "--steps_per_execution=2", f"--contenders={','.join(names)}", "--rounds=1",
+               "--window_seconds=0.05", "--probe_steps=4"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        log, _ = process.communicate(timeout=600)
+    finally:
+        kill_tree(process.pid)
+    assert process.returncode == 0, log[-5000:]
+    (run,) = json.loads((tmp_path / "benchmark.json").read_text())
+    assert set(run["results"]) == set(names)
+    for name in names:
+        assert "error" not in run["results"][name], (name, run["results"][name])
+        assert min(run["results"][name]["rates"]) > 0, name

@@ -27,12 +27,19 @@ starts a new iterator per ``run`` call, as an epoch does:
                  (`tfdist.data.worker_stream`: each worker reads the stream
                  and keeps its share): what tfdist's data costs, apart from
                  its step
+  tfdist_step    (optional) the hand-written loop on tfdist's data running
+                 tfdist's replica step (`tfdist.step.ReplicaSteps.train`:
+                 masks, global counts, exact loss shares, metric totals)
+                 instead of its own. With the two above it splits tfdist's
+                 distance to the loop into its data (custom_loop_tfdist_data),
+                 its step (tfdist_step) and the Trainer's host work (tfdist)
 """
 
 from bench import workloads
 
 DEFAULT = ("tfdist", "tfdist_attach", "keras_fit", "custom_loop")
-OPTIONAL = ("tfdist_loop", "tfdist_eager", "tfdist_epoch_logs", "custom_loop_tfdist_data")
+OPTIONAL = ("tfdist_loop", "tfdist_eager", "tfdist_epoch_logs", "custom_loop_tfdist_data",
+            "tfdist_step")
 REFERENCE = "custom_loop"
 # Not run under parameter servers: Keras 3's trainer has no
 # ParameterServerStrategy path (no ClusterCoordinator anywhere in
@@ -87,6 +94,14 @@ def builders(strategy, model_name: str, batch_size: int, steps_per_execution: in
         return _distributed_loop(strategy, model(), dataset, batch_size, spe,
                                  tfdist_data=True)
 
+    def tfdist_step():
+        step = _tfdist_replica_step(strategy, model(), dataset)
+        if parameter_server:
+            return _coordinator_loop(strategy, None, model_name, batch_size, spe,
+                                     tfdist_streams=True, replica_step=step)
+        return _distributed_loop(strategy, None, dataset, batch_size, spe,
+                                 tfdist_data=True, replica_step=step)
+
     every = {
         "tfdist": tfdist_fit,
         "tfdist_attach": tfdist_attach,
@@ -96,6 +111,7 @@ def builders(strategy, model_name: str, batch_size: int, steps_per_execution: in
         "tfdist_eager": lambda: tfdist_fit(log_every_steps=1),
         "tfdist_epoch_logs": lambda: tfdist_fit(log_every_steps=10**9),
         "custom_loop_tfdist_data": custom_loop_tfdist_data,
+        "tfdist_step": tfdist_step,
     }
     unknown = sorted(set(names) - set(every))
     if unknown:
@@ -135,11 +151,28 @@ def _replica_step(model, batch_size):
     return replica_step
 
 
-def _distributed_loop(strategy, model, dataset, batch_size, spe, tfdist_data=False):
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+def _tfdist_replica_step(strategy, model, dataset):
+    """tfdist's own replica step for ``model`` (what `tfdist.Trainer` runs),
+    its model, optimizer and metric state built from ``dataset``'s spec."""
+    from tfdist import _keras  # pylint: disable=import-outside-toplevel
+    from tfdist.metrics import MetricState  # pylint: disable=import-outside-toplevel
+    from tfdist.step import ReplicaSteps  # pylint: disable=import-outside-toplevel
 
     with strategy.scope():
-        replica_step = _replica_step(model, batch_size)
+        _keras.build_model_state(model, dataset.element_spec)
+        model.optimizer.build(model.trainable_variables)
+        return ReplicaSteps(model, MetricState(model, strategy), jit_compile=False).train
+
+
+def _distributed_loop(strategy, model, dataset, batch_size, spe, tfdist_data=False,
+                      replica_step=None):
+    """The hand-written synchronous loop; ``replica_step`` (default: its
+    own, for ``model``) takes one replica's batch."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    if replica_step is None:
+        with strategy.scope():
+            replica_step = _replica_step(model, batch_size)
     if tfdist_data:
         import tfdist  # pylint: disable=import-outside-toplevel
 
@@ -165,15 +198,18 @@ def _distributed_loop(strategy, model, dataset, batch_size, spe, tfdist_data=Fal
     return run
 
 
-def _coordinator_loop(strategy, model, model_name, batch_size, spe, tfdist_streams=False):
+def _coordinator_loop(strategy, model, model_name, batch_size, spe, tfdist_streams=False,
+                      replica_step=None):
     """TensorFlow's parameter-server tutorial loop, steps_per_execution steps
     per scheduled closure; every worker reads whole global batches (or, with
-    ``tfdist_streams``, its share of tfdist's worker streams)."""
+    ``tfdist_streams``, its share of tfdist's worker streams). ``replica_step``
+    as in `_distributed_loop`."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    with strategy.scope():
-        replica_step = _replica_step(model, batch_size)
+    if replica_step is None:
+        with strategy.scope():
+            replica_step = _replica_step(model, batch_size)
     if tfdist_streams:
         import tfdist  # pylint: disable=import-outside-toplevel
         from tfdist.runners.per_worker import PerWorkerIterators, rebuilder  # pylint: disable=import-outside-toplevel
