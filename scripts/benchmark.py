@@ -1,6 +1,6 @@
 """Benchmark: tfdist against Keras `fit` and a hand-written loop, every strategy.
 
-    python scripts/benchmark.py                      # the full table, ~27-31 min here
+    python scripts/benchmark.py                      # the full table, ~55 min here
     python scripts/benchmark.py --quick              # every code path, ~1 min
     python scripts/benchmark.py --strategies=mirrored:2 --models=mlp --rounds=10
 
@@ -50,7 +50,7 @@ flags.DEFINE_list("contenders", list(contenders.DEFAULT),
                   f"Of {list(contenders.DEFAULT + contenders.OPTIONAL)}.")
 flags.DEFINE_integer("global_batch_size", 256, "Global batch size.")
 flags.DEFINE_float("window_seconds", 1.5, "Length of one timed window.")
-flags.DEFINE_integer("rounds", 5, "Timed rounds (each contender once per round, each between two windows of the hand-written loop).")
+flags.DEFINE_integer("rounds", 10, "Timed rounds (each contender once per round, each between two windows of the hand-written loop).")
 flags.DEFINE_integer("probe_steps", 64, "Warm-up / calibration steps.")
 flags.DEFINE_bool("quick", False,
                   "A check that every path works, not a measurement: one_device, "

@@ -29,7 +29,15 @@ def measure(builders: Dict[str, Callable], *, batch_size: int, steps_per_executi
             progress: Callable[[str], None] = print) -> dict:
     """Builds and warms up every contender (a failure is recorded, not
     raised), sizes the window from the reference's speed so it lasts about
-    ``window_seconds``, then times ``rounds`` rounds of `timing.schedule`.
+    ``window_seconds``, runs every contender for one untimed window, then
+    times ``rounds`` rounds of `timing.schedule`.
+
+    The untimed round: every contender's first full window ran slower than
+    its later ones, the loop's too (one device, MLP, spe 16: the loop at
+    423k examples/s in its first window, 479-520k in the next three; spe 1:
+    tfdist at 247k, then 265-277k), and a full
+    window is the first to reach what the short warm-up does not (a log
+    point every 100 steps, its first read traced under MirroredStrategy).
 
     ``agree(steps)`` makes every worker of a cluster use the same window.
     """
@@ -57,6 +65,8 @@ def measure(builders: Dict[str, Callable], *, batch_size: int, steps_per_executi
     steps = agree(timing.window_steps((time.perf_counter() - start) / probe,
                                       window_seconds, spe))
     progress(f"window: {steps} steps (about {window_seconds:g} s of {reference})")
+    for run in runners.values():  # one untimed window each, in the same order on every worker
+        run(steps)
     timeline = timing.alternate(runners, rounds, steps, batch_size,
                                 reference=contenders.REFERENCE, progress=progress)
     for name, values in timing.rates_by_name(timeline).items():
