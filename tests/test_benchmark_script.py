@@ -21,18 +21,24 @@ from tests.engine_harness import kill_tree
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def test_benchmark_quick_covers_every_strategy_kind(tmp_path):
-    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+def _run_benchmark(output_dir, flags, timeout):
+    """Runs scripts/benchmark.py with ``flags`` into ``output_dir``; it and
+    every process under it are killed by pid when it ends or times out."""
     command = [sys.executable, str(REPO / "scripts" / "benchmark.py"),
-               f"--output_dir={tmp_path}", "--quick"] + (["--plot"] if has_matplotlib else [])
+               f"--output_dir={output_dir}"] + flags
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     try:
-        log, _ = process.communicate(timeout=900)
+        log, _ = process.communicate(timeout=timeout)
     finally:
         kill_tree(process.pid)
     assert process.returncode == 0, log[-5000:]
+
+
+def test_benchmark_quick_covers_every_strategy_kind(tmp_path):
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    _run_benchmark(tmp_path, ["--quick"] + (["--plot"] if has_matplotlib else []), timeout=900)
 
     runs = json.loads((tmp_path / "benchmark.json").read_text())
     by_strategy = {run["config"]["strategy"]: run for run in runs}
@@ -70,18 +76,10 @@ def test_every_optional_contender_runs(tmp_path):
     from bench import contenders  # pylint: disable=import-outside-toplevel
 
     names = list(contenders.OPTIONAL) + [contenders.REFERENCE]
-    command = [sys.executable, str(REPO / "scripts" / "benchmark.py"),
-               f"--output_dir={tmp_path}", "--strategies=one_device", "--models=mlp",
-               "--steps_per_execution=2", f"--contenders={','.join(names)}", "--rounds=1",
-               "--window_seconds=0.05", "--probe_steps=4"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    try:
-        log, _ = process.communicate(timeout=600)
-    finally:
-        kill_tree(process.pid)
-    assert process.returncode == 0, log[-5000:]
+    _run_benchmark(tmp_path, ["--strategies=one_device", "--models=mlp",
+                              "--steps_per_execution=2", f"--contenders={','.join(names)}",
+                              "--rounds=1", "--window_seconds=0.05", "--probe_steps=4"],
+                   timeout=600)
     (run,) = json.loads((tmp_path / "benchmark.json").read_text())
     assert set(run["results"]) == set(names)
     for name in names:
