@@ -1,6 +1,6 @@
 """Benchmark: tfdist against Keras `fit` and a hand-written loop, every strategy.
 
-    python scripts/benchmark.py                      # the full table, ~55 min here
+    python scripts/benchmark.py                      # the full table, ~50 min here
     python scripts/benchmark.py --quick              # every code path, ~1 min
     python scripts/benchmark.py --strategies=mirrored:2 --models=mlp --rounds=10
 

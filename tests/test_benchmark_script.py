@@ -69,10 +69,10 @@ def test_benchmark_quick_covers_every_strategy_kind(tmp_path):
         pytest.skip("matplotlib not installed: --plot not exercised (pip install '.[plot]')")
 
 
-def test_every_optional_contender_runs(tmp_path):
+def test_every_optional_contender_runs(tmp_path, monkeypatch):
     """The contenders that take tfdist's gap apart (its data, its step, its
     log points...) are built, warmed up and timed like the default ones."""
-    sys.path.insert(0, str(REPO / "scripts"))
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
     from bench import contenders  # pylint: disable=import-outside-toplevel
 
     names = list(contenders.OPTIONAL) + [contenders.REFERENCE]

@@ -35,9 +35,9 @@ def measure(builders: Dict[str, Callable], *, batch_size: int, steps_per_executi
     The untimed round: every contender's first full window ran slower than
     its later ones, the loop's too (one device, MLP, spe 16: the loop at
     423k examples/s in its first window, 479-520k in the next three; spe 1:
-    tfdist at 247k, then 265-277k), and a full
-    window is the first to reach what the short warm-up does not (a log
-    point every 100 steps, its first read traced under MirroredStrategy).
+    tfdist at 247k, then 265-277k), and a full window is the first to reach
+    what the short warm-up does not (a log point every 100 steps, whose
+    first read is traced under MirroredStrategy).
 
     ``agree(steps)`` makes every worker of a cluster use the same window.
     """
