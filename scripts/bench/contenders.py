@@ -153,14 +153,14 @@ def _replica_step(model, batch_size):
 
 def _tfdist_replica_step(strategy, model, dataset):
     """tfdist's own replica step for ``model`` (what `tfdist.Trainer` runs),
-    its model, optimizer and metric state built from ``dataset``'s spec."""
+    its model, optimizer and metric state built from ``dataset``'s spec (as
+    the Trainer builds them: `tfdist._keras.build_model_state`)."""
     from tfdist import _keras  # pylint: disable=import-outside-toplevel
     from tfdist.metrics import MetricState  # pylint: disable=import-outside-toplevel
     from tfdist.step import ReplicaSteps  # pylint: disable=import-outside-toplevel
 
     with strategy.scope():
         _keras.build_model_state(model, dataset.element_spec)
-        model.optimizer.build(model.trainable_variables)
         return ReplicaSteps(model, MetricState(model, strategy), jit_compile=False).train
 
 
