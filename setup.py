@@ -11,7 +11,7 @@ setup(
     packages=find_packages(include=["tfdist", "tfdist.*"]),
     python_requires=">=3.10",
     # Tested: TensorFlow 2.21 with Keras 3.15. tfdist reads a few Keras
-    # internals (tfdist/_keras.py), hence the narrow Keras range.
+    # internals (tfdist/_internal/keras_internals.py), hence the narrow Keras range.
     install_requires=[
         "tensorflow>=2.21,<2.22",
         "keras>=3.15,<3.16",
@@ -31,7 +31,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "tfdist-prepare-data=tfdist.datasets.prepare:main",
+            "tfdist-prepare-data=tfdist.data.datasets.prepare:main",
             "tfdist-run=tfdist.launch.cli:run",
         ],
     },

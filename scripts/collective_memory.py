@@ -13,7 +13,7 @@ least-squares slope of its resident memory (KB per call) after the first
 quarter. Measured 2026-11-23 (20,000 calls): 1.6, 6.5, 1.6, 1.6 and 0 KB per
 call: the memory is kept per collective op per call, not per execution of
 it. This is why tfdist agrees on stop requests in a call of its own, about
-once a second (`tfdist.agreement`), and why ``steps_per_execution`` divides
+once a second (`tfdist.loops.agreement`), and why ``steps_per_execution`` divides
 the residue (README "Reliability").
 
 Why (read in TensorFlow's source, not yet confirmed by a debugger):
@@ -24,7 +24,7 @@ caches a record per instance key that it never erases.
 time): measured 0.01 KB per call with ``--mode=separate:4`` (6.5 without),
 at about twice the calls per second. TensorFlow prefers unique keys so that
 workers need not trace in the same order; tfdist's own functions fix their
-keys while they trace (`tfdist.collectives.function`).
+keys while they trace (`tfdist.replica.collectives.function`).
 """
 
 import argparse

@@ -18,7 +18,7 @@ With ``--trainer_epochs=N``: `tfdist.Trainer.fit` for N epochs of
 ``--steps`` steps (each a fresh pass over finite data, TensorFlow's
 defaults), twice: with each finished iterator freed inline as before
 (``release`` replaced by dropping it on the spot) and on tfdist's release
-thread (`tfdist.iterator_release`). Prints the gaps between one epoch's end and
+thread (`tfdist.data.iterator_release`). Prints the gaps between one epoch's end and
 the next one's start, which is where the deletion used to stand still.
 """
 
@@ -94,7 +94,7 @@ def _trainer_epoch_gaps(strategy, workloads):
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     import tfdist  # pylint: disable=import-outside-toplevel
-    from tfdist import iterator_release  # pylint: disable=import-outside-toplevel
+    from tfdist.data import iterator_release  # pylint: disable=import-outside-toplevel
 
     class EpochTimes(keras.callbacks.Callback):
         def __init__(self):

@@ -159,7 +159,7 @@ def main():
     if args.worker_of:
         cluster_worker(args)
         return
-    tfdist.strategy.configure_logical_cpus(4)  # before TensorFlow starts
+    tfdist.strategies.configure_logical_cpus(4)  # before TensorFlow starts
     print("| case | Keras 3 `fit`: max weight diff from one device | tfdist.attach |")
     print("|---|---|---|")
     if args.multi_worker:

@@ -31,10 +31,10 @@ MWMS is flat at one step per host call: 0.011 / 0.004 KB per step over
 TensorFlow's multi-worker runtime keeps ~1.6 KB per host call for every
 collective op whose instance key is new at each call (its default;
 `scripts/collective_memory.py`), so tfdist's functions fix the keys when
-they are traced (`tfdist.collectives.function`) and no eager collective is
+they are traced (`tfdist.replica.collectives.function`) and no eager collective is
 left per log point, epoch or save; and TensorFlow keeps a tensor per
 distinct Python scalar it is handed, so step numbers and logged values go
-as numpy scalars (`tfdist.host_values`). Parameter servers keep ~0.6-0.7
+as numpy scalars (`tfdist._internal.host_values`). Parameter servers keep ~0.6-0.7
 KB per step on the chief and the ps, from their checkpoint saves (~230 KB
 per save; 0.006 / 0.022 / 0.016 KB per step without periodic saves; not
 yet found), hence their bound. ``--checkpoint_every_steps`` larger than
@@ -116,7 +116,7 @@ def judge(samples, *, warmup_seconds: float, slack: int, max_rss_kb_per_step: fl
             "peak_rss_mb": round(max(s["rss_mb"] for s in rows), 1),
             "peak_fds": max(s["fds"] for s in rows),
             # Threads that stay: a freed data iterator's threads live on for
-            # seconds (`tfdist.iterator_release`), tf.data's come and go; a
+            # seconds (`tfdist.data.iterator_release`), tf.data's come and go; a
             # leak moves the median.
             "thread_growth": thread_end - thread_start,
             "thread_spike": max(s["threads"] for s in after) - thread_start,

@@ -9,9 +9,9 @@ checkpoint every ``--checkpoint_every_steps`` steps, until ``--steps`` are
 done or it is stopped (SIGTERM: it saves and exits 143). With
 ``--epoch_steps=N`` it trains epochs of N steps, each a pass over finite data
 with an iterator of its own (made, run out, and freed: what
-`tfdist.iterator_release` does at every epoch end); by default one epoch.
+`tfdist.data.iterator_release` does at every epoch end); by default one epoch.
 With ``--endless_data`` the data is ``repeat()``-ed without end, so the
-executions run without an end-of-data check (`tfdist.runners.synchronous`).
+executions run without an end-of-data check (`tfdist.loops.runners.synchronous`).
 """
 
 import argparse

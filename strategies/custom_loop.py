@@ -8,11 +8,11 @@
 `train` below is the loop the README shows: per-replica math written by the
 user; tfdist supplies the distributed batches (`tfdist.Batch`: partial and
 empty-replica batches made safe with a mask), the replica's share of the
-global loss (`tfdist.losses.replica_loss`: the true global example count,
+global loss (`tfdist.replica.losses.replica_loss`: the true global example count,
 no extra collective), cross-replica metrics read once per epoch
-(`tfdist.metrics`), exact clipping and gradient accumulation
-(`tfdist.gradients`, `tfdist.accumulation`), a checkpoint that resumes
-mid-epoch (`tfdist.checkpoint`), and k steps per host call (`tfdist.loop`).
+(`tfdist.replica.metrics`), exact clipping and gradient accumulation
+(`tfdist.replica.gradients`, `tfdist.replica.accumulation`), a checkpoint that resumes
+mid-epoch (`tfdist.checkpoint`), and k steps per host call (`tfdist.loops.host_loop`).
 It gives the weights, loss and accuracy of single-device Keras ``fit`` on the
 same batches (tests/test_custom_loop.py).
 """
@@ -61,7 +61,7 @@ def train(strategy, model, dataset, epochs, checkpoint_dir=None, steps_per_execu
         accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
         model.optimizer.build(model.trainable_variables)
         # Exact `gradient_accumulation_steps` if the optimizer asks (else None).
-        accumulator = tfdist.accumulation.accumulator_for(model, strategy)
+        accumulator = tfdist.replica.accumulation.accumulator_for(model, strategy)
         checkpoint = tfdist.checkpoint.TrainingCheckpoint.for_strategy(
             model, strategy, checkpoint_dir, metrics=[loss_mean, accuracy],
             accumulator=accumulator)  # model, optimizer, metrics, data position
@@ -71,7 +71,7 @@ def train(strategy, model, dataset, epochs, checkpoint_dir=None, steps_per_execu
         with tf.GradientTape() as tape:
             predictions = model(batch.x, training=True)
             per_example = loss_fn(batch.y, predictions)
-            loss = tfdist.losses.replica_loss(per_example, batch, model)
+            loss = tfdist.replica.losses.replica_loss(per_example, batch, model)
         return predictions, per_example, tape.gradient(loss, model.trainable_variables)
 
     if static_shapes:
@@ -80,19 +80,19 @@ def train(strategy, model, dataset, epochs, checkpoint_dir=None, steps_per_execu
     def replica_step(batch):  # a tfdist.Batch: x, y, sample_weight, mask, global_examples
         predictions, per_example, gradients = forward_backward(batch.to_structure())
         # Metrics first: the loss Keras reports uses the weights before the update.
-        tfdist.metrics.update_loss_mean(loss_mean, per_example, batch, model)
-        tfdist.metrics.update_metrics([accuracy], batch, predictions)
+        tfdist.replica.metrics.update_loss_mean(loss_mean, per_example, batch, model)
+        tfdist.replica.metrics.update_metrics([accuracy], batch, predictions)
         if accumulator is not None:
             accumulator.add(gradients, batch.carried_global_examples())
         else:  # summed over replicas, then clipped (if the optimizer clips), as on one device
-            tfdist.gradients.apply_gradients(model.optimizer, gradients, model.trainable_variables)
+            tfdist.replica.gradients.apply_gradients(model.optimizer, gradients, model.trainable_variables)
 
-    loop = tfdist.loop.HostLoop(strategy, replica_step, steps_per_execution=steps_per_execution,
+    loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=steps_per_execution,
                                 after_step=None if accumulator is None else accumulator.after_step)
     checkpoint.restore_latest()
     position = checkpoint.position()  # epoch and step of the epoch to resume at
     history = {"loss": [], "accuracy": []}
-    with tfdist.preemption.PreemptionWatcher() as stop_signal:
+    with tfdist.loops.preemption.PreemptionWatcher() as stop_signal:
         while position.epoch < epochs:
             # "pad": every batch full-size with a mask (static shapes); else padding
             # only where a global batch would leave a replica empty.
@@ -128,18 +128,18 @@ def main(argv):
     strategy = tfdist.make_strategy(FLAGS.strategy, **options)
     import keras  # pylint: disable=import-outside-toplevel
 
-    train_data, _, info = tfdist.recipes.image_classification_data(
+    train_data, _, info = tfdist.data.recipes.image_classification_data(
         "synthetic_patterns", global_batch_size=FLAGS.batch_size, data_dir=FLAGS.data_dir,
         train_examples=FLAGS.train_examples)
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = tfdist.recipes.build_model("mlp", info["input_shape"], info["num_classes"])
+        model = tfdist.data.recipes.build_model("mlp", info["input_shape"], info["num_classes"])
         optimizer, learning_rate = {"adam": (keras.optimizers.Adam, 1e-3),
                                     "sgd": (keras.optimizers.SGD, 0.05)}[FLAGS.optimizer]
         model.compile(optimizer=optimizer(
             learning_rate, global_clipnorm=FLAGS.global_clipnorm,
             gradient_accumulation_steps=FLAGS.accumulation_steps))
-    static = FLAGS.static_shapes or tfdist.static_shapes.is_tpu(strategy)
+    static = FLAGS.static_shapes or tfdist.replica.static_shapes.is_tpu(strategy)
     try:
         history = train(strategy, model, train_data, FLAGS.epochs, FLAGS.checkpoint_dir,
                         FLAGS.steps_per_execution, static)

@@ -7,7 +7,7 @@ library) because it is a program: it prints, and it drives `tfdist.Trainer`.
 
 import tfdist
 
-tfdist.tf_logs.import_tensorflow()  # without C++ start-up noise (TFDIST_TF_LOGS=1 shows it)
+tfdist._internal.tf_logs.import_tensorflow()  # without C++ start-up noise (TFDIST_TF_LOGS=1 shows it)
 
 import keras  # noqa: E402
 
@@ -15,7 +15,7 @@ import keras  # noqa: E402
 def build_classifier(model: str, info: dict, learning_rate: float, seed: int):
     """The compiled classifier (call inside the strategy's scope)."""
     keras.utils.set_random_seed(seed)
-    classifier = tfdist.recipes.build_model(model, info["input_shape"], info["num_classes"])
+    classifier = tfdist.data.recipes.build_model(model, info["input_shape"], info["num_classes"])
     classifier.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss="sparse_categorical_crossentropy",
@@ -34,7 +34,7 @@ def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=N
     Returns the final evaluation. Progress lines, checkpoints (resume by
     running again) and summaries follow `tfdist.Trainer`.
     """
-    train, test, info = tfdist.recipes.image_classification_data(
+    train, test, info = tfdist.data.recipes.image_classification_data(
         dataset, global_batch_size=batch_size, data_dir=data_dir, seed=seed
     )
     with strategy.scope():
@@ -66,9 +66,9 @@ def keras_fit_image_classifier(strategy, *, dataset="synthetic_patterns", data_d
     """
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    _, test, info = tfdist.recipes.image_classification_data(
+    _, test, info = tfdist.data.recipes.image_classification_data(
         dataset, global_batch_size=batch_size, data_dir=data_dir, seed=seed)
-    rows = list(tfdist.datasets.load_supervised(dataset, "train", data_dir=data_dir)
+    rows = list(tfdist.data.datasets.load_supervised(dataset, "train", data_dir=data_dir)
                 .as_numpy_iterator())
     x_train = np.stack([x for x, _ in rows]).astype("float32") / 255.0
     y_train = np.array([y for _, y in rows])

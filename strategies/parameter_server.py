@@ -51,19 +51,19 @@ def main(argv):
         "parameter_server", min_shard_bytes=FLAGS.min_shard_kib << 10,
         timeout_seconds=FLAGS.timeout_seconds,
     )
-    train, test, info = tfdist.recipes.token_classification_data(
+    train, test, info = tfdist.data.recipes.token_classification_data(
         FLAGS.dataset, global_batch_size=FLAGS.batch_size, data_dir=FLAGS.data_dir,
         seed=FLAGS.seed,
     )
     keras.utils.set_random_seed(FLAGS.seed)
     with strategy.scope():
-        model = tfdist.recipes.build_embedding_model(
+        model = tfdist.data.recipes.build_embedding_model(
             info["vocabulary"], info["sequence_length"], info["num_classes"]
         )
         model.compile(optimizer=keras.optimizers.Adam(FLAGS.learning_rate),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     table = model.get_layer("embedding").embeddings
-    shards = tfdist.sharded.shards(table)
+    shards = tfdist.strategies.sharded.shards(table)
     print(f"embedding {tuple(table.shape)} in {len(shards)} shard(s): "
           + ", ".join(v.device for v in shards), flush=True)
     trainer = tfdist.Trainer(

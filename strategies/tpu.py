@@ -52,7 +52,7 @@ flags.DEFINE_integer("seed", 0, "Shuffle and initialisation seed.")
 
 def run_preflight() -> int:
     """Builds the program's model and data on CPU and prints the preflight."""
-    train, _, info = tfdist.recipes.image_classification_data(
+    train, _, info = tfdist.data.recipes.image_classification_data(
         FLAGS.dataset, global_batch_size=FLAGS.batch_size, data_dir=FLAGS.data_dir,
         seed=FLAGS.seed)
     model = build_classifier(FLAGS.model, info, FLAGS.learning_rate, FLAGS.seed)

@@ -25,7 +25,7 @@ import pytest  # noqa: E402
 import tfdist  # noqa: E402
 
 MAX_REPLICAS = 4
-tfdist.strategy.configure_logical_cpus(MAX_REPLICAS)
+tfdist.strategies.configure_logical_cpus(MAX_REPLICAS)
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def synthetic_data_dir(tmp_path_factory) -> str:
     shared by the tests that run the programs (generating it takes ~4 s)."""
     directory = tmp_path_factory.mktemp("tensorflow_datasets")
     for split in ("train", "test"):
-        tfdist.datasets.load_supervised("synthetic_patterns", split, data_dir=str(directory))
+        tfdist.data.datasets.load_supervised("synthetic_patterns", split, data_dir=str(directory))
     return str(directory)
 
 

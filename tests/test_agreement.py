@@ -1,4 +1,4 @@
-"""`tfdist.agreement.StopAgreement`: when workers agree on a stop request.
+"""`tfdist.loops.agreement.StopAgreement`: when workers agree on a stop request.
 
 The all-reduce is the same under any strategy (a sum over replicas), so the
 schedule is tested here on MirroredStrategy(2) in one process; the
@@ -8,7 +8,7 @@ step) is tested with real processes in tests/test_reliability.py.
 
 import time
 
-from tfdist.agreement import StopAgreement
+from tfdist.loops.agreement import StopAgreement
 
 
 def _agreement(make_strategy, target_seconds):

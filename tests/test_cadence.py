@@ -1,8 +1,8 @@
-"""tfdist.cadence on its own: execution sizes, log and save points, epoch ends."""
+"""tfdist.loops.cadence on its own: execution sizes, log and save points, epoch ends."""
 
 import pytest
 
-from tfdist.cadence import Cadence
+from tfdist.loops.cadence import Cadence
 
 
 def _executions(cadence, step=0, step_in_epoch=0, limit=100):

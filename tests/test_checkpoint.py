@@ -196,7 +196,7 @@ def _rss_kb(pid: int) -> int:
 def test_parameter_server_saves_do_not_grow_memory(tmp_path):
     """With the model on a ps and the counters on the chief, TensorFlow's
     eager save traces a new function per save and keeps it: ~110 KB per
-    save on the chief and ~320 KB on the ps. `tfdist.traced_saves` traces
+    save on the chief and ~320 KB on the ps. `tfdist.checkpoint.traced_saves` traces
     once. 600 saves on a real 1-ps cluster; after the first 100, the median
     growth over 25-save windows must stay under 20 KB per save on both
     (measured ~2; ~200 with the traced save removed). A variable tracked

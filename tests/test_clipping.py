@@ -1,6 +1,6 @@
 """Gradient clipping (clipnorm, global_clipnorm, clipvalue) applies to the
 batch's gradient, as on one device: the Trainer and a custom loop on
-tfdist.gradients against single-device Keras fit."""
+tfdist.replica.gradients against single-device Keras fit."""
 
 import keras
 import numpy as np

@@ -1,4 +1,4 @@
-"""`tfdist.collectives.function`: tfdist's functions keep the collective
+"""`tfdist.replica.collectives.function`: tfdist's functions keep the collective
 instance keys of their trace, so a multi-worker call leaves no per-call
 record behind (TensorFlow's default takes a new key at every call)."""
 
@@ -13,7 +13,7 @@ _PROGRAM = textwrap.dedent("""
     import tensorflow as tf
     from tensorflow.python.distribute import cross_device_utils
     import tfdist
-    from tfdist import collectives
+    from tfdist.replica import collectives
 
     # One local worker with 2 logical CPUs (one device would skip collectives).
     strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=2)

@@ -68,7 +68,7 @@ def test_replica_loss_rejects_an_averaged_loss(make_strategy):
     batch = tfdist.Batch(x=tf.ones([2, 1]), y=tf.ones([2]))
     with pytest.raises(tfdist.ConfigurationError,
                        match=r"`per_example_loss` is a scalar.*reduction=None"):
-        tfdist.losses.replica_loss(tf.constant(0.5), batch)
+        tfdist.replica.losses.replica_loss(tf.constant(0.5), batch)
 
 
 def test_replica_loss_ignores_padded_rows_and_uses_the_carried_count():
@@ -76,7 +76,7 @@ def test_replica_loss_ignores_padded_rows_and_uses_the_carried_count():
         x=tf.zeros([4, 1]), y=tf.zeros([4]), sample_weight=tf.constant([1.0, 2.0, 5.0, 5.0]),
         mask=tf.constant([1.0, 1.0, 0.0, 0.0]), global_examples=tf.fill([4], 3.0),
     )
-    loss = tfdist.losses.replica_loss(tf.constant([1.0, 1.0, np.nan, 7.0]), batch)
+    loss = tfdist.replica.losses.replica_loss(tf.constant([1.0, 1.0, np.nan, 7.0]), batch)
     np.testing.assert_allclose(float(loss), (1.0 + 2.0) / 3.0, rtol=1e-6)
 
 
@@ -161,7 +161,7 @@ def test_sigterm_saves_mid_epoch_and_resumes_on_another_replica_count(make_strat
 
 
 def _replica_step_error(strategy, replica_step):
-    loop = tfdist.loop.HostLoop(strategy, replica_step)
+    loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step)
     batches = tfdist.data.distribute(strategy, ref.global_batches(8, 4))
     with pytest.raises(tfdist.ConfigurationError) as error:
         loop.run(iter(batches))
@@ -180,7 +180,7 @@ def test_a_dataset_element_passed_as_the_batch_is_a_clear_error(make_strategy):
 
     @tf.function
     def step(element):
-        strategy.run(lambda e: tfdist.losses.replica_loss(tf.ones([2]), e), args=(element,))
+        strategy.run(lambda e: tfdist.replica.losses.replica_loss(tf.ones([2]), e), args=(element,))
 
     batches = tfdist.data.distribute(strategy, ref.global_batches(8, 4))
     # (In the user's own tf.function autograph wraps tfdist's error in its own.)
@@ -198,7 +198,7 @@ def test_a_metric_created_outside_the_scope_is_a_clear_error(make_strategy):
         model = ref.compile_model(ref.build_mlp(), "adam")
 
     def replica_step(batch):
-        tfdist.metrics.update_metrics([accuracy], batch, model(batch.x))
+        tfdist.replica.metrics.update_metrics([accuracy], batch, model(batch.x))
     message = _replica_step_error(strategy, replica_step)
     assert "'accuracy' was created outside `strategy.scope()`" in message
     assert "with strategy.scope():" in message
@@ -208,7 +208,7 @@ def test_a_metric_created_outside_the_scope_is_a_clear_error(make_strategy):
 def test_host_loop_rejects_a_bad_steps_per_execution(make_strategy, steps):
     with pytest.raises(tfdist.ConfigurationError,
                        match=rf"`steps_per_execution` \({steps!r}\) must be a positive integer"):
-        tfdist.loop.HostLoop(make_strategy(1), lambda batch: None, steps_per_execution=steps)
+        tfdist.loops.host_loop.HostLoop(make_strategy(1), lambda batch: None, steps_per_execution=steps)
 
 
 # -- the program on 2 workers, stopped and resumed ------------------------------
@@ -221,11 +221,11 @@ def _keras_on_the_programs_data(data_dir):
     with ``--optimizer=sgd``. (With Adam(1e-3) this trajectory amplifies
     float32 round-off: one-device Keras itself, its weights nudged by 1e-7
     after epoch 1, ends epoch 2 2.8e-2 away; SGD stays within 4e-7.)"""
-    train, _, info = tfdist.recipes.image_classification_data(
+    train, _, info = tfdist.data.recipes.image_classification_data(
         "synthetic_patterns", global_batch_size=PROGRAM_BATCH, data_dir=data_dir,
         train_examples=TRAIN_EXAMPLES)
     keras.utils.set_random_seed(0)
-    model = tfdist.recipes.build_model("mlp", info["input_shape"], info["num_classes"])
+    model = tfdist.data.recipes.build_model("mlp", info["input_shape"], info["num_classes"])
     model.compile(optimizer=keras.optimizers.SGD(0.05),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     for epoch in range(PROGRAM_EPOCHS):

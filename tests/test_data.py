@@ -5,8 +5,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist import data as data_lib
-from tfdist.batch import Batch
+from tfdist.data import distributed as data_lib
+from tfdist.data.batch import Batch
 
 
 def _batches(num_examples, batch_size):

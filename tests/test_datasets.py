@@ -5,8 +5,8 @@ import pytest
 import tensorflow_datasets as tfds
 
 import tfdist
-from tfdist import recipes
-from tfdist.datasets import load_supervised, synthetic_patterns
+from tfdist.data import recipes
+from tfdist.data.datasets import load_supervised, synthetic_patterns
 
 
 def test_generation_is_deterministic_and_covers_all_classes():
@@ -47,7 +47,7 @@ def test_prepare_data_command_generates_the_default_dataset(tmp_path):
 
     program = (
         "import sys; sys.argv = ['tfdist-prepare-data', '--data_dir=%s'];"
-        "from tfdist.datasets.prepare import main; main()" % tmp_path
+        "from tfdist.data.datasets.prepare import main; main()" % tmp_path
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True,
                             text=True, timeout=300)

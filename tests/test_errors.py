@@ -133,7 +133,7 @@ def test_sample_weight_that_does_not_fit_the_loss_names_it():
     weights = tf.ones([4, 2, 2])  # one value per example expected
     with pytest.raises(tfdist.ConfigurationError,
                        match=r"`sample_weight` has shape \(4, 2, 2\).*shape \[batch\]"):
-        tfdist.losses.scaled_loss(per_example, weights, global_count=4)
+        tfdist.replica.losses.scaled_loss(per_example, weights, global_count=4)
 
 
 def test_data_of_an_unknown_kind_names_the_argument_and_the_fix(make_strategy):
@@ -165,8 +165,8 @@ def test_epoch_dataset_that_returns_no_dataset(make_strategy):
 
 
 def test_parameter_server_evaluation_of_a_dataset_fn_names_the_fix():
-    from tfdist import epochs
-    from tfdist.runners import CoordinatorRunner
+    from tfdist.data import epochs
+    from tfdist.loops.runners import CoordinatorRunner
 
     source = epochs.as_source(lambda context: None, "validation_data")
     # The check comes before the runner touches its coordinator.

@@ -1,5 +1,5 @@
 """Finished data iterators are freed off the training thread
-(`tfdist.iterator_release`), at most `MAX_PENDING` at a time, and every
+(`tfdist.data.iterator_release`), at most `MAX_PENDING` at a time, and every
 owner of iterators hands them over: epochs, evaluation, a stopped job."""
 
 import subprocess
@@ -14,9 +14,8 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist import epochs as epochs_lib
-from tfdist import iterator_release
-from tfdist.epochs import as_source
+from tfdist.data import epochs as epochs_lib, iterator_release
+from tfdist.data.epochs import as_source
 
 
 class BlockingIterator:
@@ -127,7 +126,7 @@ def test_trainer_frees_each_epochs_and_evaluations_distributed_iterator_on_the_r
     epochs, 3 validations, 1 evaluation) is freed, on the release thread."""
     strategy = make_strategy(2)
     freed_on, made = [], []
-    from tfdist.runners import synchronous  # pylint: disable=import-outside-toplevel
+    from tfdist.loops.runners import synchronous  # pylint: disable=import-outside-toplevel
 
     original = synchronous.SynchronousRunner.iterator
 
@@ -156,7 +155,7 @@ def test_exit_waits_a_bounded_time_for_a_stuck_deletion_and_says_so(tmp_path):
     program = tmp_path / "stuck.py"
     program.write_text(textwrap.dedent("""
         import threading, time
-        from tfdist import iterator_release
+        from tfdist.data import iterator_release
         iterator_release.EXIT_WAIT_SECONDS = 0.5
 
         class Stuck:

@@ -1,4 +1,4 @@
-"""Pins the Keras internals tfdist reads (tfdist/_keras.py).
+"""Pins the Keras internals tfdist reads (tfdist/_internal/keras_internals.py).
 
 If a Keras upgrade changes them, this fails first, with a clear name.
 """
@@ -6,7 +6,7 @@ If a Keras upgrade changes them, this fails first, with a clear name.
 import keras
 import tensorflow as tf
 
-from tfdist import _keras
+from tfdist._internal import keras_internals as _keras
 
 
 def test_compiled_model_exposes_what_tfdist_reads():

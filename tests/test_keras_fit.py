@@ -222,15 +222,15 @@ def test_pydataset_shuffle_is_a_seeded_batch_order_per_epoch(make_strategy):
 
 def test_detach_gives_back_keras_methods_and_recompile_takes_effect(make_strategy):
     model = _attached(make_strategy(2))
-    assert tfdist.keras_fit.attachment_of(model) is not None
+    assert tfdist.training.keras_fit.attachment_of(model) is not None
     x, y, _ = ref.classification_arrays(32)
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
-    first = tfdist.keras_fit.attachment_of(model).trainer()
+    first = tfdist.training.keras_fit.attachment_of(model).trainer()
     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    assert tfdist.keras_fit.attachment_of(model).trainer() is not first
+    assert tfdist.training.keras_fit.attachment_of(model).trainer() is not first
 
     tfdist.detach(model)
-    assert tfdist.keras_fit.attachment_of(model) is None
+    assert tfdist.training.keras_fit.attachment_of(model) is None
     assert model.fit.__func__ is keras.Model.fit
 
 

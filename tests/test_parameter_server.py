@@ -104,9 +104,9 @@ def test_checkpoint_from_two_ps_restores_on_one_ps_and_on_one_device(embedding_r
     # One device, in this process, no strategy: a plain Keras model for serving.
     import keras  # pylint: disable=import-outside-toplevel
 
-    _, test, info = tfdist.recipes.token_classification_data(
+    _, test, info = tfdist.data.recipes.token_classification_data(
         "synthetic_patterns", global_batch_size=64, data_dir=synthetic_data_dir)
-    model = tfdist.recipes.build_embedding_model(
+    model = tfdist.data.recipes.build_embedding_model(
         info["vocabulary"], info["sequence_length"], info["num_classes"])
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy")
     model.optimizer.build(model.trainable_variables)

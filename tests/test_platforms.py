@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from tfdist import cluster, platforms
+from tfdist import cluster
+from tfdist.cluster import platforms
 
 VERTEX_CLUSTER = {
     "workerpool0": ["cmle-training-workerpool0-1a2b-0:2222"],

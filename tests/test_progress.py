@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import tfdist
 from tests import reference as ref
-from tfdist.progress import format_line
+from tfdist.training.progress import format_line
 
 LINE = re.compile(
     r"^train \| epoch \d+ \| step \d+/(\d+|\?) \| loss \d+\.\d{4}( \| \w+ \d+\.\d{4})*( \| \d+ ex/s)?$"
@@ -67,7 +67,7 @@ def test_verbose_zero_prints_nothing(make_strategy, capsys):
 _SUMMARY_MEMORY_PROGRAM = """
 import sys
 import tensorflow as tf
-from tfdist.progress import ProgressReporter
+from tfdist.training.progress import ProgressReporter
 
 def rss_mb():
     with open("/proc/self/status") as status:
@@ -94,7 +94,7 @@ print(after_reporter - before, rss_mb() - after_reporter)
 def test_summaries_at_log_points_do_not_grow_memory(tmp_path):
     """A log point's summary step and values are new numbers every time;
     TensorFlow keeps a cached tensor per distinct Python scalar it is
-    handed, so they go to TensorFlow as numpy scalars (`tfdist.host_values`).
+    handed, so they go to TensorFlow as numpy scalars (`tfdist._internal.host_values`).
     6,000 log points: the reporter's growth against the same numbers handed
     over as Python scalars (the control, which must grow)."""
     done = subprocess.run([sys.executable, "-c", _SUMMARY_MEMORY_PROGRAM, str(tmp_path)],

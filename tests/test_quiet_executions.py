@@ -1,6 +1,6 @@
 """Executions between log points, save points and epoch ends run back to
 back when no callback has a training-batch hook (`Cadence.quiet_executions`,
-`tfdist.runners.executions`): same results as single-device Keras, stops
+`tfdist.loops.runners.executions`): same results as single-device Keras, stops
 and the end of the data still land on their step."""
 
 import os

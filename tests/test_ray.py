@@ -2,10 +2,10 @@
 
 One driver process (tests/programs/ray_driver.py) starts a one-node Ray
 cluster on 127.0.0.1 and runs Ray Train's ``TensorflowTrainer`` (through
-`tfdist.ray.tensorflow_trainer`) with 2 workers training
+`tfdist.integrations.ray.tensorflow_trainer`) with 2 workers training
 tests/reference.py's MLP with ``tfdist.Trainer`` under
 MultiWorkerMirroredStrategy, reporting every epoch to Ray with
-`tfdist.ray.ReportToRay` and checkpointing into `tfdist.ray.checkpoint_dir`,
+`tfdist.integrations.ray.ReportToRay` and checkpointing into `tfdist.integrations.ray.checkpoint_dir`,
 with ``max_failures=1``: worker 1 SIGKILLs itself in epoch 2, once Ray
 holds epoch 1's checkpoint; Ray restarts the group, every worker restores
 that checkpoint, and the run ends after epochs 2 and 3. Epochs 2 and 3 and
@@ -73,8 +73,8 @@ def test_two_ray_workers_killed_and_restarted_by_ray_equal_one_device(ray_runs, 
     ({"num_workers": 2, "storage_path": "/tmp/x", "max_failures": -2}, "max_failures"),
 ])
 def test_bad_arguments_are_named(arguments, named):
-    import tfdist.ray
+    import tfdist.integrations.ray
     from tfdist.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=named):
-        tfdist.ray.tensorflow_trainer(engine_train.ray_train_loop, **arguments)
+        tfdist.integrations.ray.tensorflow_trainer(engine_train.ray_train_loop, **arguments)

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tfdist.runners.synchronous import CountedIterator, CountedLoops
+from tfdist.loops.runners.synchronous import CountedIterator, CountedLoops
 
 
 def _batches(examples: int, batch_size: int = 4) -> tf.data.Dataset:

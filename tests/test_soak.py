@@ -40,7 +40,7 @@ def test_judge_passes_flat_tasks_and_fails_each_kind_of_growth():
 
 def test_judge_tells_a_bounded_spike_of_threads_from_a_leak():
     """Samples 2 s apart: freed data iterators' threads come and go for a
-    few seconds (tfdist.iterator_release); leaked ones stay."""
+    few seconds (tfdist.data.iterator_release); leaked ones stay."""
     def rows(task, threads):
         return [{"t": i * 2.0, "task": task, "threads": th, "rss_mb": 700.0, "fds": 20,
                  "step": i * 100} for i, th in enumerate(threads)]
@@ -59,7 +59,7 @@ def test_judge_tells_a_bounded_spike_of_threads_from_a_leak():
 @pytest.mark.parametrize("mode", ["mwms", "ps"])
 def test_short_soak_keeps_every_task_flat_and_stops_on_sigterm(tmp_path, mode):
     """MWMS in epochs of 512 steps: per-step and per-epoch work (a fresh
-    iterator each epoch, the old one freed on `tfdist.iterator_release`'s
+    iterator each epoch, the old one freed on `tfdist.data.iterator_release`'s
     thread) both run ~20 times a minute."""
     report = tmp_path / "soak.json"
     epochs = ["--epoch_steps=512"] if mode == "mwms" else []

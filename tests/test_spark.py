@@ -1,7 +1,7 @@
 """Issue 15, point 4: tfdist programs on Spark executors, for real.
 
 A local Spark (``local[2]``: one JVM, two task slots, bound to 127.0.0.1)
-runs `tfdist.spark.run` four times on one session: 2 workers training (the
+runs `tfdist.integrations.spark.run` four times on one session: 2 workers training (the
 chief's weights and history compared with single-device Keras ``fit`` on
 the same batches), 2 workers of which one raises, 3 workers on 2 slots, and
 2 workers returning 8 MB.
@@ -68,13 +68,13 @@ def test_more_workers_than_task_slots_is_a_named_error(spark_runs):
     ({"num_workers": 2, "train_fn": "train.py"}, "train_fn"),
 ])
 def test_bad_arguments_are_named_before_spark_starts(arguments, named):
-    import tfdist.spark
+    import tfdist.integrations.spark
     from tfdist.errors import ConfigurationError
 
     arguments = dict(arguments)
     train_fn = arguments.pop("train_fn", engine_train.train_reference_mlp)
     with pytest.raises(ConfigurationError, match=named):
-        tfdist.spark.run(train_fn, **arguments)
+        tfdist.integrations.spark.run(train_fn, **arguments)
 
 
 def test_a_result_larger_than_a_pipe_buffer_comes_back(spark_runs):

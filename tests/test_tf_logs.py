@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tfdist import tf_logs
+from tfdist._internal import tf_logs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,7 +43,7 @@ def test_errors_and_program_output_are_not_noise(line):
 SCRIPT = r"""
 import sys
 import tfdist
-tfdist.tf_logs.import_tensorflow()
+tfdist._internal.tf_logs.import_tensorflow()
 import tensorflow as tf
 strategy = tfdist.make_strategy("mirrored", num_replicas=2)
 print("result", strategy.num_replicas_in_sync, flush=True)

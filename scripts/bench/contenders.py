@@ -15,7 +15,7 @@ starts a new iterator per ``run`` call, as an epoch does:
                  ParameterServerStrategy: a ``ClusterCoordinator`` schedules
                  the same execution on per-worker datasets.
   tfdist_loop    (optional) a custom loop on tfdist's public layer
-                 (`tfdist.loop.HostLoop` + `tfdist.losses.replica_loss` ...)
+                 (`tfdist.loops.host_loop.HostLoop` + `tfdist.replica.losses.replica_loss` ...)
   tfdist_eager   (optional) `Trainer.fit` reading metrics after every
                  execution (``log_every_steps=1``): what lazy metrics save
   tfdist_epoch_logs (optional) `Trainer.fit` reading metrics only at the
@@ -28,7 +28,7 @@ starts a new iterator per ``run`` call, as an epoch does:
                  and keeps its share): what tfdist's data costs, apart from
                  its step
   tfdist_step    (optional) the hand-written loop on tfdist's data running
-                 tfdist's replica step (`tfdist.step.ReplicaSteps.train`:
+                 tfdist's replica step (`tfdist.replica.step.ReplicaSteps.train`:
                  masks, global counts, exact loss shares, metric totals)
                  instead of its own. With the two above it splits tfdist's
                  distance to the loop into its data (custom_loop_tfdist_data),
@@ -154,10 +154,10 @@ def _replica_step(model, batch_size):
 def _tfdist_replica_step(strategy, model, dataset):
     """tfdist's own replica step for ``model`` (what `tfdist.Trainer` runs),
     its model, optimizer and metric state built from ``dataset``'s spec (as
-    the Trainer builds them: `tfdist._keras.build_model_state`)."""
-    from tfdist import _keras  # pylint: disable=import-outside-toplevel
-    from tfdist.metrics import MetricState  # pylint: disable=import-outside-toplevel
-    from tfdist.step import ReplicaSteps  # pylint: disable=import-outside-toplevel
+    the Trainer builds them: `tfdist._internal.keras_internals.build_model_state`)."""
+    from tfdist._internal import keras_internals as _keras  # pylint: disable=import-outside-toplevel
+    from tfdist.replica.metrics import MetricState  # pylint: disable=import-outside-toplevel
+    from tfdist.replica.step import ReplicaSteps  # pylint: disable=import-outside-toplevel
 
     with strategy.scope():
         _keras.build_model_state(model, dataset.element_spec)
@@ -212,7 +212,7 @@ def _coordinator_loop(strategy, model, model_name, batch_size, spe, tfdist_strea
             replica_step = _replica_step(model, batch_size)
     if tfdist_streams:
         import tfdist  # pylint: disable=import-outside-toplevel
-        from tfdist.runners.per_worker import PerWorkerIterators, rebuilder  # pylint: disable=import-outside-toplevel
+        from tfdist.loops.runners.per_worker import PerWorkerIterators, rebuilder  # pylint: disable=import-outside-toplevel
 
         rebuild = rebuilder(workloads.endless_dataset(model_name, batch_size))
         new_iterators = PerWorkerIterators(
@@ -255,13 +255,13 @@ def _tfdist_loop(strategy, model, dataset, spe):
         with tf.GradientTape() as tape:
             predictions = model(batch.x, training=True)
             per_example = loss_fn(batch.y, predictions)
-            loss = tfdist.losses.replica_loss(per_example, batch, model)
-        tfdist.metrics.update_loss_mean(loss_mean, per_example, batch, model)
-        tfdist.metrics.update_metrics([accuracy], batch, predictions)
+            loss = tfdist.replica.losses.replica_loss(per_example, batch, model)
+        tfdist.replica.metrics.update_loss_mean(loss_mean, per_example, batch, model)
+        tfdist.replica.metrics.update_metrics([accuracy], batch, predictions)
         gradients = tape.gradient(loss, model.trainable_variables)
-        tfdist.gradients.apply_gradients(model.optimizer, gradients, model.trainable_variables)
+        tfdist.replica.gradients.apply_gradients(model.optimizer, gradients, model.trainable_variables)
 
-    loop = tfdist.loop.HostLoop(strategy, replica_step, steps_per_execution=spe)
+    loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=spe)
     batches = tfdist.data.distribute(strategy, dataset, avoid_empty_replicas=True)
 
     def run(steps):

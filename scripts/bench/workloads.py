@@ -11,7 +11,7 @@ MODELS = ("mlp", "convnet", "embedding")
 IMAGE_SHAPE = (16, 16, 1)
 NUM_CLASSES = 10
 # The embedding model reads a 16x16 image as 256 tokens of 16 buckets each
-# (tfdist.recipes.pixel_tokens): a 4096 x 16 table.
+# (tfdist.data.recipes.pixel_tokens): a 4096 x 16 table.
 SEQUENCE_LENGTH = 256
 VOCABULARY = SEQUENCE_LENGTH * 16
 
@@ -40,7 +40,7 @@ def compiled_model(strategy, model: str, steps_per_execution: int):
     """A freshly seeded, compiled ``model`` under ``strategy``'s scope."""
     import keras  # pylint: disable=import-outside-toplevel
 
-    from tfdist import recipes  # pylint: disable=import-outside-toplevel
+    from tfdist.data import recipes  # pylint: disable=import-outside-toplevel
 
     if model not in MODELS:
         raise ValueError(f"--models: {model!r} is not one of {MODELS}.")

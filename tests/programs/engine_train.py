@@ -45,7 +45,7 @@ def ray_train_loop(config: dict) -> None:
     import keras
     import ray.train
 
-    import tfdist.ray
+    import tfdist.integrations.ray
 
     output_dir = pathlib.Path(config["output_dir"])
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -68,9 +68,9 @@ def ray_train_loop(config: dict) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     resumed_from = ray.train.get_checkpoint()
-    directory = tfdist.ray.checkpoint_dir()
-    callbacks = [tfdist.ray.ReportToRay(directory)]
-    if config.get("kill_rank") == tfdist.ray.world_rank():
+    directory = tfdist.integrations.ray.checkpoint_dir()
+    callbacks = [tfdist.integrations.ray.ReportToRay(directory)]
+    if config.get("kill_rank") == tfdist.integrations.ray.world_rank():
         callbacks.insert(0, KillOnce())
     result = train_reference_mlp(checkpoint_dir=directory, callbacks=callbacks)
     result["resumed_from"] = resumed_from.path if resumed_from else None

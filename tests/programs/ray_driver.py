@@ -1,6 +1,6 @@
 """A Ray driver for tests: a local Ray cluster on 127.0.0.1 runs Ray
 Train's TensorflowTrainer over `engine_train.ray_train_loop` (via
-`tfdist.ray.tensorflow_trainer`) and writes, per run, Ray's result and each
+`tfdist.integrations.ray.tensorflow_trainer`) and writes, per run, Ray's result and each
 worker's output as JSON.
 
 Run as its own process by tests/test_ray.py, which kills it and every
@@ -36,7 +36,7 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import ray
 
-    import tfdist.ray
+    import tfdist.integrations.ray
     from tests.programs import engine_train
 
     ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
@@ -45,7 +45,7 @@ def main():
     try:
         for index, run in enumerate(json.loads(args.runs)):
             output_dir = pathlib.Path(args.work_dir) / f"run{index}"
-            trainer = tfdist.ray.tensorflow_trainer(
+            trainer = tfdist.integrations.ray.tensorflow_trainer(
                 engine_train.ray_train_loop, run["num_workers"],
                 storage_path=str(pathlib.Path(args.work_dir) / "ray_storage"),
                 name=f"run{index}", max_failures=run.get("max_failures", 0),

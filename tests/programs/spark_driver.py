@@ -1,5 +1,5 @@
 """A Spark driver for tests: a local Spark on 127.0.0.1 runs
-`tfdist.spark.run` and writes the chief's result (or the error) as JSON.
+`tfdist.integrations.spark.run` and writes the chief's result (or the error) as JSON.
 
 Run as its own process group by tests/test_spark.py, so the JVM, Spark's
 Python workers and the training processes all end with it.
@@ -49,7 +49,7 @@ def main():
         [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     from pyspark.sql import SparkSession
 
-    import tfdist.spark
+    import tfdist.integrations.spark
     from tests.programs import engine_train
 
     spark = (SparkSession.builder.master(args.master).appName("tfdist-test")
@@ -70,7 +70,7 @@ def main():
             else:
                 train_fn = engine_train.train_reference_mlp
             try:
-                results.append({"result": tfdist.spark.run(
+                results.append({"result": tfdist.integrations.spark.run(
                     train_fn, run["num_workers"], spark=spark,
                     timeout_seconds=args.timeout_seconds)})
             except Exception as error:  # the test reads the error's type and message

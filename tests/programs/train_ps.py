@@ -1,7 +1,7 @@
 """Chief program for parameter-server tests (run under tfdist-run --num_ps).
 
 --model=mlp: tests/reference.py's MLP on its data (exactness with 1 worker).
---model=embedding: tfdist.recipes' embedding model on synthetic_patterns
+--model=embedding: tfdist.data.recipes' embedding model on synthetic_patterns
 (built in --data_dir), its table sharded when there are 2+ ps tasks.
 
 Writes ``<output_dir>/chief.json``: history, evaluation, the Trainer's and
@@ -56,11 +56,11 @@ def main():
         with strategy.scope():
             model = ref.compile_model(ref.build_mlp(), "adam")
     else:
-        train, test, info = tfdist.recipes.token_classification_data(
+        train, test, info = tfdist.data.recipes.token_classification_data(
             "synthetic_patterns", global_batch_size=64, data_dir=args.data_dir)
         keras.utils.set_random_seed(0)
         with strategy.scope():
-            model = tfdist.recipes.build_embedding_model(
+            model = tfdist.data.recipes.build_embedding_model(
                 info["vocabulary"], info["sequence_length"], info["num_classes"])
             model.compile(optimizer=keras.optimizers.Adam(0.05),
                           loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -95,7 +95,7 @@ def main():
         result["weights"] = [w.tolist() for w in model.get_weights()]
     else:
         table = model.get_layer("embedding").embeddings
-        pieces = tfdist.sharded.shards(table)
+        pieces = tfdist.strategies.sharded.shards(table)
         result["embedding_shards"] = [[v.device, list(v.shape)] for v in pieces]
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "chief.json"), "w", encoding="utf-8") as out:

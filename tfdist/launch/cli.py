@@ -50,7 +50,7 @@ Options:
   --ports P1,P2,...     fixed ports, one per task (default: free ports)
   --tf_logs             show TensorFlow's C++ start-up and INFO/WARNING lines
                         (hidden on the console by default; --log_dir files
-                        keep them; same as TFDIST_TF_LOGS=1, `tfdist.tf_logs`)
+                        keep them; same as TFDIST_TF_LOGS=1, `tfdist._internal.tf_logs`)
 
 Job definitions for other clusters (printed, nothing started; `emit`):
 
@@ -72,10 +72,10 @@ import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from tfdist import tf_logs
+from tfdist._internal import tf_logs
 from tfdist.errors import ConfigurationError
-from tfdist.launch.emit import EMIT_KINDS, JobSpec, emit
 from tfdist.launch.config import LaunchConfig
+from tfdist.launch.emit import emit, EMIT_KINDS, JobSpec
 from tfdist.launch.launcher import launch
 
 

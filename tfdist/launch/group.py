@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Sequence
 
-from tfdist import tf_logs
+from tfdist._internal import tf_logs
 
 TAIL_LINES = 15
 

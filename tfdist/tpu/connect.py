@@ -128,7 +128,7 @@ def tpu_strategy(tpu: Optional[str] = None, zone: Optional[str] = None,
                  ) -> tf.distribute.Strategy:
     """A ``TPUStrategy`` over the TPU found as described in the module docstring.
 
-    The Trainer then takes the static-shape path (`tfdist.static_shapes`)
+    The Trainer then takes the static-shape path (`tfdist.replica.static_shapes`)
     by itself.
     """
     resolver = resolve_and_initialize(tpu, zone, project, timeout_seconds=timeout_seconds)

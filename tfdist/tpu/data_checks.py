@@ -10,7 +10,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tfdist import _keras
+from tfdist._internal import keras_internals as _keras
 from tfdist.tpu.report import PreflightReport
 
 _NAMES = ("x", "y", "sample_weight")

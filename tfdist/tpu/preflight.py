@@ -13,8 +13,8 @@ trains: the model's weights are left as they are.
 
 from typing import Optional
 
-from tfdist import validation
-from tfdist.epochs import EpochDataset
+from tfdist._internal import validation
+from tfdist.data.epochs import EpochDataset
 from tfdist.tpu.data_checks import check_batch_size, check_data
 from tfdist.tpu.report import PreflightReport
 from tfdist.tpu.step_checks import check_model_dtypes, check_step

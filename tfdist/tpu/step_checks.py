@@ -1,7 +1,7 @@
 """Preflight checks on the training step: trace it at a TPU's static shapes,
 walk its ops, and compile it with XLA.
 
-The step traced is tfdist's own (`tfdist.step.forward_backward`, with
+The step traced is tfdist's own (`tfdist.replica.step.forward_backward`, with
 batch statistics over real rows), on one core's batch: the per-replica
 shapes a ``TPUStrategy`` compiles. Op names carry the Keras layer's name
 scope (``functional/my_layer_1/boolean_mask/Where``), which is how a
@@ -16,7 +16,8 @@ import re
 
 import tensorflow as tf
 
-from tfdist import _keras, step
+from tfdist._internal import keras_internals as _keras
+from tfdist.replica import step
 from tfdist.tpu.report import PreflightReport
 
 _WHERE_FIX = ("Keep shapes fixed: weight by a 0/1 mask (`x * tf.cast(cond, x.dtype)`) "

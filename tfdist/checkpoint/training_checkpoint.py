@@ -1,0 +1,234 @@
+"""What survives: model, optimizer and the data position, in a checkpoint.
+
+`TrainingCheckpoint` wraps ``tf.train.CheckpointManager`` over the model, its
+optimizer, the metric state of the epoch in progress (`track_metrics`) and
+three counters: the global ``step``, the ``epoch`` and the ``step_in_epoch``
+(global batches of that epoch already trained on). The counters let
+`Trainer.fit` resume where it stopped, mid-epoch included, by skipping the
+consumed batches of a deterministic data order; the metric state makes the
+resumed epoch report what an uninterrupted one would.
+
+Saves are atomic: TensorFlow writes a checkpoint's files under temporary
+names, renames them when complete, and only then rewrites the ``checkpoint``
+file that names the newest one (itself written to a temporary file and
+renamed). A task killed during a save leaves the previous checkpoint as the
+newest. `restore_latest` also skips, with a message, a newest checkpoint
+whose files are missing or unreadable and restores the newest complete one.
+
+``tf.train.Checkpoint`` stores one copy of each mirrored variable, so a
+checkpoint written under 4 replicas restores under 1 or 2, or another
+strategy.
+
+A checkpoint from an incompatible model raises `CheckpointMismatchError`
+before anything is written; the checkpoint directory is left as it was.
+
+Variables on several tasks (parameter servers) are saved by one traced
+function (`tfdist.checkpoint.traced_saves`): TensorFlow's eager save traces a new one
+at every save and keeps it.
+
+Under a multi-worker strategy every worker takes part in each save, but only
+the chief writes to ``directory``; the others write to a temporary directory
+of their own that is removed right after. Every worker restores from
+``directory`` (a file system all workers share).
+"""
+
+import dataclasses
+import fnmatch
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+import keras
+import tensorflow as tf
+
+from tfdist import cluster
+from tfdist._internal import host_values
+from tfdist.checkpoint.state_snapshot import TotalsSnapshot
+from tfdist.checkpoint.traced_saves import TracedSaves
+from tfdist.errors import CheckpointMismatchError, ConfigurationError
+from tfdist.replica.metrics import state_variables
+from tfdist.strategies import sharded
+
+
+@dataclasses.dataclass
+class Position:
+    """Where training stands: the data position a checkpoint records."""
+
+    step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+
+    def advance(self, steps: int) -> None:
+        """``steps`` more global batches of this epoch were trained on."""
+        self.step += steps
+        self.step_in_epoch += steps
+
+    def next_epoch(self) -> None:
+        """The epoch ended; the next starts at its first batch."""
+        self.epoch += 1
+        self.step_in_epoch = 0
+
+
+def _forget_glob_patterns() -> None:
+    """Drops the glob patterns Python compiled for the last save.
+
+    After each write TensorFlow sizes the checkpoint with
+    ``glob.glob(prefix + "*")``, and ``fnmatch`` keeps every compiled
+    pattern, up to 32,768 of them. The prefix is new at every save
+    (``ckpt-<step>``, and a new scratch directory on the other workers), so
+    each save kept its pattern: measured in one process, 0.79 KB per save
+    with new prefixes against 0.17 with the patterns dropped. Only compiled
+    patterns are lost; they are rebuilt when next needed.
+    """
+    cache_clear = getattr(getattr(fnmatch, "_compile_pattern", None), "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
+
+
+class TrainingCheckpoint:
+    """Saves and restores training state under ``directory`` (None: keeps
+    the position only; nothing is written or restored)."""
+
+    def __init__(
+        self,
+        model: keras.Model,
+        directory: Optional[str],
+        *,
+        max_to_keep: int = 3,
+        is_chief: bool = True,
+        task_name: str = "worker-0",
+    ):
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ConfigurationError(
+                f"`max_to_keep` ({max_to_keep}) must be a positive integer."
+            )
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        self.step_in_epoch = tf.Variable(
+            0, dtype=tf.int64, trainable=False, name="step_in_epoch"
+        )
+        self.directory = directory
+        self._is_chief = is_chief
+        self._task_name = task_name
+        self._checkpoint = tf.train.Checkpoint(
+            model=model,
+            optimizer=model.optimizer,
+            step=self.step,
+            epoch=self.epoch,
+            step_in_epoch=self.step_in_epoch,
+        )
+        self._manager = None if directory is None else tf.train.CheckpointManager(
+            self._checkpoint, directory, max_to_keep=max_to_keep
+        )
+        self._model = model
+        self._snapshots = []  # `track_state`
+        TracedSaves.install(self._checkpoint, self._saved_variables)
+
+    @classmethod
+    def for_strategy(cls, model: keras.Model, strategy: tf.distribute.Strategy,
+                     directory: Optional[str], *, metrics=(), accumulator=None,
+                     max_to_keep: int = 3) -> "TrainingCheckpoint":
+        """The checkpoint of a hand-written loop: the model, its optimizer,
+        the state of Keras ``metrics`` (the epoch in progress) and of an
+        ``accumulator`` (`tfdist.replica.accumulation.GradientAccumulator`), and the
+        data `Position`. Only the chief of a multi-worker strategy writes to
+        ``directory``. Create it under ``strategy.scope()`` once the
+        optimizer is built; call `save_position` on every worker."""
+        checkpoint = cls(
+            model, directory, max_to_keep=max_to_keep,
+            is_chief=getattr(strategy.extended, "should_checkpoint", True),
+            task_name=cluster.task_name())
+        checkpoint.track_state(state_variables(list(metrics)), accumulator)
+        return checkpoint
+
+    def track_state(self, metric_variables, accumulator=None) -> None:
+        """Adds metric state variables (``{name: variable}``) and a
+        `tfdist.replica.accumulation.GradientAccumulator`'s sums to what is saved
+        (through `tfdist.checkpoint.state_snapshot` under multi-worker strategies)."""
+        self._snapshots = [TotalsSnapshot(dict(metric_variables))]
+        self._checkpoint.metrics = self._snapshots[0].tracked
+        if accumulator is not None:
+            self._snapshots.append(TotalsSnapshot(accumulator.variables()))
+            self._checkpoint.gradient_accumulation = self._snapshots[1].tracked
+
+    def _saved_variables(self) -> list:
+        """The model's, its optimizer's and the position counters' variables."""
+        optimizer = self._model.optimizer
+        return (list(self._model.variables)
+                + (list(optimizer.variables) if optimizer else [])
+                + [self.step, self.epoch, self.step_in_epoch])
+
+    def _prepare_sharded(self) -> None:
+        """Sharded variables (parameter servers) save as full tensors."""
+        sharded.save_as_full_tensors(self._saved_variables())
+
+    @property
+    def latest(self) -> Optional[str]:
+        """Path prefix of the newest checkpoint, or None."""
+        return None if self._manager is None else self._manager.latest_checkpoint
+
+    def restore_latest(self) -> Optional[str]:
+        """Restores the newest complete checkpoint, if any; returns its path.
+
+        A newer checkpoint whose files are missing or unreadable is skipped
+        with a message naming it.
+
+        Raises:
+          CheckpointMismatchError: its variables do not match the model.
+        """
+        for path in reversed(self._manager.checkpoints if self._manager else []):
+            if not tf.io.gfile.exists(path + ".index"):
+                print(f"skipping checkpoint {path}: its index file is missing", flush=True)
+                continue
+            self._prepare_sharded()
+            try:
+                status = self._checkpoint.restore(path)
+                status.assert_existing_objects_matched()
+            except (tf.errors.NotFoundError, tf.errors.DataLossError, IndexError) as error:
+                # (IndexError: the reader found a data file shorter than its index says.)
+                print(f"skipping checkpoint {path}: unreadable "
+                      f"({str(error).splitlines()[0][:200]})", flush=True)
+                continue
+            except (AssertionError, ValueError, tf.errors.OpError) as error:
+                raise CheckpointMismatchError(
+                    f"The checkpoint {path} does not match this model and "
+                    f"optimizer: {str(error)[:500]}\nUse a new `checkpoint_dir` "
+                    "for this model, or rebuild the model that wrote the "
+                    f"checkpoint. Nothing in {os.path.dirname(path)} was changed."
+                ) from error
+            for snapshot in self._snapshots:
+                snapshot.after_restore()
+            return path
+        return None
+
+    def position(self) -> Position:
+        """The position recorded by the checkpoint last restored or saved."""
+        return Position(int(self.step.numpy()), int(self.epoch.numpy()),
+                        int(self.step_in_epoch.numpy()))
+
+    def save_position(self, position: Position) -> Optional[str]:
+        """`save` at ``position`` (on every worker: all take part)."""
+        return self.save(position.step, position.epoch, position.step_in_epoch)
+
+    def save(self, step: int, epoch: int, step_in_epoch: int) -> Optional[str]:
+        """Records the position and writes a checkpoint numbered ``step``
+        (returns its path; None without a directory)."""
+        self.step.assign(host_values.int64(step))
+        self.epoch.assign(host_values.int64(epoch))
+        self.step_in_epoch.assign(host_values.int64(step_in_epoch))
+        if self._manager is None:
+            return None
+        self._prepare_sharded()
+        for snapshot in self._snapshots:
+            snapshot.before_save()
+        try:
+            if self._is_chief:
+                return self._manager.save(checkpoint_number=step)
+            scratch = tempfile.mkdtemp(prefix=f"tfdist-{self._task_name}-ckpt-")
+            try:
+                return self._checkpoint.write(os.path.join(scratch, f"ckpt-{step}"))
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        finally:
+            _forget_glob_patterns()

@@ -1,0 +1,166 @@
+"""The batch record passed between the data layer, the replica step and losses.
+
+A `Batch` names what a replica trains on: features ``x``, targets ``y`` and,
+when present, ``sample_weight``, ``mask`` (1.0 real, 0.0 padding) and
+``global_examples`` (the global batch's real-example count, one copy per
+example, so it splits with the batch and every non-empty replica reads it
+without a collective).
+
+tf.data and distributed iterators can not carry ``None`` fields, so inside a
+dataset a batch travels as a dict of its present fields (`to_structure`);
+`from_structure` turns it back into a `Batch` at the replica step. Nothing
+outside this module spells those keys.
+"""
+
+import dataclasses
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from tfdist._internal import keras_internals as _keras
+from tfdist.errors import ConfigurationError
+
+_FIELDS = ("x", "y", "sample_weight", "mask", "global_examples")
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One replica's (or one global) batch; optional fields are None."""
+
+    x: Any
+    y: Any
+    sample_weight: Optional[Any] = None
+    mask: Optional[tf.Tensor] = None
+    global_examples: Optional[tf.Tensor] = None
+
+    @classmethod
+    def from_element(cls, element) -> "Batch":
+        """From a dataset element ``(x, y[, sample_weight])``."""
+        return cls(element[0], element[1], element[2] if len(element) == 3 else None)
+
+    @classmethod
+    def from_structure(cls, structure: dict) -> "Batch":
+        """From the dict a dataset carries (see `to_structure`)."""
+        return cls(**structure)
+
+    def __iter__(self):
+        raise ConfigurationError(
+            "A tfdist.Batch is not a tuple: read its fields (`batch.x`, `batch.y`, "
+            "`batch.sample_weight`, `batch.mask`, `batch.global_examples`) instead of "
+            "`x, y = batch`. `batch.mask` (when set) marks padding rows that must not count."
+        )
+
+    def to_structure(self) -> dict:
+        """The present fields as a dict, for tf.data and ``strategy.run``."""
+        values = {name: getattr(self, name) for name in _FIELDS}
+        return {name: value for name, value in values.items() if value is not None}
+
+    def replace(self, **changes) -> "Batch":
+        return dataclasses.replace(self, **changes)
+
+    def size(self) -> tf.Tensor:
+        """Rows in the batch (its leading dimension), padding included."""
+        return tf.shape(tf.nest.flatten(self.x)[0])[0]
+
+    def real_examples(self) -> tf.Tensor:
+        """Rows that are not padding, as float32."""
+        if self.mask is not None:
+            return tf.reduce_sum(tf.cast(self.mask, tf.float32))
+        return tf.cast(self.size(), tf.float32)
+
+    def carried_global_examples(self) -> Optional[tf.Tensor]:
+        """The global count the batch carries: 0 on a replica without rows
+        (it contributes nothing, so needs no count); None if not carried."""
+        if self.global_examples is None:
+            return None
+        return tf.reduce_sum(self.global_examples[:1])
+
+    def with_global_count(self) -> "Batch":
+        """Adds this (global) batch's real-example count as a per-row column."""
+        count = self.real_examples()
+        return self.replace(global_examples=tf.fill(tf.expand_dims(self.size(), 0), count))
+
+    def padded_to(self, size: int) -> "Batch":
+        """Pads every field to ``size`` rows (static) and sets the mask:
+        1.0 for this batch's rows (or their old mask), 0.0 for the new ones."""
+        count = self.size()
+        return self._padded(count, size - count, static_size=size)
+
+    def padded_to_multiple(self, multiple: int) -> "Batch":
+        """Pads up to the next multiple of ``multiple`` rows (shapes stay
+        dynamic) with a mask; a batch already a multiple gains only the mask."""
+        count = self.size()
+        missing = (multiple - count % multiple) % multiple
+        return self._padded(count, missing, static_size=None)
+
+    def _padded(self, count, missing, static_size):
+        def fix(tensor):
+            if static_size is None:
+                return tensor
+            return tf.ensure_shape(tensor, [static_size] + tensor.shape[1:].as_list())
+
+        def pad(tensor):
+            paddings = [[0, missing]] + [[0, 0]] * (tensor.shape.rank - 1)
+            return fix(tf.pad(tensor, paddings))
+
+        mask = tf.ones([count]) if self.mask is None else tf.cast(self.mask, tf.float32)
+        fields = tf.nest.map_structure(pad, self.replace(mask=None).to_structure())
+        fields["mask"] = fix(tf.concat([mask, tf.zeros([missing])], 0))
+        return Batch.from_structure(fields)
+
+
+def require_batch(batch, function: str) -> Batch:
+    """``batch`` if it is a `Batch`; a clear error naming the fix if not."""
+    if isinstance(batch, Batch):
+        return batch
+    if isinstance(batch, dict) and set(batch) <= set(_FIELDS):
+        fix = "wrap the dataset element first: `batch = tfdist.Batch.from_structure(element)`"
+    else:
+        fix = ("pass the `tfdist.Batch` of the step (`tfdist.Batch.from_structure(element)` "
+               "for an element of `tfdist.data.distribute`'s dataset)")
+    raise ConfigurationError(
+        f"`batch` of {function} is a {type(batch).__name__}, not a tfdist.Batch: {fix}.")
+
+
+def _leaves_with_paths(structure):
+    flat = _keras.tree.flatten_with_path(structure)
+    return [
+        ("/".join(str(p) for p in path) or "<tensor>", leaf) for path, leaf in flat
+    ]
+
+
+def validate_element_spec(element_spec, what: str = "dataset") -> None:
+    """Checks that elements are batched ``(x, y)`` or ``(x, y, sample_weight)``.
+
+    Raises:
+      ConfigurationError: wrong structure, or a component without a batch
+        dimension; the message names the component and its shape.
+    """
+    if not isinstance(element_spec, tuple) or len(element_spec) not in (2, 3):
+        raise ConfigurationError(
+            f"The {what} must yield tuples (x, y) or (x, y, sample_weight); "
+            f"its element_spec is {element_spec}. Map it, e.g. "
+            "`ds.map(lambda e: (e['image'], e['label']))`."
+        )
+    names = ("x", "y", "sample_weight")
+    leading_dims = {}
+    for name, part in zip(names, element_spec):
+        for path, spec in _leaves_with_paths(part):
+            if not isinstance(spec, tf.TensorSpec):
+                raise ConfigurationError(
+                    f"The {what}'s {name} component {path} is a "
+                    f"{type(spec).__name__}; tfdist needs dense tensors."
+                )
+            if spec.shape.rank == 0:
+                raise ConfigurationError(
+                    f"The {what}'s {name} component {path} has shape "
+                    f"{spec.shape}: it has no batch dimension. Batch the "
+                    "dataset, e.g. `ds.batch(global_batch_size)`."
+                )
+            if spec.shape.rank is not None and spec.shape[0] is not None:
+                leading_dims[f"{name}:{path}"] = spec.shape[0]
+    if len(set(leading_dims.values())) > 1:
+        raise ConfigurationError(
+            f"The {what}'s components disagree on the batch dimension "
+            f"({leading_dims}); is the dataset batched?"
+        )

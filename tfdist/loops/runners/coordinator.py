@@ -1,0 +1,177 @@
+"""Parameter-server dispatch: ``ClusterCoordinator.schedule`` / ``join``.
+
+Each execution (``steps_per_execution`` steps) is a closure scheduled on
+whichever worker is free, reading that worker's own iterator
+(`tfdist.loops.runners.per_worker`), built on the worker: a dataset made on the
+coordinator is repeated and dealt out by batch (worker ``i`` of ``n`` gets
+batches ``i, i+n, ...``: `tfdist.data.worker_stream`), a
+``dataset_fn(input_context)`` is called once per worker with that worker's
+pipeline id. The streams are endless, so ``steps_per_epoch`` bounds an
+epoch. Step outputs are never fetched. Scheduling is
+asynchronous; `sync` joins all closures and runs before metrics are read or
+a checkpoint is written (log points, epoch ends). A worker that dies has its
+closures retried on the others by the coordinator.
+
+Evaluation runs inline on the coordinator over the whole dataset, in order,
+so every evaluation example counts exactly once.
+"""
+
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from tfdist import data as data_lib
+from tfdist.cluster import peers
+from tfdist.errors import ConfigurationError
+from tfdist.loops.runners.executions import run_each
+from tfdist.loops.runners.per_worker import PerWorkerIterators, rebuilder
+
+
+class CoordinatorRunner:
+    """Schedules replica steps on parameter-server workers."""
+
+    needs_steps_per_epoch = True
+    predicts_on_coordinator = True  # see tfdist.training.predict
+
+    def __init__(self, strategy, train_step: Callable, eval_step: Callable, *,
+                 shard_policy: str = "auto", after_train_step: Optional[Callable] = None):
+        # Workers deal out batches (or a dataset_fn shards); nothing runs
+        # after a step (no gradient accumulation: `tfdist.replica.accumulation`).
+        del shard_policy, after_train_step
+        self._strategy = strategy
+        self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+        self._train_step = train_step
+        self._train_execution = self._make_execution(train_step)
+        # Full-size executions (the largest size seen: steps_per_execution)
+        # take no step-count argument, as TensorFlow's own loop: scheduling
+        # one costs the coordinator ~0.1 ms less (profiled with
+        # scripts/ps_profile.py); shorter ones share one general function.
+        self._full_steps, self._full_execution = 0, None
+        self._step_counts = {}
+        self._eval_loop = self._make_inline_loop(eval_step)
+        self._iterator_makers = {}
+
+    def _make_execution(self, replica_step, num_steps=None):
+        """``execution(iterator, num_steps)``, or with ``num_steps`` given,
+        ``execution(iterator)`` that runs that many steps."""
+        strategy = self._strategy
+
+        def run_steps(iterator, steps):
+            for _ in tf.range(steps):
+                strategy.run(replica_step, args=(next(iterator),))
+
+        if num_steps is None:
+            return tf.function(run_steps)
+        return tf.function(lambda iterator: run_steps(iterator, num_steps))
+
+    @staticmethod
+    def _make_inline_loop(replica_step):
+        @tf.function
+        def loop(iterator):
+            for batch in iterator:
+                replica_step(batch)
+
+        return loop
+
+    def iterator(self, source, *, epoch, skip_steps, partial_batch, global_batch_size=None):
+        """Per-worker iterators over ``source`` (`tfdist.data.epochs.Source`;
+        `tfdist.data.worker_stream`), after the ``skip_steps`` batches
+        already trained on.
+
+        The dataset graph and the per-worker functions are made once per
+        (data, epoch source, position, policy) and reused by later calls
+        (e.g. one ``fit`` per epoch), as TensorFlow's own loop reuses its
+        ``create_per_worker_dataset``: without this cache, tfdist measured
+        0.87-0.96 of that loop in scripts/benchmark.py, whose windows are
+        one ``fit`` call of ~1.5 s each; with it 0.92-1.06 (README
+        "Performance")."""
+        key = (source.original, epoch if source.per_epoch else None, skip_steps,
+               partial_batch, global_batch_size)
+        if key not in self._iterator_makers:
+            if len(self._iterator_makers) >= 4:
+                self._iterator_makers.clear()
+            self._iterator_makers[key] = PerWorkerIterators(
+                self._coordinator, self._dataset_maker(source, epoch=epoch, skip_steps=skip_steps,
+                                                       partial_batch=partial_batch,
+                                                       global_batch_size=global_batch_size))
+        return self._iterator_makers[key]()
+
+    def _dataset_maker(self, source, *, epoch, skip_steps, partial_batch, global_batch_size):
+        """``make_dataset(worker, num_workers)`` for `PerWorkerIterators`."""
+        if not source.per_replica:
+            rebuild = rebuilder(source.global_batches(epoch))
+
+            def make_dataset(worker, num_workers):
+                return data_lib.worker_stream(
+                    rebuild(), worker, num_workers, skip_steps=skip_steps,
+                    partial_batch=partial_batch, global_batch_size=global_batch_size,
+                )
+        else:
+            # Each worker's InputContext names it, so the dataset_fn can
+            # shard; one replica per worker means each of its batches is
+            # one step's batch.
+            replicas = self._strategy.num_replicas_in_sync
+
+            def make_dataset(worker, num_workers):
+                context = tf.distribute.InputContext(
+                    num_input_pipelines=num_workers, input_pipeline_id=worker,
+                    num_replicas_in_sync=replicas,
+                )
+                dataset = source.call_dataset_fn(context).repeat().skip(skip_steps // num_workers)
+                return data_lib.apply_partial_batch_policy(
+                    dataset, partial_batch, global_batch_size, add_global_count=True,
+                ).prefetch(tf.data.AUTOTUNE)
+        return make_dataset
+
+    def train(self, iterator, num_steps: int, stop_requested: bool = False, *,
+              ends_epoch: bool = False):
+        """Schedules ``num_steps`` steps on a free worker; does not wait.
+
+        Returns ``(num_steps, stop_requested)``: the coordinator alone
+        decides to stop, so there is nothing to agree on.
+        """
+        del ends_epoch
+        if num_steps >= self._full_steps:
+            if num_steps > self._full_steps:
+                self._full_steps = num_steps
+                self._full_execution = self._make_execution(self._train_step, num_steps)
+            self._coordinator.schedule(self._full_execution, args=(iterator,))
+        else:
+            if num_steps not in self._step_counts:
+                self._step_counts[num_steps] = tf.constant(num_steps, tf.int64)
+            self._coordinator.schedule(
+                self._train_execution, args=(iterator, self._step_counts[num_steps]))
+        return num_steps, stop_requested
+
+    def train_many(self, iterator, executions: int, num_steps: int, stop_requested, advance):
+        """Schedules ``executions`` executions (`run_each`'s contract)."""
+        return run_each(self, iterator, executions, num_steps, stop_requested, advance)
+
+    @staticmethod
+    def any_worker(flag: bool) -> bool:
+        """One coordinator decides alone (metrics are read on it)."""
+        return flag
+
+    def sync(self) -> None:
+        """Waits for every scheduled closure (raises a worker's error)."""
+        self._coordinator.join()
+
+    @staticmethod
+    def explain_failures(checkpoint_dir=None):
+        """A lost ps raises `ParameterServerLostError` naming it."""
+        return peers.explain_lost_servers(checkpoint_dir)
+
+    def evaluate(self, source, *, steps, partial_batch, global_batch_size=None) -> None:
+        """Runs the evaluation step over ``source`` inline, on the coordinator."""
+        if source.per_replica:
+            raise ConfigurationError(
+                f"Parameter-server evaluation takes a tf.data.Dataset of global "
+                f"batches or a tfdist.data.EpochDataset; the {source.what} is a "
+                "dataset_fn. Pass the evaluation data as global batches."
+            )
+        data = source.global_batches(0)
+        dataset = data_lib.apply_partial_batch_policy(
+            data if steps is None else data.take(steps), partial_batch,
+            global_batch_size, add_global_count=True,
+        )
+        self._eval_loop(iter(dataset))

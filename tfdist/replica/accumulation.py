@@ -1,0 +1,152 @@
+"""Exact gradient accumulation for Keras' ``optimizer.gradient_accumulation_steps``.
+
+Keras 3 applies, every k-th step, the plain mean of the k micro-batches'
+mean gradients, and counts every micro-batch in ``optimizer.iterations``.
+That is one device's update on batch k·B only when every micro-batch is
+full and the optimizer ignores its step count: a partial micro-batch
+weighs as much as a full one, and Adam's bias correction (and any learning
+rate schedule) sees k times more steps. Measured: 2.2e-2 off one device on
+the equivalent large batches.
+
+`GradientAccumulator` makes training with batch B and k steps equal one
+device with batch k·B (and the epoch's last, smaller union):
+
+- each replica adds ``C_m · g_m`` to replica-local sums, where ``g_m`` is
+  the gradient of its share of micro-batch m's mean loss and ``C_m`` the
+  micro-batch's global example count: over all replicas, that is the
+  gradient of the SUM of the micro-batch's losses. ``C_m`` is added to a
+  counter. No collective runs for this;
+- at the k-th micro-batch, and at the end of an epoch (`flush`: a partial
+  accumulation is applied, not carried into the next epoch), it applies
+  ``sums / ΣC_m``, the gradient of the mean loss over the union of the
+  micro-batches, through the optimizer's own update (with tfdist's exact
+  clipping, `tfdist.replica.gradients`), then zeroes the sums;
+- the model's regularization gradient is the same at every micro-batch
+  (weights change only at updates), so weighted by ``C_m`` it comes back
+  exactly once;
+- the optimizer's step counter counts updates, as on one device with batch
+  k·B. (Keras' ``optimizer.iterations`` property divides its counter by k
+  whenever the option is set, so it reads updates // k here.)
+
+Layers that update state in the forward pass (BatchNormalization's moving
+statistics) still see micro-batches. The sums live in the checkpoint, so a
+job stopped mid-accumulation resumes exactly (also on another replica
+count: each replica restores an equal part of the sum).
+"""
+
+import contextlib
+from typing import Optional
+
+import tensorflow as tf
+
+from tfdist.errors import ConfigurationError
+from tfdist.replica import collectives, gradients as gradients_lib
+
+
+def accumulation_steps(optimizer) -> Optional[int]:
+    """Keras' ``gradient_accumulation_steps`` of ``optimizer`` (None: off)."""
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if steps is None or steps == 1:
+        return None
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigurationError(
+            f"`gradient_accumulation_steps` ({steps!r}) must be a positive integer.")
+    return steps
+
+
+@contextlib.contextmanager
+def _keras_accumulation_off(optimizer):
+    """Keras reads the option when ``apply`` is traced; tfdist accumulates."""
+    steps = optimizer.gradient_accumulation_steps
+    optimizer.gradient_accumulation_steps = None
+    try:
+        yield
+    finally:
+        optimizer.gradient_accumulation_steps = steps
+
+
+class GradientAccumulator:
+    """Replica-local gradient sums, applied every ``steps`` micro-batches.
+
+    Create under ``strategy.scope()`` once the model and optimizer are
+    built. In a training loop: `add` in replica context (inside
+    ``strategy.run``) in place of applying gradients, then `after_step` in
+    cross-replica context (after ``strategy.run``, inside the loop's
+    ``tf.function``); `flush` from the host at the end of an epoch. (The
+    update all-reduces, so it runs in its own ``strategy.run`` under a
+    cross-replica condition: TensorFlow cannot synchronise replicas inside
+    a condition within a replica function.)
+    """
+
+    def __init__(self, strategy, optimizer, variables, steps: int):
+        self._strategy = strategy
+        self._optimizer = optimizer
+        self._variables = list(variables)
+        self.steps = steps
+        on_read = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ)
+        self._sums = [
+            tf.Variable(tf.zeros(v.shape, v.dtype), aggregation=tf.VariableAggregation.SUM,
+                        name="gradient_sum", **on_read)
+            for v in self._variables
+        ]
+        self._examples = tf.Variable(0.0, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+                                     name="examples", **on_read)
+        # Counted in cross-replica context: the same on every replica and worker.
+        self._micro_batches = tf.Variable(
+            0, dtype=tf.int64, trainable=False, name="micro_batches",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self._flush = collectives.function(lambda: self._apply_when(self._micro_batches > 0))
+
+    def variables(self) -> dict:
+        """``{name: variable}`` for the checkpoint."""
+        named = {f"sum_{i}": s for i, s in enumerate(self._sums)}
+        named.update(examples=self._examples, micro_batches=self._micro_batches)
+        return named
+
+    def add(self, gradients, global_examples) -> None:
+        """Adds one micro-batch (replica context): this replica's gradient
+        share and the batch's global example count."""
+        count = tf.cast(global_examples, tf.float32)
+        for total, gradient in zip(self._sums, gradients):
+            if gradient is not None:
+                total.assign_add(tf.convert_to_tensor(gradient) * tf.cast(count, total.dtype))
+        self._examples.assign_add(count)
+
+    def after_step(self) -> None:
+        """Counts the micro-batch; applies at the ``steps``-th (cross-replica)."""
+        self._micro_batches.assign_add(1)
+        self._apply_when(self._micro_batches >= self.steps)
+
+    def flush(self) -> None:
+        """Applies a partial accumulation (host side, on every worker)."""
+        self._flush()
+
+    def _apply_when(self, condition) -> None:
+        def apply():
+            self._strategy.run(self._apply)
+            self._micro_batches.assign(0)
+
+        tf.cond(condition, apply, lambda: None)
+
+    def _apply(self) -> None:
+        examples = tf.maximum(self._examples.read_value(), 1.0)
+        gradients = [total.read_value() / tf.cast(examples, total.dtype) for total in self._sums]
+        with _keras_accumulation_off(self._optimizer):
+            gradients_lib.apply_gradients(self._optimizer, gradients, self._variables)
+        for total in self._sums:
+            total.assign(tf.zeros_like(total))
+        self._examples.assign(0.0)
+
+
+def accumulator_for(model, strategy) -> Optional[GradientAccumulator]:
+    """The accumulator the model's optimizer asks for (None: it does not).
+    Call under ``strategy.scope()`` once the model and optimizer are built."""
+    steps = accumulation_steps(model.optimizer)
+    if steps is None:
+        return None
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        raise ConfigurationError(
+            f"`gradient_accumulation_steps` ({steps}) is not supported under "
+            "ParameterServerStrategy: workers apply their steps independently. Use a "
+            "global batch `gradient_accumulation_steps` times larger instead.")
+    return GradientAccumulator(strategy, model.optimizer, model.trainable_variables, steps)

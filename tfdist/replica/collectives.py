@@ -1,0 +1,126 @@
+"""Everything replicas and workers agree on, in one place.
+
+tfdist communicates across replicas for three reasons only, and each has one
+function here:
+
+* `all_reduce_sum`: global counts a replica can not read from its batch
+  (loss denominators under Keras masks, the example count without a
+  carried count column, synchronized batch statistics over real rows),
+  and the batch's gradient when the optimizer clips (`tfdist.replica.gradients`);
+* `sum_over_replicas` / `any_worker`: host-side agreements, each in its own
+  small function: the stop agreement (SIGTERM / Ctrl-C on any worker stops
+  every worker at the same step; `tfdist.loops.agreement`, about once a second)
+  and choices that decide which collectives run;
+* `barrier`: every worker has joined the cluster.
+
+`function` makes tfdist's own ``tf.function``s whose collectives keep the
+instance keys of their trace, so a worker's memory does not grow per call.
+
+Otherwise gradient sums belong to the optimizer (``apply_gradients``) and metric
+totals are reduced by Keras when read; tfdist adds no other collective.
+"""
+
+import contextlib
+import functools
+
+import tensorflow as tf
+from tensorflow.python.distribute import cross_device_utils as _cross_device_utils
+
+
+def spans_workers(strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``strategy`` is a MultiWorkerMirroredStrategy over 2+ workers."""
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and getattr(strategy.extended, "_num_workers", 1) > 1)
+
+
+def uses_instance_keys(strategy: tf.distribute.Strategy) -> bool:
+    """Whether ``strategy`` reduces with TensorFlow's collective ops
+    (MultiWorkerMirroredStrategy, on any number of workers and replicas):
+    there each eager reduction, such as reading a replica-local variable
+    outside a function, takes a new instance key whose record stays, so
+    tfdist's reads and resets run in a `function` instead."""
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+def all_reduce_sum(value):
+    """Sums ``value`` (a tensor or a structure of them) over all replicas.
+
+    Call in replica context (inside ``strategy.run``).
+    """
+    context = tf.distribute.get_replica_context()
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+
+def sum_over_replicas(strategy: tf.distribute.Strategy, values) -> tf.Tensor:
+    """The sum over every replica of ``values`` (the same tensor on each of
+    a worker's replicas): the same result on every worker.
+
+    Call in cross-replica context, inside a ``tf.function``.
+    """
+    per_replica = strategy.run(lambda: tf.identity(tf.cast(values, tf.float32)))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+
+def any_worker(strategy: tf.distribute.Strategy, requested) -> tf.Tensor:
+    """True on every worker when any worker passed a true ``requested``.
+
+    Call in cross-replica context, inside a ``tf.function``.
+    """
+    return sum_over_replicas(strategy, requested) > 0
+
+
+def barrier(strategy: tf.distribute.Strategy) -> None:
+    """Returns once every worker has joined (one tiny all-reduce)."""
+
+    @tf.function
+    def all_reduce_one():
+        return strategy.reduce(
+            tf.distribute.ReduceOp.SUM, strategy.run(lambda: tf.constant(1.0)), axis=None
+        )
+
+    all_reduce_one()
+
+
+@contextlib.contextmanager
+def _instance_keys_fixed_at_trace():
+    """Collectives traced inside take their instance keys at trace time.
+
+    TensorFlow's default (``_prefer_unique_instance_key``) draws a new key for
+    every call of a function, and each worker's collective param resolver
+    keeps a record per key that it never frees: ~1.6 KB per collective op
+    per host call under MultiWorkerMirroredStrategy, which grows without
+    bound in a long run (`scripts/collective_memory.py`). TensorFlow reads the
+    flag while it traces, so the flag is off only while tfdist's functions
+    are called (and, at their first call, traced).
+    """
+    launcher = _cross_device_utils.CollectiveReplicaLauncher
+    previous = launcher._prefer_unique_instance_key  # pylint: disable=protected-access
+    launcher._prefer_unique_instance_key = False  # pylint: disable=protected-access
+    try:
+        yield
+    finally:
+        launcher._prefer_unique_instance_key = previous  # pylint: disable=protected-access
+
+
+def function(python_function, **tf_function_options):
+    """``tf.function(python_function)`` whose collectives keep the instance
+    keys they got when traced, instead of a new key per call.
+
+    Keys fixed at trace time must be the same on every worker, so every
+    worker must trace the function at the same point of the same sequence of
+    collectives: true of tfdist's loops, agreements and multi-worker metric
+    reads (`tfdist.replica.metrics`), whose traces depend only on global values
+    (type specs of the distributed data, global step counts, metric
+    variable counts), never on a worker's own shapes. Functions that may
+    retrace on one worker alone (``reduce_retracing`` over per-worker
+    shapes, as in predict's last batch) and users' own functions keep
+    TensorFlow's default.
+    """
+    traced = tf.function(python_function, **tf_function_options)
+
+    @functools.wraps(python_function)
+    def call(*args, **kwargs):
+        with _instance_keys_fixed_at_trace():
+            return traced(*args, **kwargs)
+
+    return call

@@ -1,0 +1,167 @@
+"""How one replica trains or evaluates on one batch.
+
+`ReplicaSteps` builds the per-replica functions that a runner passes to
+``strategy.run``. A step:
+
+1. runs the model on the replica's batch (never empty: `tfdist.data` pads
+   it, and masked rows count in no loss, metric or batch statistic),
+2. computes local loss sums and counts (`tfdist.replica.losses`),
+3. gets the GLOBAL counts: from the batch's ``global_examples`` column when
+   the loss's denominators follow from example counts (no communication),
+   else by an all-reduce,
+4. takes the gradient of its share and lets the optimizer SUM-reduce and
+   apply the gradients (clipping, if any, applies to the sum:
+   `tfdist.replica.gradients`), or adds it to the accumulated sums when the
+   optimizer accumulates (`tfdist.replica.accumulation`),
+5. adds its examples to the replica-local metric state (no communication).
+
+With ``jit_compile=True`` steps 1, 2 and 4 (the forward and backward pass)
+run as one XLA program. Collectives cannot run inside XLA on CPU/GPU
+mirrored strategies, so the global example count must be known before it:
+from the data, or all-reduced first. The ``"pad"`` policy keeps XLA shapes
+static.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdist._internal import keras_internals as _keras
+from tfdist.data.batch import Batch
+from tfdist.replica import collectives, gradients as gradients_lib, losses
+from tfdist.replica.metrics import MetricState, without_padding
+from tfdist.strategies import sharded
+
+
+def _global_denominators(terms, local_examples, data_global_examples):
+    """(global denominators, global examples) for ``terms``.
+
+    Decided at trace time: no collective when the data carries the count and
+    the denominators follow from it.
+    """
+    if data_global_examples is not None and losses.counts_follow_from_examples(terms):
+        return (
+            losses.example_count_denominators(terms, data_global_examples),
+            data_global_examples,
+        )
+    counts = collectives.all_reduce_sum(
+        tf.concat([terms.local_denominators(), [local_examples]], 0)
+    )
+    return tf.stop_gradient(counts[:-1]), counts[-1]
+
+
+def _replica_loss(model, terms, denominators):
+    """(this replica's loss, its data-loss share, output shares, reg)."""
+    shares = terms.output_shares(denominators)
+    data_share = terms.combine(shares)
+    regularization = losses.regularization_loss(model)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return data_share + regularization / replicas, data_share, shares, regularization
+
+
+@tf.autograph.experimental.do_not_convert
+def forward_backward(model, x, y, sample_weight, mask, global_examples):
+    """Forward + backward with denominators from the global example count.
+
+    The part of a training step that XLA compiles (the static-shape / TPU
+    path); `tfdist.tpu.preflight` compiles this same function.
+    Returns (gradients, data-loss share, output shares, regularization, y_pred).
+    """
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
+        denominators = losses.example_count_denominators(terms, global_examples)
+        loss, data_share, shares, regularization = _replica_loss(model, terms, denominators)
+        scaled = model.optimizer.scale_loss(loss)
+    gradients = sharded.gradients(tape, scaled, model.trainable_variables)
+    return gradients, data_share, shares, regularization, y_pred
+
+
+class ReplicaSteps:
+    """Per-replica train and evaluation steps for a compiled Keras model."""
+
+    def __init__(
+        self, model: keras.Model, metrics: MetricState, *, jit_compile: bool
+    ):
+        self._model = model
+        self._metrics = metrics
+        self._jit_compile = jit_compile
+        # `tfdist.replica.accumulation`: set once the model is built, when asked for.
+        self.accumulator = None
+        self._xla_forward_backward = tf.function(
+            self._forward_backward, jit_compile=True, reduce_retracing=True
+        )
+        self._xla_forward = tf.function(
+            lambda x: model(x, training=False), jit_compile=True,
+            reduce_retracing=True,
+        )
+
+    def _loss(self, terms, denominators):
+        return _replica_loss(self._model, terms, denominators)
+
+    @tf.autograph.experimental.do_not_convert
+    def _forward_backward(self, x, y, sample_weight, mask, global_examples):
+        return forward_backward(self._model, x, y, sample_weight, mask, global_examples)
+
+    # Like Keras' own step functions, no autograph: the step has no
+    # tensor-dependent Python control flow, and user models run as written.
+    @tf.autograph.experimental.do_not_convert
+    def train(self, structure: dict) -> None:
+        """One replica's training step on a `Batch` structure (replica context)."""
+        batch = Batch.from_structure(structure)
+        with _keras.statistics_over_real_rows(batch.mask):
+            self._train(batch)
+
+    @tf.autograph.experimental.do_not_convert
+    def _train(self, batch: Batch) -> None:
+        model = self._model
+        x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
+        local_examples = batch.real_examples()
+        global_examples = batch.carried_global_examples()
+        if self._jit_compile:
+            if global_examples is None:
+                global_examples = collectives.all_reduce_sum(local_examples)
+            gradients, data_share, shares, regularization, y_pred = (
+                self._xla_forward_backward(x, y, sample_weight, mask, global_examples)
+            )
+        else:
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
+                denominators, global_examples = _global_denominators(
+                    terms, local_examples, global_examples
+                )
+                loss, data_share, shares, regularization = self._loss(terms, denominators)
+                scaled = model.optimizer.scale_loss(loss)
+            gradients = sharded.gradients(tape, scaled, model.trainable_variables)
+        if self.accumulator is None:
+            gradients_lib.apply_gradients(model.optimizer, gradients, model.trainable_variables)
+        else:
+            self.accumulator.add(gradients, global_examples)
+        self._metrics.update(
+            data_share, shares, regularization, global_examples, local_examples,
+            *without_padding(mask, y, y_pred, sample_weight),
+        )
+
+    def after_train_step(self) -> None:
+        """Cross-replica, after each training step's ``strategy.run``:
+        applies accumulated gradients when due (`tfdist.replica.accumulation`)."""
+        if self.accumulator is not None:
+            self.accumulator.after_step()
+
+    @tf.autograph.experimental.do_not_convert
+    def evaluate(self, structure: dict) -> None:
+        """One replica's evaluation step on a `Batch` structure (replica context)."""
+        batch = Batch.from_structure(structure)
+        model = self._model
+        x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
+        local_examples = batch.real_examples()
+        y_pred = self._xla_forward(x) if self._jit_compile else model(x, training=False)
+        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
+        denominators, global_examples = _global_denominators(
+            terms, local_examples, batch.carried_global_examples()
+        )
+        _, data_share, shares, regularization = self._loss(terms, denominators)
+        self._metrics.update(
+            data_share, shares, regularization, global_examples, local_examples,
+            *without_padding(mask, y, y_pred, sample_weight),
+        )

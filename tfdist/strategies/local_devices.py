@@ -1,0 +1,116 @@
+"""Strategies on one machine: one device, or mirrored over local devices.
+
+On a machine without GPUs, ``mirrored(num_replicas=4)`` splits the CPU into 4
+logical devices so that multi-replica code (and its tests) runs on a laptop.
+Logical devices can only be configured before the TensorFlow runtime starts;
+asking for more replicas after that raises `RuntimeAlreadyStartedError`,
+which says to call `make_strategy` first.
+"""
+
+from typing import Optional
+
+import tensorflow as tf
+
+from tfdist._internal import tf_logs
+from tfdist.errors import ConfigurationError, RuntimeAlreadyStartedError
+
+_CROSS_DEVICE_OPS = {
+    "auto": lambda: None,
+    "nccl": lambda: tf.distribute.NcclAllReduce(),
+    "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(),
+    "reduce_to_one_device": lambda: tf.distribute.ReductionToOneDevice(),
+}
+
+
+def physical_devices(kind: str) -> list:
+    """``tf.config.list_physical_devices(kind)``; the first call starts the
+    runtime, whose start-up lines (a CPU-only machine's failed cuInit) are
+    noise (`tfdist._internal.tf_logs`)."""
+    with tf_logs.quietly():
+        return tf.config.list_physical_devices(kind)
+
+
+def configure_logical_cpus(num_devices: int) -> list:
+    """Ensures the first CPU is split into at least ``num_devices`` logical devices.
+
+    Returns the names of the first ``num_devices`` logical CPU devices. If the
+    runtime already started with enough logical CPUs (e.g. a test process that
+    configured 4 and now asks for 2), those are reused.
+
+    Raises:
+      ConfigurationError: ``num_devices`` is not a positive integer.
+      RuntimeAlreadyStartedError: the runtime started with fewer devices.
+    """
+    if not isinstance(num_devices, int) or num_devices < 1:
+        raise ConfigurationError(
+            f"`num_replicas` ({num_devices!r}) must be a positive integer."
+        )
+    cpu = physical_devices("CPU")[0]
+    current = tf.config.get_logical_device_configuration(cpu)
+    if current is None or len(current) < num_devices:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices
+            )
+        except RuntimeError as error:
+            available = len(tf.config.list_logical_devices("CPU"))
+            if available < num_devices:
+                raise RuntimeAlreadyStartedError(
+                    f"`num_replicas={num_devices}` needs {num_devices} logical "
+                    f"CPU devices, but the TensorFlow runtime already started "
+                    f"with {available}. Call tfdist.make_strategy(...) before "
+                    "any other TensorFlow work (creating tensors, models or "
+                    "datasets), e.g. first thing in main()."
+                ) from error
+    return [f"/cpu:{i}" for i in range(num_devices)]
+
+
+def _cross_device_ops(communication: str):
+    if communication not in _CROSS_DEVICE_OPS:
+        raise ConfigurationError(
+            f"`communication` ({communication!r}) must be one of "
+            f"{sorted(_CROSS_DEVICE_OPS)}."
+        )
+    return _CROSS_DEVICE_OPS[communication]()
+
+
+def one_device(device: Optional[str] = None) -> tf.distribute.Strategy:
+    if device is None:
+        gpus = physical_devices("GPU")
+        device = "/gpu:0" if gpus else "/cpu:0"
+    return tf.distribute.OneDeviceStrategy(device)
+
+
+def mirrored(
+    num_replicas: Optional[int] = None, communication: str = "auto"
+) -> tf.distribute.Strategy:
+    """All local GPUs (or ``num_replicas`` of them); else logical CPUs."""
+    cross_device_ops = _cross_device_ops(communication)
+    gpus = physical_devices("GPU")
+    if gpus:
+        count = len(gpus) if num_replicas is None else num_replicas
+        if count > len(gpus):
+            raise ConfigurationError(
+                f"`num_replicas` ({count}) exceeds the {len(gpus)} local GPUs."
+            )
+        devices = [f"/gpu:{i}" for i in range(count)]
+    else:
+        devices = configure_logical_cpus(
+            1 if num_replicas is None else num_replicas
+        )
+    _new_collective_key_range(tf.distribute.MirroredStrategy)
+    return tf.distribute.MirroredStrategy(
+        devices=devices, cross_device_ops=cross_device_ops
+    )
+
+
+def _new_collective_key_range(strategy_class) -> None:
+    """Gives the next strategy of ``strategy_class`` its own collective keys.
+
+    Every MirroredStrategy numbers its collective groups from the same start,
+    so two strategies over overlapping devices with different replica counts
+    in one process (a notebook, a test session, 4 then 2 replicas) collide:
+    "Device CPU:1 is joining a group with size 3, but that group has size 2".
+    TensorFlow's own tests avoid it by moving this (private) base; so do we.
+    """
+    strategy_class._collective_key_base += 100_000

@@ -1,0 +1,114 @@
+"""``make_strategy("multi_worker_mirrored", ...)``: synchronous training across workers.
+
+>>> strategy = tfdist.make_strategy(
+...     "multi_worker_mirrored", communication="ring", peer_timeout_seconds=10,
+...     num_replicas=2)   # 2 logical CPUs per worker when it has no GPU
+
+Before TensorFlow starts, TF_CONFIG is validated (`tfdist.cluster`), so a
+typo is an error naming the field, not a hang. A dead or hung peer is found
+by heartbeats (`tfdist.cluster.peers`), not by per-collective timeouts, which cost a
+thread per collective: the Trainer then raises `PeerLostError` naming the
+task. Creating the strategy ends with a barrier (one
+tiny all-reduce) that returns once every worker has joined; then, if the
+launcher asked for it (``TFDIST_READY_FILE``), the task reports that it
+joined, so `tfdist-run` can tell a task that never joins from a slow one.
+"""
+
+import contextlib
+from typing import Optional
+
+import tensorflow as tf
+from tensorflow.python.distribute import collective_all_reduce_strategy as _cars
+
+from tfdist import cluster
+from tfdist.cluster import peers
+from tfdist.errors import ConfigurationError
+from tfdist.loops import preemption
+from tfdist.replica import collectives
+from tfdist.strategies import local_devices
+from tfdist.strategies.local_devices import configure_logical_cpus
+
+_IMPLEMENTATIONS = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
+
+
+@contextlib.contextmanager
+def _local_cpu_devices(count: int):
+    """Makes MultiWorkerMirroredStrategy use ``count`` local CPUs.
+
+    TensorFlow's MWMS uses every local GPU but always exactly one CPU. Its
+    device choice lives in one method, called once, while the strategy is
+    built; this swaps it for that duration only.
+    """
+    original = _cars.CollectiveAllReduceExtended._initialize_local_devices
+
+    def with_logical_cpus(self, cluster_resolver, worker_device):
+        devices, kind = original(self, cluster_resolver, worker_device)
+        if kind == "CPU":
+            devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(count))
+        return devices, kind
+
+    _cars.CollectiveAllReduceExtended._initialize_local_devices = with_logical_cpus
+    try:
+        yield
+    finally:
+        _cars.CollectiveAllReduceExtended._initialize_local_devices = original
+
+
+def multi_worker_mirrored(
+    communication: str = "auto",
+    peer_timeout_seconds: float = 10.0,
+    timeout_seconds: Optional[float] = None,
+    num_replicas: Optional[int] = None,
+) -> tf.distribute.Strategy:
+    """MultiWorkerMirroredStrategy over TF_CONFIG's workers.
+
+    Args:
+      communication: "auto", "ring" or "nccl".
+      peer_timeout_seconds: heartbeat timeout: a peer silent this long is
+        lost, and every task's pending step raises (measured detection:
+        7 s for a killed peer, 18 s for a stopped one, at 10).
+      timeout_seconds: an extra timeout on every collective. Off by default:
+        TensorFlow keeps a thread per collective alive for this long, so at
+        fast step rates threads pile up until the process aborts.
+      num_replicas: logical CPUs per worker when it has no GPU.
+    """
+    config = cluster.parse_tf_config()  # fails fast, before TensorFlow starts
+    if communication not in _IMPLEMENTATIONS:
+        raise ConfigurationError(
+            f"`communication` ({communication!r}) must be one of {sorted(_IMPLEMENTATIONS)}."
+        )
+    if not isinstance(peer_timeout_seconds, (int, float)) or peer_timeout_seconds <= 0:
+        raise ConfigurationError(
+            f"`peer_timeout_seconds` ({peer_timeout_seconds!r}) must be a positive "
+            "number of seconds: how long a silent peer may go unnoticed."
+        )
+    if timeout_seconds is not None and timeout_seconds <= 0:
+        raise ConfigurationError(
+            f"`timeout_seconds` ({timeout_seconds!r}) must be positive or None."
+        )
+    gpus = local_devices.physical_devices("GPU")
+    cpus = 1
+    if num_replicas is not None and not gpus:
+        configure_logical_cpus(num_replicas)
+        cpus = num_replicas
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=_IMPLEMENTATIONS[communication],
+        timeout_seconds=timeout_seconds,
+    )
+    if config is not None:
+        peers.configure_heartbeats(config, peer_timeout_seconds)
+    with _local_cpu_devices(cpus):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    # TensorFlow's coordination agent now catches SIGTERM and only logs it;
+    # a stop request must still stop this task.
+    if config is not None:
+        preemption.exit_on_stop_signals()
+    collectives.barrier(strategy)
+    if config is not None:
+        cluster.signal_ready()
+    return strategy
+

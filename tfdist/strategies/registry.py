@@ -1,0 +1,55 @@
+"""Strategy registry: ``make_strategy(name, **options)`` -> ``tf.distribute.Strategy``.
+
+One call picks the devices a job trains on:
+
+>>> strategy = make_strategy("one_device")
+>>> strategy.num_replicas_in_sync
+1
+
+The registry imports the modules that build strategies (`tfdist.strategies.local_devices`,
+`tfdist.strategies.multi_worker`, `tfdist.strategies.parameter_server`, `tfdist.tpu.connect`); none
+of them imports this module back. A new strategy is one factory function in its own module plus
+one line in `_REGISTRY`; users can add their own with `register_strategy`.
+"""
+
+from typing import Callable, Dict
+
+import tensorflow as tf
+
+from tfdist.strategies import local_devices, multi_worker, parameter_server
+from tfdist.tpu import connect as tpu_connect
+from tfdist.strategies.local_devices import configure_logical_cpus  # noqa: F401  (public)
+
+StrategyFactory = Callable[..., tf.distribute.Strategy]
+
+_REGISTRY: Dict[str, StrategyFactory] = {
+    "one_device": local_devices.one_device,
+    "mirrored": local_devices.mirrored,
+    "multi_worker_mirrored": multi_worker.multi_worker_mirrored,
+    "parameter_server": parameter_server.parameter_server,
+    "tpu": tpu_connect.tpu_strategy,
+}
+
+
+def register_strategy(name: str, factory: StrategyFactory) -> None:
+    """Makes ``make_strategy(name, **options)`` call ``factory(**options)``."""
+    _REGISTRY[name] = factory
+
+
+def known_strategies():
+    """Sorted names that `make_strategy` accepts."""
+    return sorted(_REGISTRY)
+
+
+def make_strategy(name: str, **options) -> tf.distribute.Strategy:
+    """Builds the strategy registered as ``name`` with ``options``.
+
+    Raises:
+      ValueError: ``name`` is not registered; the message lists known names.
+    """
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"Unknown strategy name {name!r}. Known strategies: "
+            f"{', '.join(known_strategies())}."
+        )
+    return _REGISTRY[name](**options)

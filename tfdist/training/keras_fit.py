@@ -1,0 +1,187 @@
+"""``tfdist.attach(model, strategy)``: the user's Keras code, run exactly by tfdist.
+
+>>> strategy = tfdist.make_strategy("mirrored", num_replicas=4)
+>>> with strategy.scope():
+...     model = build_model()
+...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+...                   metrics=["accuracy"])
+>>> tfdist.attach(model, strategy)
+>>> model.fit(x, y, batch_size=64, epochs=3, validation_split=0.1)  # unchanged
+>>> model.evaluate(x_test, y_test), model.predict(x_test)
+>>> tfdist.detach(model)  # back to Keras' own methods
+
+After `attach`, the model's ``fit``, ``evaluate`` and ``predict`` take
+Keras' arguments and return what Keras returns (a ``History``; a scalar or
+list, or a dict with ``return_dict=True``; NumPy arrays in the model's
+output structure), but train through a `tfdist.Trainer`, so N replicas
+equal one device. The Trainer is made on the first call (the model may be
+compiled after `attach`) and again when the model is recompiled.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdist._internal import keras_internals as _keras, validation
+from tfdist.data import keras_inputs
+from tfdist.errors import ConfigurationError
+
+_ATTACHMENT = "_tfdist_attachment"
+_METHODS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
+            "predict_on_batch")
+
+
+def _callback_list(model, callbacks, verbose, **params):
+    return keras.callbacks.CallbackList(
+        callbacks, add_history=False, add_progbar=False, model=model,
+        verbose=verbose, **params)
+
+
+class Attachment:
+    """The Keras methods of one attached model, and its Trainer."""
+
+    def __init__(self, model, strategy, trainer_options: dict, seed: int):
+        self._model = model
+        self._strategy = strategy
+        self._options = trainer_options
+        self._seed = seed
+        self._trainer = None
+        self._compiled_with = None
+
+    def trainer(self):
+        """The Trainer for the model as it is compiled now."""
+        from tfdist.training.trainer import Trainer  # pylint: disable=import-outside-toplevel
+
+        model = self._model
+        validation.check_compiled(model)
+        key = _keras.compile_identity(model)
+        if self._trainer is None or key != self._compiled_with:
+            self._trainer = Trainer(model, self._strategy, seed=self._seed,
+                                    keras_progress_bar=True, **self._options)
+            self._compiled_with = key
+        return self._trainer
+
+    # The signatures are Keras 3's (keras.Model.fit / evaluate / predict).
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto",
+            callbacks=None, validation_split=0.0, validation_data=None, shuffle=True,
+            class_weight=None, sample_weight=None, initial_epoch=0, steps_per_epoch=None,
+            validation_steps=None, validation_batch_size=None, validation_freq=1):
+        """Keras ``fit``, exact under the attached strategy."""
+        return self.trainer().fit(
+            x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+            validation_split=validation_split, validation_data=validation_data,
+            shuffle=shuffle, class_weight=class_weight, sample_weight=sample_weight,
+            initial_epoch=initial_epoch, steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps, validation_batch_size=validation_batch_size,
+            validation_freq=validation_freq)
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
+                 steps=None, callbacks=None, return_dict=False, **kwargs):
+        """Keras ``evaluate``: a scalar or list (Keras' order), or a dict."""
+        if kwargs:
+            raise ConfigurationError(
+                f"evaluate got arguments tfdist does not know: {sorted(kwargs)}.")
+        callback_list = _callback_list(self._model, callbacks, verbose, steps=steps)
+        callback_list.on_test_begin()
+        logs = self.trainer().evaluate(x, y, batch_size=batch_size,
+                                       sample_weight=sample_weight, steps=steps)
+        callback_list.on_test_end(logs)
+        return self._returned(logs, return_dict)
+
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+        """Keras ``predict``: every example's output, in order."""
+        callback_list = _callback_list(self._model, callbacks, verbose, steps=steps)
+        callback_list.on_predict_begin()
+        outputs = self.trainer().predict(x, batch_size=batch_size, steps=steps)
+        callback_list.on_predict_end()
+        return outputs
+
+    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None,
+                       return_dict=False):
+        """Keras ``train_on_batch``: one step on this (global) batch."""
+        logs = self.trainer().run_one_batch(
+            self._one_batch(x, y, sample_weight, class_weight), training=True)
+        return self._returned(logs, return_dict)
+
+    def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
+        """Keras ``test_on_batch``: loss and metrics of this batch."""
+        logs = self.trainer().run_one_batch(self._one_batch(x, y, sample_weight),
+                                            training=False)
+        return self._returned(logs, return_dict)
+
+    def predict_on_batch(self, x):
+        """Keras ``predict_on_batch``: the outputs for this batch."""
+        return self.predict(x, batch_size=keras_inputs.num_rows(x), verbose=0)
+
+    @staticmethod
+    def _one_batch(x, y, sample_weight, class_weight=None):
+        if not keras_inputs.is_arrays(x):
+            raise ConfigurationError(
+                f"`x` for a *_on_batch call must be arrays (one batch), as in Keras; got "
+                f"{type(x).__name__}.")
+        return keras_inputs.to_training_data(x, y, sample_weight, class_weight=class_weight,
+                                             batch_size=keras_inputs.num_rows(x))
+
+    def _returned(self, logs, return_dict):
+        return logs if return_dict else _keras.flatten_metrics_in_order(self._model, logs)
+
+
+def _check_strategy(model, strategy) -> None:
+    created_under = getattr(model, "distribute_strategy", None)
+    if created_under is not None and created_under is not strategy:
+        raise ConfigurationError(
+            f"Model {model.name!r} was created under {type(created_under).__name__}, not "
+            f"the {type(strategy).__name__} passed to attach. Build (and compile) the "
+            "model inside `with strategy.scope():` of the strategy you attach.")
+    if model.built:
+        if getattr(model, "compiled", False) and model.optimizer is not None:
+            validation.check_created_in_scope(model, strategy)
+        else:
+            for variable in model.variables:
+                if not strategy.extended.variable_created_in_scope(getattr(variable, "value", variable)):
+                    raise ConfigurationError(
+                        f"Variable {variable.path!r} of model {model.name!r} was created "
+                        "outside strategy.scope(). Build the model inside `with "
+                        "strategy.scope():` before attaching it.")
+
+
+def attach(model, strategy=None, *, seed: int = 0, **trainer_options):
+    """Routes ``model.fit`` / ``evaluate`` / ``predict`` through tfdist.
+
+    Args:
+      model: a Keras model built under ``strategy.scope()``.
+      strategy: the strategy it was built under (default: that one).
+      seed: seeds ``shuffle=True`` orders (per epoch, the same on every worker).
+      **trainer_options: `tfdist.Trainer` options (``checkpoint_dir``,
+        ``steps_per_execution``, ``static_shapes``, ...).
+
+    Returns the model. Raises `ConfigurationError` for a model built outside
+    the strategy's scope or under another strategy.
+    """
+    if not isinstance(model, keras.Model):
+        raise ConfigurationError(f"`model` must be a keras.Model; got {type(model).__name__}.")
+    strategy = strategy or getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+    if not isinstance(strategy, tf.distribute.Strategy):
+        raise ConfigurationError(
+            f"`strategy` must be a tf.distribute.Strategy (e.g. tfdist.make_strategy("
+            f"'mirrored')); got {type(strategy).__name__}.")
+    _check_strategy(model, strategy)
+    detach(model)
+    attachment = Attachment(model, strategy, trainer_options, seed)
+    object.__setattr__(model, _ATTACHMENT, attachment)
+    for name in _METHODS:
+        object.__setattr__(model, name, getattr(attachment, name))
+    return model
+
+
+def detach(model):
+    """Gives ``model`` back Keras' own ``fit`` / ``evaluate`` / ``predict``."""
+    if getattr(model, _ATTACHMENT, None) is not None:
+        for name in _METHODS + (_ATTACHMENT,):
+            object.__delattr__(model, name)
+    return model
+
+
+def attachment_of(model):
+    """The model's `Attachment` (its Trainer is ``.trainer()``), or None."""
+    return getattr(model, _ATTACHMENT, None)

@@ -1,0 +1,94 @@
+"""``predict``: every example's output, in the data's order, on every worker.
+
+Global batches are distributed as for training (a batch that does not split
+evenly over the replicas is padded with a mask, so no replica is empty; on
+the static-shape path every batch is padded to the full size), each
+replica runs the model on its slice, and ``strategy.gather`` concatenates
+the slices in replica order, which is the batch's order; padded rows are
+then dropped by their mask. ``gather`` is an all-gather, so under
+MultiWorkerMirroredStrategy every worker gets the full result, as Keras
+users expect of ``model.predict``. Under parameter servers the coordinator
+runs the model itself, batch by batch (it can read every variable).
+"""
+
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from tfdist import data as data_lib
+from tfdist._internal import keras_internals as _keras
+from tfdist.data.batch import Batch
+from tfdist.errors import ConfigurationError
+
+
+def as_prediction_batches(dataset: tf.data.Dataset, what: str = "predict data"):
+    """Global batches as ``(x, placeholder y)``: a dataset may yield ``x``,
+    ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)`` (targets are ignored)."""
+    spec = dataset.element_spec
+    if isinstance(spec, tuple):
+        if len(spec) not in (1, 2, 3):
+            raise ConfigurationError(
+                f"The {what} must yield x, (x,), (x, y) or (x, y, sample_weight); "
+                f"its elements have {len(spec)} parts."
+            )
+        dataset = dataset.map(lambda *e: e[0])
+
+    def with_placeholder(x):
+        rows = tf.shape(tf.nest.flatten(x)[0])[0]
+        return x, tf.zeros([rows])
+
+    return dataset.map(with_placeholder)
+
+
+def _concatenate(chunks):
+    """Per-batch output structures -> one structure of NumPy arrays."""
+    if not chunks:
+        raise ConfigurationError("predict got no data: the dataset yielded no batch.")
+    return _keras.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
+
+
+class Predictor:
+    """Runs ``model`` in inference mode over global batches under ``strategy``."""
+
+    def __init__(self, model, strategy: tf.distribute.Strategy, *, coordinator_inline: bool,
+                 static_shapes: bool = False):
+        self._model = model
+        self._strategy = strategy
+        self._inline = coordinator_inline
+        # Static shapes (TPU): the last batch is padded to the full size.
+        self._partial_batch = "pad" if static_shapes else "exact"
+        self._step = tf.function(self._distributed_step, reduce_retracing=True)
+        self._inline_step = tf.function(lambda x: model(x, training=False),
+                                        reduce_retracing=True)
+
+    def _distributed_step(self, structure):
+        strategy = self._strategy
+
+        def replica(structure):
+            batch = Batch.from_structure(structure)
+            mask = batch.mask if batch.mask is not None else tf.ones([batch.size()])
+            return self._model(batch.x, training=False), mask
+
+        outputs, mask = strategy.run(replica, args=(structure,))
+        gather = lambda t: strategy.gather(t, axis=0)  # noqa: E731
+        return tf.nest.map_structure(gather, outputs), gather(mask)
+
+    def predict(self, dataset: tf.data.Dataset, steps: Optional[int] = None):
+        """The model's outputs for every example of ``dataset`` (global
+        batches), in order, as NumPy arrays in the model's output structure."""
+        dataset = as_prediction_batches(dataset)
+        if steps is not None:
+            dataset = dataset.take(steps)
+        chunks = []
+        if self._inline:
+            for x, _ in dataset:
+                chunks.append(tf.nest.map_structure(np.asarray, self._inline_step(x)))
+            return _concatenate(chunks)
+        distributed = data_lib.distribute(self._strategy, dataset, avoid_empty_replicas=True,
+                                          partial_batch=self._partial_batch)
+        for structure in distributed:
+            outputs, mask = self._step(structure)
+            keep = np.asarray(mask) > 0
+            chunks.append(tf.nest.map_structure(lambda t: np.asarray(t)[keep], outputs))
+        return _concatenate(chunks)

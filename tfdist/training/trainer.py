@@ -1,0 +1,400 @@
+"""The loop: `Trainer.fit` / `evaluate` / `predict` for compiled Keras 3 models.
+
+>>> strategy = tfdist.make_strategy("mirrored", num_replicas=4)
+>>> with strategy.scope():
+...     model = build_model()
+...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+...                   metrics=["accuracy"])
+>>> trainer = tfdist.Trainer(model, strategy, checkpoint_dir="/tmp/run1")
+>>> history = trainer.fit(train_ds, epochs=3, validation_data=val_ds)
+
+Data is Keras': datasets of GLOBAL batches, arrays with ``batch_size``, ...
+N replicas give the same weights, losses and metrics as Keras ``fit`` on
+one device over the same batches (float32 round-off), partial and empty
+replica batches included. The outer loop runs the effects (executions, metric
+reads, saves, callbacks, validation); `tfdist.loops.cadence` decides when,
+`tfdist.data.epochs` what data each epoch reads, `tfdist.loops.runners` how a
+step is dispatched, `tfdist.replica.step` the replica math."""
+
+import contextlib
+import dataclasses
+import functools
+import warnings
+from typing import Dict, Optional
+
+import keras
+import tensorflow as tf
+
+from tfdist import cluster, data as data_lib
+from tfdist._internal import keras_internals as _keras, validation
+from tfdist.checkpoint import Position, TrainingCheckpoint
+from tfdist.data import epochs as epochs_lib, keras_inputs
+from tfdist.loops import runners
+from tfdist.loops.cadence import Cadence
+from tfdist.loops.preemption import free_iterators_or_exit, Preempted, PreemptionWatcher
+from tfdist.replica import accumulation, static_shapes as static_shapes_lib
+from tfdist.replica.metrics import MetricState
+from tfdist.replica.step import ReplicaSteps
+from tfdist.training.predict import Predictor
+from tfdist.training.progress import ProgressReporter
+
+
+class Trainer:
+    """Trains a compiled Keras model under any synchronous tf.distribute strategy.
+
+    Args:
+      model: a compiled ``keras.Model`` built inside ``strategy.scope()``.
+      strategy: from `tfdist.make_strategy` or any ``tf.distribute.Strategy``.
+      checkpoint_dir: where checkpoints (and, by default, summaries) go;
+        ``fit`` resumes from the newest checkpoint found there.
+      log_dir: TensorBoard directory; default ``<checkpoint_dir>/logs``.
+      steps_per_execution: steps run per host call in a device-side loop.
+      jit_compile: compile the forward/backward pass with XLA (use with
+        ``partial_batch="pad"`` so shapes stay static).
+      partial_batch: "exact" (default), "drop" or "pad" (see `tfdist.data`);
+        "pad" under static shapes.
+      static_shapes: the TPU path (`tfdist.replica.static_shapes`): full-size padded
+        batches and XLA-compiled steps. None: on for a TPUStrategy only.
+      global_batch_size: only needed by "drop"/"pad" when the batch size can
+        not be read from the dataset.
+      shard_policy: how workers split global-batch datasets (`tfdist.data`).
+      log_every_steps: steps between progress lines and batch summaries.
+      checkpoint_every_steps: also save every this many steps.
+      checkpoint_every_epoch: save at the end of every epoch (default).
+      max_to_keep: checkpoints kept.
+      seed: seeds ``shuffle=True`` orders of arrays (per epoch, the same on
+        every worker).
+      keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
+        line per epoch (2) instead of tfdist's log lines (`tfdist.attach`).
+    """
+
+    def __init__(
+        self,
+        model: keras.Model,
+        strategy: tf.distribute.Strategy,
+        *,
+        checkpoint_dir: Optional[str] = None,
+        log_dir: Optional[str] = None,
+        steps_per_execution: int = 1,
+        jit_compile: bool = False,
+        partial_batch: Optional[str] = None,
+        static_shapes: Optional[bool] = None,
+        global_batch_size: Optional[int] = None,
+        shard_policy: str = "auto",
+        log_every_steps: int = 100,
+        checkpoint_every_steps: Optional[int] = None,
+        checkpoint_every_epoch: bool = True,
+        max_to_keep: int = 3,
+        seed: int = 0,
+        keras_progress_bar: bool = False,
+    ):
+        validation.check_compiled(model)
+        validation.check_created_in_scope(model, strategy)
+        validation.positive_int("steps_per_execution", steps_per_execution)
+        validation.positive_int("log_every_steps", log_every_steps)
+        validation.positive_int("checkpoint_every_steps", checkpoint_every_steps, True)
+        validation.one_of("partial_batch", partial_batch, (None,) + data_lib.PARTIAL_BATCH_POLICIES)
+        options = static_shapes_lib.resolve(
+            strategy, static_shapes=static_shapes, partial_batch=partial_batch,
+            jit_compile=jit_compile,
+        )
+        partial_batch = options.partial_batch
+        self.model = model
+        self.strategy = strategy
+        self.steps_per_execution = steps_per_execution
+        self._partial_batch = partial_batch
+        self.static_shapes = options.static_shapes
+        self._global_batch_size = global_batch_size
+        self._log_every_steps = log_every_steps
+        self._checkpoint_every_steps = checkpoint_every_steps
+        self._checkpoint_every_epoch = checkpoint_every_epoch
+        self._seed, self._keras_progress_bar = seed, keras_progress_bar
+        # Under multi-worker strategies only the chief writes summaries and
+        # prints progress; every worker computes the same history.
+        self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
+        self._log_dir = (log_dir or (
+            f"{checkpoint_dir}/logs" if checkpoint_dir else None
+        )) if getattr(strategy.extended, "should_save_summary", True) else None
+        with strategy.scope():
+            self._metrics = MetricState(model, strategy)
+        steps = self._steps = ReplicaSteps(model, self._metrics, jit_compile=options.jit_compile)
+        runner = runners.for_strategy(strategy)
+        self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy,
+                              after_train_step=steps.after_train_step)
+        self._checkpoint = TrainingCheckpoint(
+            model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
+            task_name=cluster.task_name()) if checkpoint_dir else None
+        self._position = Position()
+        self._batch_logs = self._one_at_a_time = False  # per fit (`_callback_list`)
+        self._built_spec = None
+        self._predictor = None
+
+    # -- set-up ------------------------------------------------------------
+
+    def _explain_failures(self):
+        """A lost peer or parameter server becomes an error naming it."""
+        directory = self._checkpoint.directory if self._checkpoint else None
+        return self._runner.explain_failures(directory)
+
+    @property
+    def step(self) -> int:
+        """Training steps taken so far, checkpointed runs included."""
+        return self._position.step
+
+    def _source(self, data, what: str) -> epochs_lib.Source:
+        """Classifies and validates ``data``; builds the model's state on first use."""
+        source = epochs_lib.as_source(data, what)
+        spec = source.element_spec(self.strategy.num_replicas_in_sync)
+        if self._built_spec is None:
+            with self.strategy.scope():
+                _keras.build_model_state(self.model, spec)
+                accumulator = self._steps.accumulator = accumulation.accumulator_for(
+                    self.model, self.strategy)
+            self._built_spec = spec
+            if self._checkpoint is not None:
+                self._checkpoint.track_state(self._metrics.variables(), accumulator)
+        return source
+
+    def _fit_sources(self, x, y, sample_weight, **options):
+        """Keras fit's data arguments as (training, validation or None) sources."""
+        data, validation_data = keras_inputs.fit_data(x, y, sample_weight, seed=self._seed,
+                                                      **options)
+        return self._source(data, "dataset"), (
+            None if validation_data is None else self._source(validation_data, "validation_data"))
+
+    def _restore(self, verbose=0, initial_epoch: int = 0) -> Optional[str]:
+        """Restores the newest checkpoint, if any, and returns its path; else
+        training starts at ``initial_epoch``."""
+        path = None if self._checkpoint is None else self._checkpoint.restore_latest()
+        if path is None:
+            # Like Keras: each fit call counts epochs from 0 (steps go on).
+            self._position = Position(step=self._position.step, epoch=initial_epoch)
+            return None
+        position = self._position = self._checkpoint.position()
+        if verbose:
+            print(f"restored {path}: epoch {position.epoch + 1}, step "
+                  f"{position.step_in_epoch} of the epoch, {position.step} in all", flush=True)
+        return path
+
+    def _save(self) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint.save_position(self._position)
+
+    def _iterator(self, source, epoch: int, skip_steps: int):
+        return self._runner.iterator(
+            source, epoch=epoch, skip_steps=skip_steps, partial_batch=self._partial_batch,
+            global_batch_size=self._global_batch_size)
+
+    # -- training ----------------------------------------------------------
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+            validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
+            sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
+            validation_batch_size=None, validation_freq=1) -> keras.callbacks.History:
+        """Trains for ``epochs`` epochs; returns a Keras ``History``.
+
+        Without ``checkpoint_dir`` every call trains ``epochs`` epochs, as
+        Keras ``fit`` does. With it, ``epochs`` is the total the run should
+        reach: training resumes from the newest checkpoint there, so a
+        restarted job finishes the same run. With ``steps_per_epoch``, one
+        iterator runs on across the epochs of a call (as in Keras); without
+        it, every epoch is one full pass over the data. The arguments are
+        Keras ``fit``'s: ``x`` a dataset of global batches, a ``dataset_fn``,
+        an `EpochDataset`, or arrays with ``y`` (`tfdist.data.keras_inputs`).
+        """
+        validation.check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq,
+                                       needs_steps_per_epoch=self._runner.needs_steps_per_epoch)
+        verbose = validation.verbosity(verbose) if self._is_chief else 0
+        source, validation_source = self._fit_sources(
+            x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, class_weight=class_weight,
+            validation_split=validation_split, validation_data=validation_data,
+            validation_batch_size=validation_batch_size)
+        cadence = Cadence(self.steps_per_execution, self._log_every_steps,
+                          self._checkpoint_every_steps, steps_per_epoch)
+        reporter = ProgressReporter(verbose=0 if self._keras_progress_bar else verbose,
+                                    log_dir=self._log_dir)
+        callback_list = self._callback_list(
+            callbacks, verbose, epochs, steps_per_epoch or source.known_steps(initial_epoch))
+        # SIGTERM / Ctrl-C -> every worker stops at one step (saving first).
+        watcher = PreemptionWatcher()
+        initial_epoch = _keras.begin_training(self.model, callback_list, initial_epoch)
+        self._restore(verbose, initial_epoch)
+        with self._explain_failures(), watcher, contextlib.closing(reporter):
+            try:
+                for epoch, iterator, total_steps, persistent in epochs_lib.epoch_iterators(
+                        source, functools.partial(self._iterator, source), self._position,
+                        epochs, steps_per_epoch, initial_epoch):
+                    callback_list.on_epoch_begin(epoch)
+                    exhausted = self._train_epoch(iterator, cadence, reporter, callback_list,
+                                                  total_steps, watcher)
+                    self._end_epoch_steps(ran_out=exhausted and persistent)
+                    validates = (epoch + 1) % validation_freq == 0
+                    logs = self._epoch_logs(validation_source if validates else None,
+                                            validation_steps, callback_list)
+                    steps_done = self._end_epoch()
+                    reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
+                    callback_list.on_epoch_end(epoch, logs)
+                    if self.model.stop_training:
+                        break
+            except Preempted as stop:
+                iterator = None
+                raise free_iterators_or_exit(stop) from None
+        callback_list.on_train_end()
+        return self.model.history
+
+    def _callback_list(self, callbacks, verbose, epochs, steps):
+        callback_list = _keras.callback_list(
+            callbacks, self.model, add_progbar=self._keras_progress_bar and verbose != 0,
+            verbose=verbose, epochs=epochs, steps=steps)
+        # Metrics are read at every batch only when a callback reads them there
+        # (on any worker: reading them is a collective every worker joins).
+        self._batch_logs = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
+        # One at a time for a batch hook here or batch logs anywhere (reads: collectives).
+        self._one_at_a_time = self._batch_logs or _keras.has_train_batch_hooks(callback_list)
+        return callback_list
+
+    def _end_epoch_steps(self, ran_out: bool) -> None:
+        """Applies a partial gradient accumulation; stops if out of data."""
+        if self._steps.accumulator is not None:
+            self._steps.accumulator.flush()
+        if ran_out:  # as Keras: a warning, and training stops
+            warnings.warn("The input ran out of data; interrupting training. Make sure the "
+                          "dataset yields at least steps_per_epoch * epochs batches (e.g. "
+                          "with `.repeat()`).")
+            self.model.stop_training = True
+
+    def _epoch_logs(self, validation_source, validation_steps, callbacks) -> Dict[str, float]:
+        """The epoch's training results, plus ``val_`` results when validating
+        (between ``on_test_begin`` / ``on_test_end``, as Keras' fit)."""
+        self._runner.sync()
+        logs = self._metrics.results()
+        if validation_source is not None:
+            callbacks.on_test_begin()
+            val_logs = self._evaluate(validation_source, validation_steps)
+            callbacks.on_test_end(val_logs)
+            logs.update({f"val_{k}": v for k, v in val_logs.items()})
+        return logs
+
+    def _end_epoch(self) -> int:
+        """Moves to the next epoch (saving when asked); returns the epoch's steps."""
+        steps_done = self._position.step_in_epoch
+        self._position.next_epoch()
+        if self._checkpoint_every_epoch:
+            self._save()
+        return steps_done
+
+    def _train_epoch(self, iterator, cadence, reporter, callbacks, total_steps, watcher) -> bool:
+        """Runs one epoch's executions; returns True if the data ran out."""
+        position = self._position
+        if position.step_in_epoch == 0:  # (resumed mid-epoch: the checkpoint has them)
+            self._metrics.reset()
+        reporter.start_epoch()
+        if total_steps is not None:  # a known length: no execution past the end
+            cadence = dataclasses.replace(cadence, steps_per_epoch=total_steps)
+        while not cadence.epoch_done(position.step_in_epoch):
+            quiet = 0 if self._one_at_a_time else cadence.quiet_executions(
+                position.step, position.step_in_epoch)
+            if quiet:  # up to the next point, in one loop (`tfdist.loops.runners.executions`)
+                ran_out, stop = self._runner.train_many(
+                    iterator, quiet, cadence.steps_per_execution, lambda: watcher.requested,
+                    position.advance)
+                if stop:
+                    self._stop(watcher)
+                if ran_out or self.model.stop_training:
+                    return ran_out
+                continue
+            num_steps = cadence.next_execution(position.step, position.step_in_epoch)
+            callbacks.on_train_batch_begin(position.step_in_epoch)
+            ran, stop = self._runner.train(
+                iterator, num_steps, watcher.requested,
+                ends_epoch=cadence.epoch_done(position.step_in_epoch + num_steps))
+            if ran == 0 and not stop:  # out of data (as Keras: no batch end)
+                return True
+            step_before, step_in_epoch_before = position.step, position.step_in_epoch
+            position.advance(ran)
+            log_point = cadence.is_log_point(step_in_epoch_before, position.step_in_epoch)
+            save_point = cadence.is_save_point(step_before, position.step)
+            if log_point or save_point or stop or self._batch_logs:
+                self._runner.sync()
+            if log_point:
+                logs = self._log(reporter, total_steps)
+            else:
+                logs = self._metrics.results() if self._batch_logs else {}
+            callbacks.on_train_batch_end(position.step_in_epoch - 1, logs)
+            if save_point:
+                self._save()
+            if stop:
+                self._stop(watcher)
+            if ran < num_steps:
+                return True
+            if self.model.stop_training:  # a callback ended training (as in Keras)
+                return False
+        return False
+
+    def _log(self, reporter, total_steps) -> Dict[str, float]:  # reads metrics, reports
+        position, (logs, examples_seen) = self._position, self._metrics.results_and_examples()
+        reporter.log_point(epoch=position.epoch, step_in_epoch=position.step_in_epoch,
+                           total_steps=total_steps, global_step=position.step, values=logs,
+                           examples_seen=examples_seen)
+        return logs
+
+    def _stop(self, watcher) -> None:
+        """Every worker agreed to stop at this step: save, then exit."""
+        self._runner.sync()
+        self._save()
+        stop = Preempted(self._position.step, watcher.signum, saved=self._checkpoint is not None)
+        print(f"{cluster.task_name()}: {stop}", flush=True)
+        raise stop
+
+    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None,
+                 steps: Optional[int] = None) -> Dict[str, float]:
+        """Loss and metrics (a dict) over ``x`` (Keras' data arguments) or
+        its first ``steps`` batches.
+
+        Every example counts once; the result equals Keras ``evaluate`` on one
+        device. Uses "pad" when training does, else "exact" (never drops).
+        """
+        validation.positive_int("steps", steps, True)
+        data = keras_inputs.to_training_data(x, y, sample_weight, batch_size=batch_size)
+        return self._evaluate(self._source(data, "evaluation dataset"), steps)
+
+    def predict(self, x, batch_size=None, steps: Optional[int] = None):
+        """The model's outputs for every example of ``x`` (arrays, or a
+        dataset of global batches of ``x``, ``(x,)`` or ``(x, y[, w])``), in
+        order, as NumPy arrays in the model's output structure; every
+        worker of a multi-worker job gets the whole result."""
+        validation.positive_int("steps", steps, True)
+        data = keras_inputs.prediction_batches(x, batch_size)
+        if self._predictor is None:
+            self._predictor = Predictor(self.model, self.strategy,
+                                        coordinator_inline=self._runner.predicts_on_coordinator,
+                                        static_shapes=self.static_shapes)
+        with self._explain_failures():
+            return self._predictor.predict(data, steps)
+
+    def run_one_batch(self, data, *, training: bool) -> Dict[str, float]:
+        """Keras' ``train_on_batch`` / ``test_on_batch``: one step on the
+        first global batch of ``data``; returns the metrics of that batch
+        (reset first, as Keras 3 does)."""
+        source = self._source(data, "batch")
+        if not training:
+            return self._evaluate(source, steps=1)
+        with self._explain_failures():
+            self._metrics.reset()
+            ran, _ = self._runner.train(self._iterator(source, 0, 0), 1)
+            self._position.step += ran
+            self._runner.sync()
+            return self._metrics.results()
+
+    @property
+    def _evaluation_policy(self) -> str:
+        # Static shapes (TPU) pad the last batch; otherwise nothing is dropped.
+        return "pad" if self.static_shapes or self._partial_batch == "pad" else "exact"
+
+    def _evaluate(self, source, steps: Optional[int]) -> Dict[str, float]:
+        with self._explain_failures():
+            self._metrics.reset()
+            self._runner.evaluate(source, steps=steps, partial_batch=self._evaluation_policy,
+                                  global_batch_size=self._global_batch_size)
+            self._runner.sync()
+            return self._metrics.results()
