@@ -140,7 +140,7 @@ def test_epoch_seed_differs_per_epoch_and_repeats_per_seed():
     "dataset, message",
     [
         (tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4))), "no batch dimension"),
-        (tf.data.Dataset.from_tensor_slices(np.zeros((4, 2))).batch(2), r"tuples \(x, y\)"),
+        (tf.data.Dataset.from_tensors((np.zeros((4, 2)),) * 4), r"tuple of 4"),
         (tf.data.Dataset.from_tensors((np.zeros((4, 2)), np.zeros((3,)))), "disagree on the batch"),
     ],
 )

@@ -28,15 +28,18 @@ class Batch:
     """One replica's (or one global) batch; optional fields are None."""
 
     x: Any
-    y: Any
+    y: Optional[Any] = None
     sample_weight: Optional[Any] = None
     mask: Optional[tf.Tensor] = None
     global_examples: Optional[tf.Tensor] = None
 
     @classmethod
     def from_element(cls, element) -> "Batch":
-        """From a dataset element ``(x, y[, sample_weight])``."""
-        return cls(element[0], element[1], element[2] if len(element) == 3 else None)
+        """From a dataset element ``x``, ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``
+        (Keras' ``unpack_x_y_sample_weight``)."""
+        if not isinstance(element, tuple):
+            element = (element,)
+        return cls(*element)
 
     @classmethod
     def from_structure(cls, structure: dict) -> "Batch":
@@ -130,16 +133,20 @@ def _leaves_with_paths(structure):
 
 
 def validate_element_spec(element_spec, what: str = "dataset") -> None:
-    """Checks that elements are batched ``(x, y)`` or ``(x, y, sample_weight)``.
+    """Checks that elements are batched ``x``, ``(x,)``, ``(x, y)`` or
+    ``(x, y, sample_weight)``, as Keras reads them (x-only data serves models
+    whose own ``train_step`` needs no targets, e.g. a GAN).
 
     Raises:
       ConfigurationError: wrong structure, or a component without a batch
         dimension; the message names the component and its shape.
     """
-    if not isinstance(element_spec, tuple) or len(element_spec) not in (2, 3):
+    if not isinstance(element_spec, tuple):
+        element_spec = (element_spec,)
+    if len(element_spec) not in (1, 2, 3):
         raise ConfigurationError(
-            f"The {what} must yield tuples (x, y) or (x, y, sample_weight); "
-            f"its element_spec is {element_spec}. Map it, e.g. "
+            f"The {what} must yield x, (x, y) or (x, y, sample_weight); its element_spec "
+            f"is a tuple of {len(element_spec)}: {element_spec}. Map it, e.g. "
             "`ds.map(lambda e: (e['image'], e['label']))`."
         )
     names = ("x", "y", "sample_weight")

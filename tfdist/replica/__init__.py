@@ -5,8 +5,12 @@ metrics (`tfdist.replica.metrics`), exact clipping
 (`tfdist.replica.accumulation`), the replica step the Trainer runs
 (`tfdist.replica.step`), static shapes for XLA and TPUs
 (`tfdist.replica.static_shapes`) and collectives with fixed keys
-(`tfdist.replica.collectives`)."""
+(`tfdist.replica.collectives`); a model's own ``train_step`` run exactly
+(`tfdist.replica.keras_steps`, with `global_mean` for a loss averaged in
+the user's own code)."""
 
 from tfdist._internal import lazy
 
-__getattr__ = lazy.attributes(__name__, {})
+_NAMES = {"global_mean": "tfdist._internal.replica_share"}
+__all__ = sorted(_NAMES)
+__getattr__ = lazy.attributes(__name__, _NAMES)

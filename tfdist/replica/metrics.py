@@ -26,7 +26,7 @@ from tfdist.errors import ConfigurationError
 from tfdist.replica import collectives, losses
 
 
-def _reads_traced(strategy: Optional[tf.distribute.Strategy]) -> bool:
+def reads_traced(strategy: Optional[tf.distribute.Strategy]) -> bool:
     """Whether results are read, and state reset, in traced functions under
     ``strategy``.
 
@@ -57,7 +57,7 @@ class MetricState:
     def __init__(self, model: keras.Model, strategy: Optional[tf.distribute.Strategy] = None):
         self._loss = keras.metrics.Mean(name="loss")
         self._model = model
-        traced = _reads_traced(strategy)
+        traced = reads_traced(strategy)
         self._traced_read = collectives.function(self._read_tensors) if traced else None
         self._traced_reset = collectives.function(self._reset) if traced else None
         self._names = {}  # the results' order, per traced variable count

@@ -79,6 +79,10 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples):
 class ReplicaSteps:
     """Per-replica train and evaluation steps for a compiled Keras model."""
 
+    # Padding rows (masked) keep every replica's batch non-empty: oneDNN
+    # convolutions fail on 0 rows, and masked rows count nowhere.
+    avoid_empty_replicas = True
+
     def __init__(
         self, model: keras.Model, metrics: MetricState, *, jit_compile: bool
     ):

@@ -13,6 +13,7 @@ runs the model itself, batch by batch (it can read every variable).
 
 from typing import Optional
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -59,8 +60,14 @@ class Predictor:
         # Static shapes (TPU): the last batch is padded to the full size.
         self._partial_batch = "pad" if static_shapes else "exact"
         self._step = tf.function(self._distributed_step, reduce_retracing=True)
-        self._inline_step = tf.function(lambda x: model(x, training=False),
-                                        reduce_retracing=True)
+        self._inline_step = tf.function(self._forward, reduce_retracing=True)
+
+    def _forward(self, x):
+        """The model's outputs for ``x``: its own ``predict_step`` if it overrides it."""
+        if type(self._model).predict_step is not keras.Model.predict_step:
+            # As Keras' predict hands it: a lone input as is, else a tuple.
+            return self._model.predict_step(x if tf.is_tensor(x) else (x,))
+        return self._model(x, training=False)
 
     def _distributed_step(self, structure):
         strategy = self._strategy
@@ -68,7 +75,7 @@ class Predictor:
         def replica(structure):
             batch = Batch.from_structure(structure)
             mask = batch.mask if batch.mask is not None else tf.ones([batch.size()])
-            return self._model(batch.x, training=False), mask
+            return self._forward(batch.x), mask
 
         outputs, mask = strategy.run(replica, args=(structure,))
         gather = lambda t: strategy.gather(t, axis=0)  # noqa: E731

@@ -32,9 +32,7 @@ from tfdist.data import epochs as epochs_lib, keras_inputs
 from tfdist.loops import runners
 from tfdist.loops.cadence import Cadence
 from tfdist.loops.preemption import free_iterators_or_exit, Preempted, PreemptionWatcher
-from tfdist.replica import accumulation, static_shapes as static_shapes_lib
-from tfdist.replica.metrics import MetricState
-from tfdist.replica.step import ReplicaSteps
+from tfdist.replica import accumulation, keras_steps, static_shapes as static_shapes_lib
 from tfdist.training.predict import Predictor
 from tfdist.training.progress import ProgressReporter
 
@@ -115,12 +113,13 @@ class Trainer:
         self._log_dir = (log_dir or (
             f"{checkpoint_dir}/logs" if checkpoint_dir else None
         )) if getattr(strategy.extended, "should_save_summary", True) else None
-        with strategy.scope():
-            self._metrics = MetricState(model, strategy)
-        steps = self._steps = ReplicaSteps(model, self._metrics, jit_compile=options.jit_compile)
+        self._metrics, steps = keras_steps.steps_for(
+            model, strategy, jit_compile=options.jit_compile, static_shapes=options.static_shapes)
+        self._steps = steps
         runner = runners.for_strategy(strategy)
         self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy,
-                              after_train_step=steps.after_train_step)
+                              after_train_step=steps.after_train_step,
+                              avoid_empty_replicas=steps.avoid_empty_replicas)
         self._checkpoint = TrainingCheckpoint(
             model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
             task_name=cluster.task_name()) if checkpoint_dir else None
@@ -145,6 +144,7 @@ class Trainer:
         """Classifies and validates ``data``; builds the model's state on first use."""
         source = epochs_lib.as_source(data, what)
         spec = source.element_spec(self.strategy.num_replicas_in_sync)
+        keras_steps.check_data(self.model, spec)
         if self._built_spec is None:
             with self.strategy.scope():
                 _keras.build_model_state(self.model, spec)

@@ -34,10 +34,12 @@ class CoordinatorRunner:
     predicts_on_coordinator = True  # see tfdist.training.predict
 
     def __init__(self, strategy, train_step: Callable, eval_step: Callable, *,
-                 shard_policy: str = "auto", after_train_step: Optional[Callable] = None):
+                 shard_policy: str = "auto", after_train_step: Optional[Callable] = None,
+                 avoid_empty_replicas: bool = True):
         # Workers deal out batches (or a dataset_fn shards); nothing runs
-        # after a step (no gradient accumulation: `tfdist.replica.accumulation`).
-        del shard_policy, after_train_step
+        # after a step (no gradient accumulation: `tfdist.replica.accumulation`);
+        # a worker's replica always has its whole batch.
+        del shard_policy, after_train_step, avoid_empty_replicas
         self._strategy = strategy
         self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         self._train_step = train_step

@@ -83,9 +83,11 @@ class SynchronousRunner:
         *,
         shard_policy: str = "auto",
         after_train_step: Optional[Callable] = None,
+        avoid_empty_replicas: bool = True,
     ):
         self._strategy = strategy
         self._shard_policy = shard_policy
+        self._avoid_empty_replicas = avoid_empty_replicas
         self._multi_worker = collectives.spans_workers(strategy)
         self._train_loops = CountedLoops(strategy, train_step, after_step=after_train_step)
         self.stop_agreement = StopAgreement(strategy, spans_workers=self._multi_worker)
@@ -104,7 +106,7 @@ class SynchronousRunner:
             self._distributed[key] = data_lib.distribute_counted(
                 self._strategy, source, epoch=epoch, skip_steps=skip_steps,
                 partial_batch=partial_batch, global_batch_size=global_batch_size,
-                shard_policy=self._shard_policy, avoid_empty_replicas=True,
+                shard_policy=self._shard_policy, avoid_empty_replicas=self._avoid_empty_replicas,
             )
         return self._distributed[key]
 

@@ -1,0 +1,121 @@
+"""Keras' distribution loss scaling, made exact for a user's own step.
+
+Under a tf.distribute strategy Keras 3 divides every reduced loss by the
+replica count N (``scale_loss_for_distribution``) and its optimizers SUM the
+replicas' gradients. That equals one device only when every loss goes
+through a Keras loss reduction and every replica holds as many examples: a
+loss the user averages with ``ops.mean`` (keras.io's VAE does) is summed N
+times over, and an uneven final batch weighs each replica's mean equally.
+
+While tfdist traces a user's ``train_step`` / ``test_step`` in a replica
+(`replica_share`), Keras instead scales each reduced loss by the replica's
+share of the global batch, ``N * n_r / G`` (1 on equal batches; 0 on an
+empty replica), unscales by the same for its loss trackers, and optimizers
+AVERAGE the replicas' gradients. Then:
+
+* every loss that goes through ``compute_loss``, a Keras loss, ``add_loss``
+  or a regularizer is exact on any batches, partial ones included: the mean
+  over replicas of ``N * n_r / G * mean_r`` is ``sum(losses) / G``;
+* a loss the user averages in their own code is exact on equal per-replica
+  batches; on an uneven final batch each replica's mean counts equally
+  unless it is written with `global_mean`.
+
+Outside such a trace the patched Keras functions do what Keras does. They
+are installed on first use (`install`), never at import.
+"""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+_state = threading.local()
+_installed = []
+
+
+def current_share():
+    """The share of the replica whose step is being traced, or None."""
+    return getattr(_state, "share", None)
+
+
+@contextlib.contextmanager
+def replica_share(share: tf.Tensor, num_replicas: int):
+    """Traces a user's step in one replica with ``share = N * n_r / G``."""
+    install()
+    previous = getattr(_state, "share", None), getattr(_state, "replicas", 1)
+    _state.share, _state.replicas = share, num_replicas
+    try:
+        yield
+    finally:
+        _state.share, _state.replicas = previous
+
+
+def global_mean(values) -> tf.Tensor:
+    """The mean of ``values`` over the GLOBAL batch, as a replica's loss.
+
+    In a user's ``train_step`` run by tfdist, ``ops.mean(values)`` averages
+    one replica's rows; ``global_mean(values)`` is the replica's term of the
+    global mean (exact on uneven final batches too). Elsewhere (one device,
+    plain Keras) it is ``ops.mean(values)``.
+
+    >>> import tensorflow as tf
+    >>> float(global_mean(tf.constant([1.0, 2.0, 3.0])))
+    2.0
+    """
+    mean = tf.reduce_mean(values)
+    share = current_share()
+    if share is None:
+        return mean
+    return tf.math.multiply_no_nan(mean, tf.cast(share, mean.dtype))
+
+
+def _scale(original):
+    def scale(value):
+        share = current_share()
+        if share is None:
+            return original(value)
+        return tf.math.multiply_no_nan(value, tf.cast(share, value.dtype))
+    return scale
+
+
+def _unscale(original):
+    def unscale(value):
+        share = current_share()
+        if share is None:
+            return original(value)
+        return tf.math.divide_no_nan(value, tf.cast(share, value.dtype))
+    return unscale
+
+
+def _averaging(original):
+    def all_reduce_gradients(self, grads_and_vars):
+        if current_share() is not None and _state.replicas > 1:
+            scale = 1.0 / _state.replicas
+            grads_and_vars = [(_scaled_gradient(g, scale), v) for g, v in grads_and_vars]
+        return original(self, grads_and_vars)
+    return all_reduce_gradients
+
+
+def _scaled_gradient(gradient, scale: float):
+    if gradient is None:
+        return None
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(scale, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(scale, gradient.dtype)
+
+
+def install() -> None:
+    """Wraps Keras' scaling functions and its TensorFlow optimizer's gradient
+    all-reduce once per process (they defer to Keras outside `replica_share`)."""
+    if _installed:
+        return
+    from keras.src.backend.tensorflow import optimizer as tf_optimizer  # pylint: disable=import-outside-toplevel
+    from keras.src.losses import loss as loss_module  # pylint: disable=import-outside-toplevel
+
+    loss_module.scale_loss_for_distribution = _scale(loss_module.scale_loss_for_distribution)
+    loss_module.unscale_loss_for_distribution = _unscale(
+        loss_module.unscale_loss_for_distribution)
+    optimizer = tf_optimizer.TFOptimizer
+    optimizer._all_reduce_sum_gradients = _averaging(optimizer._all_reduce_sum_gradients)
+    _installed.append(True)

@@ -1,0 +1,227 @@
+"""The user's own Keras step, run by tfdist: ``train_step``, ``test_step``,
+``compute_loss``, ``compute_metrics`` and ``metrics`` overrides.
+
+A model that overrides any of `OVERRIDABLE` (keras.io, "Customizing what
+happens in fit()": GANs, VAEs, custom weighting) trains through its own
+``train_step`` and evaluates through its own ``test_step`` (Keras' default
+ones when only ``compute_loss`` or ``metrics`` is overridden), run in every
+replica by ``strategy.run`` on the replica's real rows (tfdist's padding is
+removed first, so user code never sees it):
+
+>>> class Custom(keras.Model):
+...     def train_step(self, data):
+...         x, y = data
+...         with tf.GradientTape() as tape:
+...             loss = self.compute_loss(y=y, y_pred=self(x, training=True))
+...         grads = tape.gradient(loss, self.trainable_variables)
+...         self.optimizer.apply(grads, self.trainable_variables)
+...         ...
+
+Losses are scaled as `tfdist._internal.replica_share` says: everything that
+goes through Keras' loss reductions (``compute_loss``, ``add_loss``,
+regularizers) is exact against one device on any batches; a mean the user
+computes in their own code is exact on equal per-replica batches, and with
+`tfdist.replica.global_mean` on uneven ones too.
+
+Reported values are ``model.metrics``' results, reduced over replicas, as
+Keras reports them at the end of an epoch; a step that returns other keys
+gets a warning naming them.
+"""
+
+import warnings
+from typing import Dict, Tuple
+
+import keras
+import tensorflow as tf
+
+from tfdist._internal import replica_share
+from tfdist.data.batch import Batch
+from tfdist.errors import ConfigurationError
+from tfdist.replica import collectives
+from tfdist.replica.metrics import MetricState, reads_traced, state_variables
+from tfdist.replica.step import ReplicaSteps
+
+OVERRIDABLE = ("train_step", "test_step", "compute_loss", "compute_metrics", "metrics")
+
+
+def overridden(model: keras.Model) -> Tuple[str, ...]:
+    """The step methods ``model``'s class overrides (see `OVERRIDABLE`)."""
+    return tuple(name for name in OVERRIDABLE
+                 if getattr(type(model), name, None) is not getattr(keras.Model, name))
+
+
+def _real_rows(batch: Batch):
+    """(x, y, sample_weight) without tfdist's padding rows."""
+    if batch.mask is None:
+        return batch.x, batch.y, batch.sample_weight
+    keep = batch.mask > 0
+    strip = lambda t: None if t is None else tf.nest.map_structure(  # noqa: E731
+        lambda leaf: tf.boolean_mask(leaf, keep), t)
+    return strip(batch.x), strip(batch.y), strip(batch.sample_weight)
+
+
+def keras_data(x, y, sample_weight):
+    """What Keras hands ``train_step``: ``x`` alone for x-only data (a
+    dataset of images, as keras.io's GAN reads it), ``(x, y)`` or ``(x, y, w)``."""
+    if y is None:
+        return x
+    return (x, y) if sample_weight is None else (x, y, sample_weight)
+
+
+class KerasMetrics:
+    """``model.metrics`` (Keras' loss tracker, compiled metrics, the user's
+    own trackers), read and reset the way `tfdist.replica.metrics.MetricState`
+    is; create it inside ``strategy.scope()``."""
+
+    def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy):
+        self._model = model
+        self.examples = keras.metrics.Sum(name="examples")
+        traced = reads_traced(strategy)
+        self._traced_read = collectives.function(self._read_tensors) if traced else None
+        self._traced_reset = collectives.function(self._reset) if traced else None
+        self._names = {}
+
+    def _result_tensors(self, num_variables: int = 0) -> Dict[str, tf.Tensor]:
+        values = {}
+        for metric in self._model.metrics:
+            result = metric.result()
+            values.update(result if isinstance(result, dict) else {metric.name: result})
+        self._names[num_variables] = list(values)
+        return values
+
+    def _read_tensors(self, num_variables: int = 0):
+        return self._result_tensors(num_variables), tf.convert_to_tensor(self.examples.total)
+
+    def results_and_examples(self) -> Tuple[Dict[str, float], float]:
+        """Reduced results and the examples counted since the last reset."""
+        if self._traced_read is None:
+            values, examples = self._read_tensors()
+            return {k: float(v) for k, v in values.items()}, float(examples)
+        count = len(self.variables())
+        values, examples = self._traced_read(count)
+        return {name: float(values[name]) for name in self._names[count]}, float(examples)
+
+    def results(self) -> Dict[str, float]:
+        return self.results_and_examples()[0]
+
+    def variables(self) -> Dict[str, tf.Variable]:
+        """Every state variable by a stable name (for checkpoints)."""
+        return state_variables(list(self._model.metrics) + [self.examples])
+
+    def reset(self) -> None:
+        if self._traced_reset is None:
+            self._reset()
+        else:
+            self._traced_reset(len(self.variables()))
+
+    def _reset(self, num_variables: int = 0) -> None:
+        del num_variables  # retraces when metrics gain variables
+        for metric in list(self._model.metrics) + [self.examples]:
+            metric.reset_state()
+
+
+class KerasSteps:
+    """Per-replica train and evaluation steps that call the model's own
+    ``train_step`` / ``test_step`` (the interface of `ReplicaSteps`)."""
+
+    # Unpadded (padding would only be stripped again): the user's step sees
+    # TensorFlow's split of a final batch, which can leave a replica empty
+    # (4 rows on 3 replicas: 2, 2, 0). Weights stay exact; Keras' loss
+    # tracker then misses the empty replica's part of any loss term the
+    # user adds outside Keras' reductions (a penalty in ``compute_loss``).
+    avoid_empty_replicas = False
+
+    def __init__(self, model: keras.Model, metrics: KerasMetrics):
+        self._model = model
+        self._metrics = metrics
+        self._warned = set()
+
+    @property
+    def accumulator(self):
+        """Always None: the model's own step applies its gradients."""
+        return None
+
+    @accumulator.setter
+    def accumulator(self, accumulator) -> None:
+        if accumulator is not None:
+            check_supported(self._model, accumulates=True)
+
+    def _run(self, method, structure: dict) -> None:
+        batch = Batch.from_structure(structure)
+        x, y, sample_weight = _real_rows(batch)
+        rows = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+        global_rows = collectives.all_reduce_sum(rows)
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        share = tf.math.divide_no_nan(rows * replicas, global_rows)
+        with replica_share.replica_share(share, replicas):
+            logs = method(keras_data(x, y, sample_weight))
+        self._metrics.examples.update_state(rows)
+        self._check_logs(method.__name__, logs)
+
+    def _check_logs(self, name: str, logs) -> None:
+        if not isinstance(logs, dict) or name in self._warned:
+            return
+        names = set()
+        for metric in self._model.metrics:
+            result = metric.result()
+            names.update([metric.name, *(result if isinstance(result, dict) else [])])
+        returned = set()
+        for key, value in logs.items():
+            returned.update(value if isinstance(value, dict) else [key])
+        unreported = sorted(returned - names)
+        if unreported:
+            self._warned.add(name)
+            warnings.warn(
+                f"{type(self._model).__name__}.{name} returns {unreported}, which are not "
+                f"results of `model.metrics`: tfdist reports `model.metrics` (reduced over all "
+                f"replicas, as Keras does at an epoch's end), so these are not reported. Track "
+                f"them with a metric (e.g. keras.metrics.Mean) listed in `metrics`.",
+                stacklevel=2)
+
+    def train(self, structure: dict) -> None:
+        """One replica's ``model.train_step`` on its rows (replica context)."""
+        self._run(self._model.train_step, structure)
+
+    @tf.autograph.experimental.do_not_convert
+    def after_train_step(self) -> None:
+        """Nothing to do after a step: the optimizer applied the gradients."""
+
+    def evaluate(self, structure: dict) -> None:
+        """One replica's ``model.test_step`` on its rows (replica context)."""
+        self._run(self._model.test_step, structure)
+
+
+def check_supported(model: keras.Model, *, jit_compile: bool = False,
+                    static_shapes: bool = False, accumulates: bool = False) -> None:
+    """Options the user-step path cannot honour are errors naming them."""
+    names = ", ".join(overridden(model))
+    for option, value in (("jit_compile", jit_compile), ("static_shapes", static_shapes),
+                          ("gradient_accumulation_steps", accumulates)):
+        if value:
+            raise ConfigurationError(
+                f"`{option}` is not supported for a model that overrides {names}: tfdist runs "
+                f"the model's own step as written. Turn `{option}` off, or move the custom "
+                f"logic into layers and the compiled loss.")
+
+
+def check_data(model: keras.Model, element_spec) -> None:
+    """x-only data (no ``y``) needs a model with its own step: the compiled
+    loss of tfdist's step needs targets."""
+    if (not isinstance(element_spec, tuple) or len(element_spec) == 1) and not overridden(model):
+        raise ConfigurationError(
+            f"The data yields x only (element_spec {element_spec}), but the model's compiled "
+            f"loss needs targets: yield (x, y) or (x, y, sample_weight), or override "
+            f"`train_step` / `compute_loss` (tfdist runs a model's own step).")
+
+
+def steps_for(model: keras.Model, strategy: tf.distribute.Strategy, *, jit_compile: bool,
+              static_shapes: bool):
+    """(metric state, replica steps) for ``model``: the model's own step when
+    it overrides one of `OVERRIDABLE`, else tfdist's (`tfdist.replica.step`)."""
+    with strategy.scope():
+        if overridden(model):
+            check_supported(model, jit_compile=jit_compile, static_shapes=static_shapes)
+            metrics = KerasMetrics(model, strategy)
+            return metrics, KerasSteps(model, metrics)
+        metrics = MetricState(model, strategy)
+    return metrics, ReplicaSteps(model, metrics, jit_compile=jit_compile)
