@@ -50,7 +50,8 @@ Options:
   --ports P1,P2,...     fixed ports, one per task (default: free ports)
   --tf_logs             show TensorFlow's C++ start-up and INFO/WARNING lines
                         (hidden on the console by default; --log_dir files
-                        keep them; same as TFDIST_TF_LOGS=1, `tfdist._internal.tf_logs`)
+                        keep them; same as TFDIST_TF_LOGS=1)
+  -h, --help            print this manual and exit
 
 Job definitions for other clusters (printed, nothing started; `emit`):
 
@@ -150,6 +151,10 @@ def parse_emit_args(argv: Sequence[str]) -> Tuple[str, JobSpec]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``tfdist-run``; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    if "-h" in own or "--help" in own:
+        print(__doc__.strip())
+        return 0
     try:
         if any(a == "--emit" or a.startswith("--emit=") for a in _split(argv)[0]):
             kind, spec = parse_emit_args(argv)

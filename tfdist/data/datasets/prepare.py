@@ -6,22 +6,30 @@ Useful before a multi-worker job, so workers read prepared files instead of
 racing to generate them.
 """
 
-from absl import app, flags
+import argparse
+from typing import Optional, Sequence
 
 from tfdist.data.datasets.loader import load_supervised, LOCAL_BUILDERS
 
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "TFDS data directory.", required=True)
-_DATASET = flags.DEFINE_enum(
-    "dataset", LOCAL_BUILDERS[0], LOCAL_BUILDERS, "Which local dataset."
-)
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfdist-prepare-data",
+        description="Generate tfdist's local TFDS datasets into a directory.",
+        epilog="Generates the train and test splits and prints their sizes.")
+    parser.add_argument("--data_dir", required=True, help="TFDS data directory.")
+    parser.add_argument("--dataset", default=LOCAL_BUILDERS[0], choices=LOCAL_BUILDERS,
+                        help="Which local dataset (default %(default)s).")
+    return parser
 
 
-def _main(argv):
-    del argv
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Entry point; ``--help`` prints usage and exits 0."""
+    args = _parser().parse_args(argv)
     for split in ("train", "test"):
-        count = int(load_supervised(_DATASET.value, split, data_dir=_DATA_DIR.value).cardinality())
-        print(f"{_DATASET.value}/{split}: {count} examples in {_DATA_DIR.value}")
+        count = int(load_supervised(args.dataset, split, data_dir=args.data_dir).cardinality())
+        print(f"{args.dataset}/{split}: {count} examples in {args.data_dir}")
 
 
-def main():
-    app.run(_main)
+if __name__ == "__main__":
+    main()
