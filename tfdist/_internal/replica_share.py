@@ -69,22 +69,14 @@ def global_mean(values) -> tf.Tensor:
     return tf.math.multiply_no_nan(mean, tf.cast(share, mean.dtype))
 
 
-def _scale(original):
-    def scale(value):
+def _by_share(original, operation):
+    """``original`` outside a traced user step; inside, ``operation(value, share)``."""
+    def by_share(value):
         share = current_share()
         if share is None:
             return original(value)
-        return tf.math.multiply_no_nan(value, tf.cast(share, value.dtype))
-    return scale
-
-
-def _unscale(original):
-    def unscale(value):
-        share = current_share()
-        if share is None:
-            return original(value)
-        return tf.math.divide_no_nan(value, tf.cast(share, value.dtype))
-    return unscale
+        return operation(value, tf.cast(share, value.dtype))
+    return by_share
 
 
 def _averaging(original):
@@ -113,9 +105,10 @@ def install() -> None:
     from keras.src.backend.tensorflow import optimizer as tf_optimizer  # pylint: disable=import-outside-toplevel
     from keras.src.losses import loss as loss_module  # pylint: disable=import-outside-toplevel
 
-    loss_module.scale_loss_for_distribution = _scale(loss_module.scale_loss_for_distribution)
-    loss_module.unscale_loss_for_distribution = _unscale(
-        loss_module.unscale_loss_for_distribution)
+    loss_module.scale_loss_for_distribution = _by_share(
+        loss_module.scale_loss_for_distribution, tf.math.multiply_no_nan)
+    loss_module.unscale_loss_for_distribution = _by_share(
+        loss_module.unscale_loss_for_distribution, tf.math.divide_no_nan)
     optimizer = tf_optimizer.TFOptimizer
     optimizer._all_reduce_sum_gradients = _averaging(optimizer._all_reduce_sum_gradients)
     _installed.append(True)
