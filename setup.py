@@ -33,6 +33,7 @@ setup(
         "console_scripts": [
             "tfdist-prepare-data=tfdist.data.datasets.prepare:main",
             "tfdist-run=tfdist.launch.cli:run",
+            "tfdist-info=tfdist.info:main",
         ],
     },
 )

@@ -1,0 +1,34 @@
+"""``python -m tfdist``: versions, devices and the cluster role, for bug reports."""
+
+import json
+import os
+import subprocess
+import sys
+
+import tfdist
+from tfdist import info
+
+
+def test_python_m_tfdist_prints_versions_devices_and_role():
+    tf_config = {"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
+                 "task": {"type": "worker", "index": 0}}
+    env = dict(os.environ, TF_CONFIG=json.dumps(tf_config))
+    result = subprocess.run([sys.executable, "-m", "tfdist"], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"tfdist {tfdist.__version__}" in out and "tensorflow 2." in out and "keras 3." in out
+    assert "CPU: " in out and "GPU: " in out and "TPU: " in out
+    assert "task worker-0 (not chief); cluster: chief x1, worker x1" in out
+
+
+def test_a_missing_device_kind_says_why():
+    text = info.report(environ={"CUDA_VISIBLE_DEVICES": "-1"})
+    gpu_line = next(line for line in text.splitlines() if line.startswith("GPU:"))
+    assert gpu_line.startswith("GPU: 0 (") and ("CUDA" in gpu_line)
+    assert "TF_CONFIG: not set" in text
+
+
+def test_a_malformed_tf_config_is_reported_not_raised():
+    text = info.report(environ={"TF_CONFIG": '{"cluster": {"worker": ["nohost"]}}'})
+    assert "TF_CONFIG: invalid:" in text
