@@ -18,12 +18,15 @@ equal one device. The Trainer is made on the first call (the model may be
 compiled after `attach`) and again when the model is recompiled.
 """
 
+import warnings
+
 import keras
 import tensorflow as tf
 
 from tfdist._internal import keras_internals as _keras, validation
 from tfdist.data import keras_inputs
 from tfdist.errors import ConfigurationError
+from tfdist.replica.keras_steps import overridden
 
 _ATTACHMENT = "_tfdist_attachment"
 _METHODS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
@@ -56,7 +59,8 @@ class Attachment:
         key = _keras.compile_identity(model)
         if self._trainer is None or key != self._compiled_with:
             self._trainer = Trainer(model, self._strategy, seed=self._seed,
-                                    keras_progress_bar=True, **self._options)
+                                    keras_progress_bar=True,
+                                    **compile_options(model, self._options))
             self._compiled_with = key
         return self._trainer
 
@@ -180,6 +184,36 @@ def detach(model):
         for name in _METHODS + (_ATTACHMENT,):
             object.__delattr__(model, name)
     return model
+
+
+def compile_options(model, options: dict) -> dict:
+    """``options`` (attach's Trainer options) with what ``model.compile`` set
+    for ``steps_per_execution`` and ``jit_compile`` (Keras' defaults, 1 and
+    False, set nothing). A value given both ways must agree.
+
+    ``jit_compile`` is Keras' resolved value (``"auto"`` is XLA on GPUs and
+    TPUs, off on CPUs); a model with its own step runs without XLA, with a
+    warning, unless XLA was asked for explicitly (then tfdist's error says why).
+    """
+    merged = dict(options)
+    compiled = {"steps_per_execution": int(model.steps_per_execution or 1),
+                "jit_compile": bool(model.jit_compile)}
+    defaults = {"steps_per_execution": 1, "jit_compile": False}
+    for name, value in compiled.items():
+        if value == defaults[name]:
+            continue
+        if name in merged and merged[name] != value:
+            raise ConfigurationError(
+                f"`{name}` is {merged[name]!r} in tfdist.attach but {value!r} in model.compile; "
+                f"give it in one place (or the same value in both).")
+        if name == "jit_compile" and "jit_compile" not in options and overridden(model):
+            warnings.warn(
+                f"model.jit_compile is True, but {type(model).__name__} overrides "
+                f"{', '.join(overridden(model))}: tfdist runs the model's own step without XLA.",
+                stacklevel=3)
+            continue
+        merged[name] = value
+    return merged
 
 
 def attachment_of(model):
