@@ -3,6 +3,9 @@
 If a Keras upgrade changes them, this fails first, with a clear name.
 """
 
+import subprocess
+import sys
+
 import keras
 import tensorflow as tf
 
@@ -46,3 +49,24 @@ def test_metric_variables_sum_across_replicas_on_read():
     tf_variable = metric.variables[0].value
     assert tf_variable.synchronization == tf.VariableSynchronization.ON_READ
     assert tf_variable.aggregation == tf.VariableAggregation.SUM
+
+
+def test_importing_tfdist_patches_nothing_in_keras():
+    # Every tfdist module imported; Keras' functions must still be Keras' own.
+    code = (
+        "import pkgutil, importlib, tfdist\n"
+        "skip = ('tfdist.integrations', 'tfdist.__main__', 'tfdist.launch.__main__')\n"
+        "for m in pkgutil.walk_packages(tfdist.__path__, 'tfdist.'):\n"
+        "    if not m.name.startswith(skip):\n"
+        "        importlib.import_module(m.name)\n"
+        "from keras.src.backend.tensorflow import nn, optimizer\n"
+        "from keras.src.losses import loss\n"
+        "patched = [f.__qualname__ for f in (nn._compute_moments, nn._compute_moments_sync,\n"
+        "           loss.scale_loss_for_distribution, loss.unscale_loss_for_distribution,\n"
+        "           optimizer.TFOptimizer._all_reduce_sum_gradients)\n"
+        "           if not f.__module__.startswith('keras')]\n"
+        "print(patched)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"

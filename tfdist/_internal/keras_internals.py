@@ -252,14 +252,20 @@ def _moments_sync(x, axes, keepdims):
     return _finish(*sums, axes, keepdims)
 
 
-_tf_nn._compute_moments = _moments
-_tf_nn._compute_moments_sync = _moments_sync
+def _install_moments() -> None:
+    """Puts the wrappers in place of Keras' two functions, once per process,
+    on first use (never at import: ``import tfdist`` leaves Keras as it is)."""
+    if _tf_nn._compute_moments is not _moments:
+        _tf_nn._compute_moments = _moments
+        _tf_nn._compute_moments_sync = _moments_sync
 
 
 @contextlib.contextmanager
 def statistics_over_real_rows(mask):
     """Within this block (in this thread), batch statistics skip rows where
     ``mask`` is 0. ``mask=None`` changes nothing."""
+    if mask is not None:
+        _install_moments()
     previous = getattr(_ROW_MASK, "mask", None)
     _ROW_MASK.mask = mask
     try:
