@@ -210,7 +210,8 @@ def check_data(model: keras.Model, element_spec) -> None:
     if (not isinstance(element_spec, tuple) or len(element_spec) == 1) and not overridden(model):
         raise ConfigurationError(
             f"The data yields x only (element_spec {element_spec}), but the model's compiled "
-            f"loss needs targets: yield (x, y) or (x, y, sample_weight), or override "
+            f"loss needs targets: yield tuples (x, y) or (x, y, sample_weight) (a dict of "
+            f"features: `ds.map(lambda e: (e['image'], e['label']))`), or override "
             f"`train_step` / `compute_loss` (tfdist runs a model's own step).")
 
 
