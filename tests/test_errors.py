@@ -173,3 +173,21 @@ def test_parameter_server_evaluation_of_a_dataset_fn_names_the_fix():
     with pytest.raises(tfdist.ConfigurationError,
                        match="the validation_data is a dataset_fn. Pass the evaluation data as global batches"):
         CoordinatorRunner.evaluate(object(), source, steps=None, partial_batch="exact")
+
+
+def test_every_error_class_lives_in_tfdist_errors():
+    import importlib
+    import inspect
+    import pkgutil
+
+    defined_elsewhere = []
+    for info in pkgutil.walk_packages(tfdist.__path__, "tfdist."):
+        if info.name.startswith(("tfdist.integrations", "tfdist.__main__", "tfdist.launch.__main__")):
+            continue
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if (inspect.isclass(value) and issubclass(value, Exception)
+                    and value.__module__ == info.name and info.name != "tfdist.errors"):
+                defined_elsewhere.append(f"{info.name}.{name}")
+    assert not defined_elsewhere, defined_elsewhere
+    assert tfdist.errors.SparkTrainingError.__module__ == "tfdist.errors"

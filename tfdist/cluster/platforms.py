@@ -16,16 +16,13 @@ expected. Only the standard library is used: this runs before TensorFlow.
 import json
 from typing import Mapping, Optional
 
-from tfdist.errors import ConfigurationError
+from tfdist.errors import PlatformEnvironmentError
 
 # Vertex AI worker pools -> TF_CONFIG jobs (workerPoolSpecs[0..3]).
 VERTEX_POOLS = {"workerpool0": "chief", "workerpool1": "worker", "workerpool2": "ps",
                 "workerpool3": "evaluator"}
 SAGEMAKER_PORT = 2222
 
-
-class PlatformEnvironmentError(ConfigurationError):
-    """A platform's cluster variables are malformed."""
 
 
 def _json(env: Mapping[str, str], name: str, expected: str):

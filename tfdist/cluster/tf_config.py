@@ -21,16 +21,13 @@ import re
 from typing import Dict, List, Mapping, Optional
 
 from tfdist.cluster import platforms
-from tfdist.errors import ConfigurationError
+from tfdist.errors import TFConfigError
 
 JOB_NAMES = ("chief", "worker", "ps", "evaluator")
 # Set by tfdist-run: a task writes this file once it has joined the cluster.
 READY_FILE_ENV = "TFDIST_READY_FILE"
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d+)$")
 
-
-class TFConfigError(ConfigurationError):
-    """TF_CONFIG is malformed; the message names the field and the value."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,14 +36,11 @@ import uuid
 from typing import Any, Callable, Optional
 
 from tfdist._internal import validation
-from tfdist.errors import ConfigurationError
+from tfdist.errors import ConfigurationError, SparkTrainingError
 
 # How long a task waits for its training process to report after it exits.
 _RESULT_GRACE_SECONDS = 30.0
 
-
-class SparkTrainingError(RuntimeError):
-    """A training task on Spark failed, or the run exceeded its time bound."""
 
 
 def _import_pyspark():
