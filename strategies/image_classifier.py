@@ -7,7 +7,7 @@ library) because it is a program: it prints, and it drives `tfdist.Trainer`.
 
 import tfdist
 
-tfdist._internal.tf_logs.import_tensorflow()  # without C++ start-up noise (TFDIST_TF_LOGS=1 shows it)
+tfdist.import_tensorflow()  # without C++ start-up noise (TFDIST_TF_LOGS=1 shows it)
 
 import keras  # noqa: E402
 

@@ -41,6 +41,7 @@ _NAMES = {
     "epoch_seed": "tfdist.data.epochs",
     "Preempted": "tfdist.loops.preemption",
     "Trainer": "tfdist.training.trainer",
+    "import_tensorflow": "tfdist._internal.tf_logs",
     "attach": "tfdist.training.keras_fit",
     "detach": "tfdist.training.keras_fit",
     "known_strategies": "tfdist.strategies.registry",
