@@ -150,7 +150,9 @@ class KerasSteps:
         batch = Batch.from_structure(structure)
         x, y, sample_weight = _real_rows(batch)
         rows = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
-        global_rows = collectives.all_reduce_sum(rows)
+        global_rows = batch.carried_global_examples()  # from the data: no collective
+        if global_rows is None:
+            global_rows = collectives.all_reduce_sum(rows)
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         share = tf.math.divide_no_nan(rows * replicas, global_rows)
         with replica_share.replica_share(share, replicas):
