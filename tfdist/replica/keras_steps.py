@@ -38,7 +38,7 @@ from tfdist._internal import replica_share
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 from tfdist.replica import collectives
-from tfdist.replica.metrics import MetricState, reads_traced, state_variables
+from tfdist.replica.metrics import MetricState, state_variables, TracedReads
 from tfdist.replica.step import ReplicaSteps
 
 OVERRIDABLE = ("train_step", "test_step", "compute_loss", "compute_metrics", "metrics")
@@ -68,54 +68,31 @@ def keras_data(x, y, sample_weight):
     return (x, y) if sample_weight is None else (x, y, sample_weight)
 
 
-class KerasMetrics:
+class KerasMetrics(TracedReads):
     """``model.metrics`` (Keras' loss tracker, compiled metrics, the user's
-    own trackers), read and reset the way `tfdist.replica.metrics.MetricState`
+    own trackers), read and reset as `tfdist.replica.metrics.MetricState`
     is; create it inside ``strategy.scope()``."""
 
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy):
         self._model = model
         self.examples = keras.metrics.Sum(name="examples")
-        traced = reads_traced(strategy)
-        self._traced_read = collectives.function(self._read_tensors) if traced else None
-        self._traced_reset = collectives.function(self._reset) if traced else None
-        self._names = {}
+        super().__init__(strategy)
 
-    def _result_tensors(self, num_variables: int = 0) -> Dict[str, tf.Tensor]:
+    def _result_tensors(self) -> Dict[str, tf.Tensor]:
         values = {}
         for metric in self._model.metrics:
             result = metric.result()
             values.update(result if isinstance(result, dict) else {metric.name: result})
-        self._names[num_variables] = list(values)
         return values
 
-    def _read_tensors(self, num_variables: int = 0):
-        return self._result_tensors(num_variables), tf.convert_to_tensor(self.examples.total)
-
-    def results_and_examples(self) -> Tuple[Dict[str, float], float]:
-        """Reduced results and the examples counted since the last reset."""
-        if self._traced_read is None:
-            values, examples = self._read_tensors()
-            return {k: float(v) for k, v in values.items()}, float(examples)
-        count = len(self.variables())
-        values, examples = self._traced_read(count)
-        return {name: float(values[name]) for name in self._names[count]}, float(examples)
-
-    def results(self) -> Dict[str, float]:
-        return self.results_and_examples()[0]
+    def _examples(self) -> tf.Tensor:
+        return self.examples.total
 
     def variables(self) -> Dict[str, tf.Variable]:
         """Every state variable by a stable name (for checkpoints)."""
         return state_variables(list(self._model.metrics) + [self.examples])
 
-    def reset(self) -> None:
-        if self._traced_reset is None:
-            self._reset()
-        else:
-            self._traced_reset(len(self.variables()))
-
-    def _reset(self, num_variables: int = 0) -> None:
-        del num_variables  # retraces when metrics gain variables
+    def _reset_state(self) -> None:
         for metric in list(self._model.metrics) + [self.examples]:
             metric.reset_state()
 

@@ -48,7 +48,58 @@ def reads_traced(strategy: Optional[tf.distribute.Strategy]) -> bool:
                    tf.distribute.MirroredStrategy)))
 
 
-class MetricState:
+class TracedReads:
+    """Reads and resets of replica-local metric state, traced where eager
+    ones cost (`reads_traced`); shared by `MetricState` and the user-step
+    path's `tfdist.replica.keras_steps.KerasMetrics`.
+
+    Subclasses give ``_result_tensors()`` (name -> tensor), ``_examples()``
+    (the example count tensor), ``variables()`` and ``_reset_state()``.
+    """
+
+    def __init__(self, strategy: Optional[tf.distribute.Strategy]):
+        traced = reads_traced(strategy)
+        self._traced_read = collectives.function(self._read_tensors) if traced else None
+        self._traced_reset = collectives.function(self._reset) if traced else None
+        self._names = {}  # the results' order, per traced variable count
+
+    def _read_tensors(self, num_variables: int):
+        values = self._result_tensors()
+        self._names[num_variables] = list(values)
+        return values, tf.convert_to_tensor(self._examples())
+
+    def results(self) -> Dict[str, float]:
+        """Reduced results with Keras names (cross-replica context)."""
+        if self._traced_read is None:
+            return {name: float(value) for name, value in self._result_tensors().items()}
+        return self._read_traced()[0]
+
+    def results_and_examples(self) -> Tuple[Dict[str, float], float]:
+        """`results` and the examples counted since the last reset (all
+        replicas), in one read (cross-replica context)."""
+        if self._traced_read is None:
+            return self.results(), float(tf.convert_to_tensor(self._examples()))
+        return self._read_traced()
+
+    def _read_traced(self) -> Tuple[Dict[str, float], float]:
+        # Retraced when metrics gain variables (Keras builds them lazily).
+        count = len(self.variables())
+        values, examples = self._traced_read(count)
+        return {name: float(values[name]) for name in self._names[count]}, float(examples)
+
+    def reset(self) -> None:
+        """Zeroes every state variable (an epoch or evaluation starts)."""
+        if self._traced_reset is None:
+            self._reset_state()
+        else:
+            self._traced_reset(len(self.variables()))
+
+    def _reset(self, num_variables: int) -> None:
+        del num_variables  # retraces the traced reset when metrics gain variables
+        self._reset_state()
+
+
+class MetricState(TracedReads):
     """The loss mean and compiled metrics of one model under one strategy.
 
     Create it inside ``strategy.scope()`` (the Trainer does).
@@ -57,10 +108,7 @@ class MetricState:
     def __init__(self, model: keras.Model, strategy: Optional[tf.distribute.Strategy] = None):
         self._loss = keras.metrics.Mean(name="loss")
         self._model = model
-        traced = reads_traced(strategy)
-        self._traced_read = collectives.function(self._read_tensors) if traced else None
-        self._traced_reset = collectives.function(self._reset) if traced else None
-        self._names = {}  # the results' order, per traced variable count
+        super().__init__(strategy)
 
     @property
     def _compiled(self):
@@ -99,36 +147,16 @@ class MetricState:
         if self._compiled is not None:
             self._compiled.update_state(y, y_pred, sample_weight)
 
-    def _result_tensors(self, num_variables: int = 0) -> Dict[str, tf.Tensor]:
+    def _result_tensors(self) -> Dict[str, tf.Tensor]:
         values = {"loss": self._loss.result()}
         for mean in _keras.output_loss_metrics(self._model):
             values[mean.name] = mean.result()
         if self._compiled is not None:
             values.update(self._compiled.result())
-        self._names[num_variables] = list(values)
         return values
 
-    def _read_tensors(self, num_variables: int):
-        return self._result_tensors(num_variables), tf.convert_to_tensor(self._loss.count)
-
-    def results(self) -> Dict[str, float]:
-        """Reduced results with Keras names (cross-replica context)."""
-        if self._traced_read is None:
-            return {name: float(value) for name, value in self._result_tensors().items()}
-        return self._read_traced()[0]
-
-    def results_and_examples(self) -> Tuple[Dict[str, float], float]:
-        """`results` and the examples counted since the last reset (all
-        replicas), in one read (cross-replica context)."""
-        if self._traced_read is None:
-            return self.results(), float(tf.convert_to_tensor(self._loss.count))
-        return self._read_traced()
-
-    def _read_traced(self) -> Tuple[Dict[str, float], float]:
-        # Retraced when metrics gain variables (Keras builds them lazily).
-        count = len(self.variables())
-        values, examples = self._traced_read(count)
-        return {name: float(values[name]) for name in self._names[count]}, float(examples)
+    def _examples(self) -> tf.Tensor:
+        return self._loss.count
 
     def variables(self) -> Dict[str, tf.Variable]:
         """Every state variable, by a stable name (for checkpoints).
@@ -143,15 +171,7 @@ class MetricState:
             metrics.append(self._compiled)
         return state_variables(metrics)
 
-    def reset(self) -> None:
-        """Zeroes every state variable (an epoch or evaluation starts)."""
-        if self._traced_reset is None:
-            self._reset()
-        else:
-            self._traced_reset(len(self.variables()))
-
-    def _reset(self, num_variables: int = 0) -> None:
-        del num_variables  # retraces the traced reset when metrics gain variables
+    def _reset_state(self) -> None:
         self._loss.reset_state()
         for mean in _keras.output_loss_metrics(self._model):
             mean.reset_state()
