@@ -1,17 +1,44 @@
 """tfdist: exact, strategy-agnostic distributed training for Keras 3 models."""
 
+import pathlib
+import re
+
 from setuptools import find_packages, setup
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+# One version source: tfdist/__init__.py's __version__ (what `python -m tfdist`
+# prints), read here as text so that setup.py never imports tfdist.
+VERSION = re.search(r'^__version__ = "([^"]+)"$',
+                    (HERE / "tfdist" / "__init__.py").read_text(encoding="utf-8"),
+                    re.M).group(1)
 
 setup(
     name="tfdist",
-    version="0.1.0",
+    version=VERSION,
     description="Distributed training with tf.distribute that is correct, fast and boring.",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 3 - Alpha",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: Apache Software License",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.11",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: System :: Distributed Computing",
+    ],
     packages=find_packages(include=["tfdist", "tfdist.*"]),
     python_requires=">=3.10",
-    # Tested: TensorFlow 2.21 with Keras 3.15. tfdist reads a few Keras
-    # internals (tfdist/_internal/keras_internals.py), hence the narrow Keras range.
+    # Support policy (docs/versions.md): tested with TensorFlow 2.21 and
+    # Keras 3.15. tfdist reads a few Keras internals
+    # (tfdist/_internal/keras_internals.py, pinned by a test), hence one minor
+    # version of each; a new pair is added once the whole suite passes on it.
     install_requires=[
         "tensorflow>=2.21,<2.22",
         "keras>=3.15,<3.16",
@@ -28,6 +55,8 @@ setup(
         # stages (needs a Java runtime). Tested: ray 2.60, pyspark 4.3.
         "ray": ["ray[train]>=2.50"],
         "spark": ["pyspark>=3.5"],
+        # The documentation site (mkdocs.yml): `mkdocs build --strict`.
+        "docs": ["mkdocs>=1.6", "mkdocs-material", "mkdocstrings[python]"],
     },
     entry_points={
         "console_scripts": [
