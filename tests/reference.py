@@ -27,6 +27,16 @@ def global_batches(num_examples: int, batch_size: int, weighted: bool = True):
     return tf.data.Dataset.from_tensor_slices(parts).batch(batch_size)
 
 
+def shuffled_batches(num_examples: int, batch_size: int, seed: int = 5):
+    """``(x, y)`` batches of a dataset reshuffled every epoch (tf.data's
+    default), as most real pipelines are. The global seed is fixed too:
+    the op seed is combined with it."""
+    x, y, _ = classification_arrays(num_examples)
+    tf.random.set_seed(0)
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(num_examples, seed=seed).batch(
+        batch_size)
+
+
 def build_mlp(seed: int = 1, l2: float = 0.01, batch_norm: bool = False) -> keras.Model:
     """A small MLP with L2 regularisation; same seed -> same initial weights."""
     keras.utils.set_random_seed(seed)

@@ -180,3 +180,17 @@ def test_bad_tf_config_fails_before_tensorflow_starts(monkeypatch):
 def test_bad_peer_timeout_is_a_clear_error(value):
     with pytest.raises(tfdist.ConfigurationError, match=r"`peer_timeout_seconds` \(.*\) must be a positive"):
         tfdist.make_strategy("multi_worker_mirrored", peer_timeout_seconds=value)
+
+
+def test_two_workers_train_on_a_shuffled_dataset_as_one_device_keras_does(tmp_path):
+    """A dataset reshuffled every epoch (tf.data's default): both workers
+    draw the orders one-device Keras ``fit`` draws (`tfdist.data.epochs`)."""
+    dataset = ref.shuffled_batches(EXAMPLES, BATCH, seed=3)
+    model = ref.compile_model(ref.build_mlp(), "adam")
+    history = model.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False).history
+    args = [f"--output_dir={tmp_path / 'out'}", "--shuffle_seed=3"]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for result in _results(tmp_path / "out"):
+        _assert_weights_equal(model.get_weights(), result["weights"])
+        ref.assert_logs_close(history, result["history"])

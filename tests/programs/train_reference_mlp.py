@@ -133,6 +133,9 @@ def main():
     parser.add_argument("--broken_at_step", type=int, default=3)
     parser.add_argument("--validation_examples", type=int, default=0,
                         help="also validate on this many examples each epoch (0: no)")
+    parser.add_argument("--shuffle_seed", type=int, default=None,
+                        help="train on reference.shuffled_batches with this seed "
+                             "(reshuffled every epoch) instead of the fixed order")
     parser.add_argument("--keras_fit", action="store_true",
                         help="train with tfdist.attach + model.fit on arrays, with "
                              "validation_split=0.2, and also predict; then fit a "
@@ -162,7 +165,8 @@ def main():
         checkpoint_every_steps=args.checkpoint_every_steps,
         log_every_steps=args.log_every_steps,
     )
-    dataset = ref.global_batches(args.examples, args.batch_size)
+    dataset = (ref.global_batches(args.examples, args.batch_size) if args.shuffle_seed is None
+               else ref.shuffled_batches(args.examples, args.batch_size, args.shuffle_seed))
     history = trainer.fit(
         _endless_slow(dataset, args.endless_slow_data) if args.endless_slow_data else dataset,
         steps_per_epoch=-(-args.examples // args.batch_size) if args.endless_slow_data else None,

@@ -139,10 +139,20 @@ def epoch_iterators(
     ``first_epoch`` (Keras' ``initial_epoch``); otherwise every epoch is a
     fresh pass. A finished iterator is released (see `_release`) when the
     next one is made and when the generator ends.
+
+    A shuffled dataset (``shuffle(..., reshuffle_each_iteration=True)``,
+    tf.data's default) draws a new order for every iterator made of it, so
+    the order an epoch sees depends on how many iterators were made before.
+    Here that count is one-device Keras ``fit``'s (`spare_iterators`), also
+    after a resume, so a seeded shuffle gives Keras' order on any number
+    of replicas and workers.
     """
     persistent = steps_per_epoch is not None and not source.per_epoch
+    spare = 0 if persistent else spare_iterators(source)
     iterator = None
     try:
+        # Resumed at a later epoch: the orders the earlier epochs drew.
+        draw_orders(source, (position.epoch - first_epoch) * (1 + spare) if not persistent else 0)
         while position.epoch < epochs:
             epoch = position.epoch
             if iterator is None or not persistent:
@@ -151,8 +161,36 @@ def epoch_iterators(
                     (epoch - first_epoch) * steps_per_epoch if persistent else 0)
                 iterator = make_iterator(epoch, skip)
             yield epoch, iterator, steps_per_epoch or source.known_steps(epoch), persistent
+            if position.epoch > epoch:  # the epoch ran to its end
+                draw_orders(source, spare)
     finally:  # the epochs are over, or the caller closed (or dropped) the generator
         _release(iterator)
+
+
+def spare_iterators(source: Source) -> int:
+    """Iterators one-device Keras ``fit`` makes of the dataset after each
+    full epoch and never reads (1 or 0).
+
+    Keras 3.15's epoch iterator (``keras.src.trainers.epoch_iterator``),
+    without ``steps_per_epoch``, makes a fresh iterator at each epoch's
+    start and, when the dataset's cardinality is known, one more at its
+    end: a shuffled dataset's epoch ``e`` then sees the order of the
+    ``2e``-th iterator, not the ``e``-th. tfdist makes the same number, so
+    its epochs see Keras' orders (tests/test_data_order.py holds Keras to
+    this count).
+    """
+    if source.per_replica or source.per_epoch:
+        return 0
+    return 1 if int(source.original.cardinality()) > 0 else 0
+
+
+def draw_orders(source: Source, count: int) -> None:
+    """Makes ``count`` iterators of a fixed dataset and drops them unread:
+    each draws the next shuffle order (tf.data draws at creation, before
+    reading anything), as the iterators Keras makes do."""
+    if count and not (source.per_replica or source.per_epoch):
+        for _ in range(count):
+            iter(source.original)
 
 
 def _release(iterator) -> None:
