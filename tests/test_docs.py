@@ -1,0 +1,106 @@
+"""The documentation's code runs: every ```python block of README.md and
+docs/**/*.md is executed, each in a fresh Python process (so each makes its
+own strategy before TensorFlow starts), in an empty directory, on CPUs.
+
+A block that cannot run here (it needs a cluster, a TPU, a cloud account or
+another program's names, or is a fragment) carries a marker on the last
+non-blank line before its fence, with the reason:
+
+    <!-- no-run: needs a Cloud TPU -->
+
+A marker without a reason is itself a failure. Runnable blocks must be
+small: a tiny model, a few epochs, a few seconds on a CPU. None starts other
+processes, so they run in the parallel pass; a block that starts a cluster
+belongs behind a no-run marker (its program has its own test).
+
+The README is also held to being a front door: at most 300 lines, the
+first runnable example within its first 150.
+"""
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+from typing import List, NamedTuple, Optional
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TIMEOUT_SECONDS = 300
+README_MAX_LINES = 300
+README_FIRST_EXAMPLE_BY_LINE = 150
+
+_FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
+_NO_RUN = re.compile(r"^<!--\s*no-run\b:?(.*?)-->\s*$")
+
+
+class Block(NamedTuple):
+    page: pathlib.Path
+    line: int  # of the opening fence, 1-based
+    code: str
+    no_run: Optional[str]  # None: runs; else the marker's reason ("" if missing)
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(REPO)}:{self.line}"
+
+
+def pages() -> List[pathlib.Path]:
+    return [REPO / "README.md"] + sorted((REPO / "docs").rglob("*.md"))
+
+
+def _marker(text_before: str) -> Optional[str]:
+    """The no-run reason on the last non-blank line before a fence, if any."""
+    lines = [line.strip() for line in text_before.splitlines() if line.strip()]
+    match = _NO_RUN.match(lines[-1]) if lines else None
+    return None if match is None else match.group(1).strip()
+
+
+def blocks() -> List[Block]:
+    found = []
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        for match in _FENCE.finditer(text):
+            found.append(Block(page, text.count("\n", 0, match.start()) + 1, match.group(1),
+                               _marker(text[:match.start()])))
+    return found
+
+
+RUNNABLE = [block for block in blocks() if block.no_run is None]
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[block.name for block in RUNNABLE])
+def test_docs_example_runs(block, tmp_path):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("TF_CONFIG", None)  # an example is one process, not a cluster task
+    process = subprocess.Popen(
+        [sys.executable, "-c", block.code], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # its own session: the example and its children
+        output, _ = process.communicate()
+        pytest.fail(f"{block.name} ran over {TIMEOUT_SECONDS} s; last output:\n{output[-4000:]}")
+    assert process.returncode == 0, (
+        f"{block.name} exited with {process.returncode}:\n{output[-6000:]}")
+
+
+def test_every_no_run_marker_gives_a_reason():
+    missing = [block.name for block in blocks() if block.no_run == ""]
+    assert not missing, (
+        f"python blocks marked no-run without a reason: {missing}; write "
+        "<!-- no-run: why it cannot run in a test --> on the line before the fence")
+
+
+def test_the_docs_have_runnable_examples():
+    assert len(RUNNABLE) >= 10, [block.name for block in RUNNABLE]
+
+
+def test_the_readme_is_a_front_door():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= README_MAX_LINES
+    first = min(block.line for block in RUNNABLE if block.page.name == "README.md")
+    assert first <= README_FIRST_EXAMPLE_BY_LINE, first
