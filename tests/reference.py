@@ -21,8 +21,13 @@ def classification_arrays(num_examples: int, seed: int = 0):
     return x, y, w
 
 
-def global_batches(num_examples: int, batch_size: int, weighted: bool = True):
+def global_batches(num_examples: int, batch_size: int, weighted: bool = True,
+                   overflow_row=None):
+    """Batches of `classification_arrays`; ``overflow_row``: that row's
+    features times 3000, so its float16 gradient overflows (mixed precision)."""
     x, y, w = classification_arrays(num_examples)
+    if overflow_row is not None:
+        x[overflow_row] *= 3000.0
     parts = (x, y, w) if weighted else (x, y)
     return tf.data.Dataset.from_tensor_slices(parts).batch(batch_size)
 
@@ -37,19 +42,31 @@ def shuffled_batches(num_examples: int, batch_size: int, seed: int = 5):
         batch_size)
 
 
-def build_mlp(seed: int = 1, l2: float = 0.01, batch_norm: bool = False) -> keras.Model:
-    """A small MLP with L2 regularisation; same seed -> same initial weights."""
+def build_mlp(seed: int = 1, l2: float = 0.01, batch_norm: bool = False,
+              mixed_float16: bool = False) -> keras.Model:
+    """A small MLP with L2 regularisation; same seed -> same initial weights.
+
+    ``mixed_float16``: its hidden layers compute in float16 and the output
+    layer in float32 (Keras' advice; its top-k metric needs float32), and
+    compiling it wraps the optimizer in a LossScaleOptimizer.
+    """
     keras.utils.set_random_seed(seed)
-    layers = [
-        keras.Input((NUM_FEATURES,)),
-        keras.layers.Dense(
-            8, activation="relu", kernel_regularizer=keras.regularizers.L2(l2)
-        ),
-    ]
-    if batch_norm:
-        layers.append(keras.layers.BatchNormalization(synchronized=True))
-    layers.append(keras.layers.Dense(NUM_CLASSES, activation="softmax"))
-    return keras.Sequential(layers)
+    previous = keras.mixed_precision.global_policy()
+    if mixed_float16:
+        keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layers = [
+            keras.Input((NUM_FEATURES,)),
+            keras.layers.Dense(
+                8, activation="relu", kernel_regularizer=keras.regularizers.L2(l2)
+            ),
+        ]
+        if batch_norm:
+            layers.append(keras.layers.BatchNormalization(synchronized=True))
+        layers.append(keras.layers.Dense(NUM_CLASSES, activation="softmax", dtype="float32"))
+        return keras.Sequential(layers)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
 
 
 def make_optimizer(name: str):

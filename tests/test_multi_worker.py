@@ -194,3 +194,25 @@ def test_two_workers_train_on_a_shuffled_dataset_as_one_device_keras_does(tmp_pa
     for result in _results(tmp_path / "out"):
         _assert_weights_equal(model.get_weights(), result["weights"])
         ref.assert_logs_close(history, result["history"])
+
+
+def test_two_workers_in_mixed_float16_skip_an_overflowing_step_together(tmp_path):
+    """One worker's float16 gradient overflows (row 15: worker 1's half of
+    the first batch). One device skips that update and halves the loss
+    scale; under MultiWorkerMirroredStrategy Keras decides per replica, so
+    the workers would take different branches (mismatched collectives).
+    tfdist decides over all replicas (`tfdist.replica.loss_scaling`)."""
+    model = ref.compile_model(ref.build_mlp(mixed_float16=True), "adam")
+    dataset = ref.global_batches(EXAMPLES, BATCH, overflow_row=15)
+    history = model.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False).history
+    assert float(model.optimizer.dynamic_scale.numpy()) < 32768.0  # a step was skipped
+    args = [f"--output_dir={tmp_path / 'out'}", "--mixed_float16"]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for result in _results(tmp_path / "out"):
+        # float16 round-off (tests/test_mixed_precision.py): 2e-4
+        for index, (want, got) in enumerate(zip(model.get_weights(), result["weights"])):
+            np.testing.assert_allclose(np.asarray(got), want, atol=2e-4, rtol=0,
+                                       err_msg=f"weight {index}")
+        assert len(result["history"]["loss"]) == EPOCHS
+        np.testing.assert_allclose(result["history"]["loss"], history["loss"], rtol=1e-3)

@@ -136,6 +136,9 @@ def main():
     parser.add_argument("--shuffle_seed", type=int, default=None,
                         help="train on reference.shuffled_batches with this seed "
                              "(reshuffled every epoch) instead of the fixed order")
+    parser.add_argument("--mixed_float16", action="store_true",
+                        help="build the model under the mixed_float16 policy (a "
+                             "LossScaleOptimizer) and make row 15's gradient overflow")
     parser.add_argument("--keras_fit", action="store_true",
                         help="train with tfdist.attach + model.fit on arrays, with "
                              "validation_split=0.2, and also predict; then fit a "
@@ -156,7 +159,7 @@ def main():
             time.sleep(args.step_delay)
 
     with strategy.scope():
-        model = ref.compile_model(ref.build_mlp(), "adam")
+        model = ref.compile_model(ref.build_mlp(mixed_float16=args.mixed_float16), "adam")
     if args.keras_fit:
         _keras_fit(args, model, strategy, ref)
         return
@@ -165,7 +168,9 @@ def main():
         checkpoint_every_steps=args.checkpoint_every_steps,
         log_every_steps=args.log_every_steps,
     )
-    dataset = (ref.global_batches(args.examples, args.batch_size) if args.shuffle_seed is None
+    overflow_row = 15 if args.mixed_float16 else None
+    dataset = (ref.global_batches(args.examples, args.batch_size, overflow_row=overflow_row)
+               if args.shuffle_seed is None
                else ref.shuffled_batches(args.examples, args.batch_size, args.shuffle_seed))
     history = trainer.fit(
         _endless_slow(dataset, args.endless_slow_data) if args.endless_slow_data else dataset,

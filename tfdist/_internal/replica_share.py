@@ -31,6 +31,12 @@ import tensorflow as tf
 
 _state = threading.local()
 _installed = []
+# Traces inside `replica_share`, over all threads. A LossScaleOptimizer
+# under MirroredStrategy applies gradients through ``merge_call``, which
+# runs each replica's update in a fresh thread (no thread-local share): the
+# optimizers' averaging asks this count instead.
+_active = {"traces": 0, "replicas": 1}
+_active_lock = threading.Lock()
 
 
 def current_share():
@@ -42,12 +48,17 @@ def current_share():
 def replica_share(share: tf.Tensor, num_replicas: int):
     """Traces a user's step in one replica with ``share = N * n_r / G``."""
     install()
-    previous = getattr(_state, "share", None), getattr(_state, "replicas", 1)
-    _state.share, _state.replicas = share, num_replicas
+    previous = getattr(_state, "share", None)
+    _state.share = share
+    with _active_lock:
+        _active["traces"] += 1
+        _active["replicas"] = num_replicas
     try:
         yield
     finally:
-        _state.share, _state.replicas = previous
+        _state.share = previous
+        with _active_lock:
+            _active["traces"] -= 1
 
 
 def global_mean(values) -> tf.Tensor:
@@ -81,8 +92,8 @@ def _by_share(original, operation):
 
 def _averaging(original):
     def all_reduce_gradients(self, grads_and_vars):
-        if current_share() is not None and _state.replicas > 1:
-            scale = 1.0 / _state.replicas
+        if _active["traces"] and _active["replicas"] > 1:
+            scale = 1.0 / _active["replicas"]
             grads_and_vars = [(_scaled_gradient(g, scale), v) for g, v in grads_and_vars]
         return original(self, grads_and_vars)
     return all_reduce_gradients

@@ -37,7 +37,7 @@ import tensorflow as tf
 from tfdist._internal import replica_share
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
-from tfdist.replica import collectives
+from tfdist.replica import collectives, loss_scaling
 from tfdist.replica.metrics import MetricState, state_variables, TracedReads
 from tfdist.replica.step import ReplicaSteps
 
@@ -159,7 +159,8 @@ class KerasSteps:
 
     def train(self, structure: dict) -> None:
         """One replica's ``model.train_step`` on its rows (replica context)."""
-        self._run(self._model.train_step, structure)
+        with loss_scaling.agreement():
+            self._run(self._model.train_step, structure)
 
     @tf.autograph.experimental.do_not_convert
     def after_train_step(self) -> None:

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from tfdist._internal import keras_internals as _keras
 from tfdist.data.batch import Batch
-from tfdist.replica import collectives, gradients as gradients_lib, losses
+from tfdist.replica import collectives, gradients as gradients_lib, loss_scaling, losses
 from tfdist.replica.metrics import MetricState, without_padding
 from tfdist.strategies import sharded
 
@@ -112,7 +112,7 @@ class ReplicaSteps:
     def train(self, structure: dict) -> None:
         """One replica's training step on a `Batch` structure (replica context)."""
         batch = Batch.from_structure(structure)
-        with _keras.statistics_over_real_rows(batch.mask):
+        with _keras.statistics_over_real_rows(batch.mask), loss_scaling.agreement():
             self._train(batch)
 
     @tf.autograph.experimental.do_not_convert
