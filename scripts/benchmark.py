@@ -21,7 +21,7 @@ medians of the first and second half of the rounds, which show whether the
 run was long enough.
 
 Outputs in ``--output_dir``: benchmark.json (every rate), benchmark.txt,
-benchmark.md (the README's tables: per configuration,
+benchmark.md (the docs' Performance tables: per configuration,
 scaling, then per contender) and with ``--plot`` ratios.png and
 scaling.png (throughput against replicas, with the ideal line).
 """

@@ -30,7 +30,7 @@ MWMS is flat at one step per host call: 0.011 / 0.004 KB per step over
 34,100 steps in 3 minutes (2026-11-23, 0.3 / 0.1 MB in all). What it took:
 TensorFlow's multi-worker runtime keeps ~1.6 KB per host call for every
 collective op whose instance key is new at each call (its default;
-`scripts/collective_memory.py`), so tfdist's functions fix the keys when
+docs/reliability.md), so tfdist's functions fix the keys when
 they are traced (`tfdist.replica.collectives.function`) and no eager collective is
 left per log point, epoch or save; and TensorFlow keeps a tensor per
 distinct Python scalar it is handed, so step numbers and logged values go

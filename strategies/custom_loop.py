@@ -5,7 +5,7 @@
     tfdist-run --num_workers=2 --max_restarts=1 -- python strategies/custom_loop.py \
         --strategy=multi_worker_mirrored --checkpoint_dir=/tmp/custom_loop
 
-`train` below is the loop the README shows: per-replica math written by the
+`train` below is the loop docs/guides/custom-loops.md shows: per-replica math written by the
 user; tfdist supplies the distributed batches (`tfdist.Batch`: partial and
 empty-replica batches made safe with a mask), the replica's share of the
 global loss (`tfdist.replica.losses.replica_loss`: the true global example count,

@@ -4,7 +4,7 @@ either finishes exactly like one device or fails naming a task; no hang,
 no orphan process, no corrupted checkpoint.
 
 Long forms: ``python scripts/chaos.py --trials=20 --seed=1`` and
-``python scripts/chaos.py --mode=ps --trials=10 --seed=1`` (README "Reliability").
+``python scripts/chaos.py --mode=ps --trials=10 --seed=1`` (docs/reliability.md).
 """
 
 import importlib.util

@@ -1,6 +1,6 @@
 """A custom loop on tfdist's layer (strategies/custom_loop.py) equals
 single-device Keras ``fit``: weights, per-epoch loss and accuracy, with
-partial and empty-replica batches; the README shows that loop verbatim."""
+partial and empty-replica batches; docs/guides/custom-loops.md shows that loop verbatim."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """Soak, short form: real clusters for a minute, threads / RSS / files flat.
 
-The long form is the same script for 10+ minutes (README "Reliability"):
+The long form is the same script for 10+ minutes (docs/reliability.md):
 ``python scripts/soak.py --mode=mwms --minutes=10``.
 """
 

@@ -12,8 +12,8 @@ Keras code runs unchanged after ``tfdist.attach(model, strategy)``:
 ``model.fit(x, y, batch_size=64, validation_split=0.1)``, ``model.evaluate``,
 ``model.predict`` (see `tfdist.training.keras_fit`).
 
-The lower layers make a hand-written loop exact (README "Custom training
-loops", strategies/custom_loop.py): `tfdist.data.distribute` (batches as
+The lower layers make a hand-written loop exact (docs/guides/custom-loops.md,
+strategies/custom_loop.py): `tfdist.data.distribute` (batches as
 `tfdist.Batch`), `tfdist.replica.losses.replica_loss`, `tfdist.replica.metrics`
 (``update_loss_mean``, ``update_metrics``), `tfdist.replica.gradients`
 (``apply_gradients``: exact clipping), `tfdist.replica.accumulation`,

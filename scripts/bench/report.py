@@ -1,4 +1,4 @@
-"""The benchmark's outputs: a text table, a README (Markdown) table, plots."""
+"""The benchmark's outputs: a text table, a Markdown table (docs/performance.md), plots."""
 
 from typing import List
 
@@ -54,7 +54,7 @@ def text_table(runs: List[dict]) -> str:
 
 
 def markdown_table(runs: List[dict]) -> str:
-    """The README's table: ex/s and paired ratios per configuration."""
+    """The Performance page's table: ex/s and paired ratios per configuration."""
     lines = ["| strategy | model | spe | contender | ex/s (median) | vs hand-written loop, "
              "median [p25-p75] (1st/2nd half) | vs Keras fit |",
              "|---|---|---|---|---|---|---|"]

@@ -5,7 +5,7 @@ threads (one for the host pipeline, one per device dataset on CPU), and a
 thread can sleep through its cancellation until its next optimization run;
 runs come at 10 * (2^k - 1) ms of the iterator's life, so the join takes
 0 to several seconds and grows with the iterator's age
-(`scripts/iterator_deletion.py`, README "Performance"). Every contender
+(docs/performance.md, "The iterator teardown stall"). Every contender
 ends every window with such a deletion, so this stall, not the training
 loop, decided most of a window's rate.
 

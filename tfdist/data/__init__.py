@@ -11,7 +11,7 @@ records, with an exact policy for the partial final batch
 >>> import tensorflow as tf, tfdist
 >>> strategy = tfdist.make_strategy("one_device")
 >>> ds = tf.data.Dataset.from_tensor_slices(([[1.0]] * 5, [0] * 5)).batch(4)
->>> [int(b["global_count"]) for b in tfdist.data.distribute(strategy, ds)]
+>>> [int(b["global_examples"][0]) for b in tfdist.data.distribute(strategy, ds)]
 [4, 1]
 """
 

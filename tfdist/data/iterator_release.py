@@ -5,8 +5,8 @@ until the iterator's tf.data autotuning threads end. Those threads sleep
 between optimizations for a period that doubles from 10 ms up to 60 s
 (``Model::OptimizeLoop``), and the deletion can wait out the period: on
 this project's CPU machine 0.2-7 s in wall time with ~2 ms of CPU, growing
-with the iterator's age (README "Performance",
-``scripts/iterator_deletion.py``). A training loop that drops its iterator
+with the iterator's age (docs/performance.md,
+"The iterator teardown stall"). A training loop that drops its iterator
 when an epoch (or an evaluation) ends stands still that long.
 
 `release` takes the iterator from its holder and hands it to a thread of

@@ -24,7 +24,7 @@ when any one is asked to (SIGTERM / Ctrl-C): `tfdist.loops.agreement` sums the
 stop requests about once a second in a call of its own, not inside the
 loop. The loop is a `tfdist.replica.collectives.function`: its collectives keep the
 instance keys of its trace, so a worker's memory does not grow per call
-(README "Reliability").
+(docs/reliability.md).
 """
 
 from typing import Callable, NamedTuple, Optional

@@ -46,8 +46,8 @@ class CoordinatorRunner:
         self._train_execution = self._make_execution(train_step)
         # Full-size executions (the largest size seen: steps_per_execution)
         # take no step-count argument, as TensorFlow's own loop: scheduling
-        # one costs the coordinator ~0.1 ms less (profiled with
-        # scripts/ps_profile.py); shorter ones share one general function.
+        # one costs the coordinator ~0.1 ms less (profiled
+        # once); shorter ones share one general function.
         self._full_steps, self._full_execution = 0, None
         self._step_counts = {}
         self._eval_loop = self._make_inline_loop(eval_step)
@@ -85,8 +85,7 @@ class CoordinatorRunner:
         (e.g. one ``fit`` per epoch), as TensorFlow's own loop reuses its
         ``create_per_worker_dataset``: without this cache, tfdist measured
         0.87-0.96 of that loop in scripts/benchmark.py, whose windows are
-        one ``fit`` call of ~1.5 s each; with it 0.92-1.06 (README
-        "Performance")."""
+        one ``fit`` call of ~1.5 s each; with it 0.92-1.06."""
         key = (source.original, epoch if source.per_epoch else None, skip_steps,
                partial_batch, global_batch_size)
         if key not in self._iterator_makers:
