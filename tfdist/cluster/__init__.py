@@ -6,7 +6,7 @@ SageMaker: `tfdist.cluster.platforms`), and lost-task detection
 >>> from tfdist import cluster
 >>> config = cluster.build_tf_config({"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, "worker", 1)
 >>> cluster.task_name(config)
-'worker:1'
+'worker-1'
 """
 
 from tfdist._internal import lazy
@@ -14,7 +14,8 @@ from tfdist._internal import lazy
 _NAMES = {name: "tfdist.cluster.tf_config" for name in (
     "JOB_NAMES", "READY_FILE_ENV", "TFConfig", "TFConfigError", "build_tf_config",
     "expand_slurm_nodelist", "from_slurm", "from_tfjob", "is_chief", "num_workers",
-    "parse_tf_config", "signal_ready", "task_id", "task_name", "task_type", "validate",
+    "parse_tf_config", "signal_ready", "slurm_base_port", "task_id", "task_name", "task_type",
+    "validate",
 )}
 __all__ = sorted(_NAMES)
 __getattr__ = lazy.attributes(__name__, _NAMES)

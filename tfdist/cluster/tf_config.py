@@ -4,6 +4,7 @@ TensorFlow reads ``TF_CONFIG`` deep inside strategy creation and reports a
 mistake, if at all, as a hang or a gRPC error. `parse_tf_config` checks it
 first, without starting TensorFlow, and names the field and value:
 
+>>> from tfdist.cluster import parse_tf_config
 >>> config = parse_tf_config('{"cluster": {"worker": ["127.0.0.1:2222",'
 ...     ' "127.0.0.1:2223"]}, "task": {"type": "worker", "index": 1}}')
 >>> config.task_type, config.task_index, config.num_workers, config.is_chief
@@ -26,13 +27,24 @@ from tfdist.errors import TFConfigError
 JOB_NAMES = ("chief", "worker", "ps", "evaluator")
 # Set by tfdist-run: a task writes this file once it has joined the cluster.
 READY_FILE_ENV = "TFDIST_READY_FILE"
+# Slurm tasks' ports: a block of SLURM_PORT_BLOCK per job id mod SLURM_JOB_SLOTS.
+SLURM_BASE_PORT, SLURM_PORT_BLOCK, SLURM_JOB_SLOTS = 20000, 16, 1000
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d+)$")
 
 
 
 @dataclasses.dataclass(frozen=True)
 class TFConfig:
-    """A validated TF_CONFIG: the cluster and this process's task."""
+    """A validated TF_CONFIG: the cluster and this process's task.
+
+    >>> from tfdist import cluster
+    >>> config = cluster.build_tf_config({"chief": ["host0:2222"], "worker": ["host1:2222"]},
+    ...                                  "worker", 0)
+    >>> config.num_workers, config.is_chief, config.address
+    (2, False, 'host1:2222')
+    >>> config.to_json()      # what TF_CONFIG holds
+    '{"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222"]}, "task": {"type": "worker", "index": 0}}'
+    """
 
     cluster: Dict[str, List[str]]
     task_type: str
@@ -80,7 +92,13 @@ def _validate_address(job: str, index: int, address) -> None:
 
 
 def validate(raw: Mapping) -> TFConfig:
-    """Checks a decoded TF_CONFIG dict; returns the `TFConfig`."""
+    """Checks a decoded TF_CONFIG dict; returns the `TFConfig`.
+
+    >>> from tfdist import cluster
+    >>> cluster.validate({"cluster": {"worker": ["h1:2222", "h2:2222"]},
+    ...                   "task": {"type": "worker", "index": 1}}).task_index
+    1
+    """
     if not isinstance(raw, Mapping):
         _fail(f"must be a JSON object; got {type(raw).__name__}.")
     cluster, task = raw.get("cluster"), raw.get("task")
@@ -124,6 +142,12 @@ def parse_tf_config(text: Optional[str] = None) -> Optional[TFConfig]:
     Without ``text`` and ``TF_CONFIG``, a managed platform's variables
     (Vertex AI ``CLUSTER_SPEC``, SageMaker ``SM_HOSTS``: `tfdist.cluster.platforms`)
     give the config, which is then exported as ``TF_CONFIG`` for TensorFlow.
+
+    >>> from tfdist import cluster
+    >>> config = cluster.parse_tf_config('{"cluster": {"worker": ["h1:2222", "h2:2222"]},'
+    ...                                  ' "task": {"type": "worker", "index": 0}}')
+    >>> config.task_type, config.task_index, config.is_chief
+    ('worker', 0, True)
     """
     if text is None:
         text = os.environ.get("TF_CONFIG", "")
@@ -151,29 +175,65 @@ def _current(config: Optional[TFConfig]) -> Optional[TFConfig]:
 
 
 def is_chief(config: Optional[TFConfig] = None) -> bool:
-    """True for the chief (or worker 0), and for a job without TF_CONFIG."""
+    """True for the chief (or worker 0), and for a job without TF_CONFIG.
+    Each of these functions reads ``TF_CONFIG`` when given no ``config``.
+
+    >>> from tfdist import cluster
+    >>> config = cluster.build_tf_config({"chief": ["host0:2222"], "worker": ["host1:2222"]},
+    ...                                  "worker", 0)
+    >>> cluster.is_chief(config), cluster.task_type(config), cluster.task_id(config)
+    (False, 'worker', 0)
+    """
     config = _current(config)
     return True if config is None else config.is_chief
 
 
 def task_type(config: Optional[TFConfig] = None) -> Optional[str]:
+    """This task's job name (``"chief"``, ``"worker"``, ``"ps"``,
+    ``"evaluator"``); None without TF_CONFIG.
+
+    >>> from tfdist import cluster
+    >>> cluster.task_type(cluster.build_tf_config({"ps": ["h0:2222"], "worker": ["h1:2222"]},
+    ...                                           "ps", 0))
+    'ps'
+    """
     config = _current(config)
     return None if config is None else config.task_type
 
 
 def task_id(config: Optional[TFConfig] = None) -> int:
+    """This task's index in its job; 0 without TF_CONFIG.
+
+    >>> from tfdist import cluster
+    >>> cluster.task_id(cluster.build_tf_config({"worker": ["h1:2222", "h2:2222"]}, "worker", 1))
+    1
+    """
     config = _current(config)
     return 0 if config is None else config.task_index
 
 
 def task_name(config: Optional[TFConfig] = None) -> str:
     """``"<type>-<index>"`` of this task (``"worker-0"`` without TF_CONFIG),
-    as tfdist-run names tasks in its output."""
+    as tfdist-run names tasks in its output.
+
+    >>> from tfdist import cluster
+    >>> config = cluster.build_tf_config({"chief": ["host0:2222"], "worker": ["host1:2222"]},
+    ...                                  "worker", 0)
+    >>> cluster.task_name(config)
+    'worker-0'
+    """
     return f"{task_type(config) or 'worker'}-{task_id(config)}"
 
 
 def num_workers(config: Optional[TFConfig] = None) -> int:
-    """Training tasks in the cluster; 1 without TF_CONFIG."""
+    """Training tasks in the cluster (chief and workers); 1 without TF_CONFIG.
+
+    >>> from tfdist import cluster
+    >>> config = cluster.build_tf_config({"chief": ["host0:2222"], "worker": ["host1:2222"]},
+    ...                                  "worker", 0)
+    >>> cluster.num_workers(config)
+    2
+    """
     config = _current(config)
     return 1 if config is None else config.num_workers
 
@@ -181,7 +241,13 @@ def num_workers(config: Optional[TFConfig] = None) -> int:
 def build_tf_config(
     cluster: Mapping[str, List[str]], task_type: str, task_index: int
 ) -> TFConfig:
-    """A validated `TFConfig` for one task of ``cluster`` (job -> addresses)."""
+    """A validated `TFConfig` for one task of ``cluster`` (job -> addresses).
+
+    >>> from tfdist import cluster
+    >>> config = cluster.build_tf_config({"worker": ["h1:2222", "h2:2222"]}, "worker", 1)
+    >>> config.address, config.is_chief
+    ('h2:2222', False)
+    """
     return validate(
         {"cluster": {job: list(a) for job, a in cluster.items()},
          "task": {"type": task_type, "index": task_index}}
@@ -189,7 +255,12 @@ def build_tf_config(
 
 
 def expand_slurm_nodelist(nodelist: str) -> List[str]:
-    """``"node[01-03,07],gpu5"`` -> ``["node01", "node02", "node03", "node07", "gpu5"]``."""
+    """Slurm's compressed host list, expanded.
+
+    >>> from tfdist import cluster
+    >>> cluster.expand_slurm_nodelist("node[01-03,07],gpu5")
+    ['node01', 'node02', 'node03', 'node07', 'gpu5']
+    """
     hosts = []
     for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
         prefix, ranges = match.group(1), match.group(2)
@@ -215,15 +286,47 @@ def _expand_tasks_per_node(value: str) -> List[int]:
     return counts
 
 
-def from_slurm(env: Mapping[str, str] = None, *, base_port: int = 12345) -> TFConfig:
+def slurm_base_port(env: Mapping[str, str] = None) -> int:
+    """The first port of this Slurm job's tasks on each node:
+    ``20000 + 16 * (SLURM_JOB_ID mod 1000)``, a block of 16 ports per job (up
+    to 16 tasks per node) between 20000 and 35999, so two jobs sharing a node
+    do not collide (unless their ids are equal modulo 1000). Without
+    ``SLURM_JOB_ID``: 20000.
+
+    >>> from tfdist import cluster
+    >>> cluster.slurm_base_port({"SLURM_JOB_ID": "4242"})
+    23872
+    """
+    env = os.environ if env is None else env
+    job_id = env.get("SLURM_JOB_ID", "0")
+    if not job_id.isdigit():
+        raise TFConfigError(
+            f"SLURM_JOB_ID ({job_id!r}) is not a number. Run inside a Slurm job "
+            "(sbatch / srun set it), or pass `base_port=` explicitly.")
+    return SLURM_BASE_PORT + SLURM_PORT_BLOCK * (int(job_id) % SLURM_JOB_SLOTS)
+
+
+def from_slurm(env: Mapping[str, str] = None, *, base_port: Optional[int] = None) -> TFConfig:
     """The cluster of a Slurm job step: one worker per task (task 0 is chief).
 
-    Task ``i`` on a node listens on ``base_port + its rank on that node``.
+    Task ``i`` on a node listens on ``base_port + its rank on that node``;
+    ``base_port`` defaults to `slurm_base_port` (derived from
+    ``SLURM_JOB_ID``), the ports ``python -m tfdist.launch.slurm_task`` (the
+    ``tfdist-run --emit=slurm`` scripts) uses.
+
+    >>> from tfdist import cluster
+    >>> env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[3-4]",
+    ...        "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "1"}
+    >>> config = cluster.from_slurm(env)
+    >>> config.cluster["worker"], config.task_index, config.is_chief
+    (['node3:23872', 'node3:23873', 'node4:23872', 'node4:23873'], 1, False)
     """
     env = os.environ if env is None else env
     for name in ("SLURM_JOB_NODELIST", "SLURM_PROCID", "SLURM_TASKS_PER_NODE"):
         if name not in env:
             raise TFConfigError(f"{name} is not set: not inside a Slurm job step (srun)?")
+    if base_port is None:
+        base_port = slurm_base_port(env)
     hosts = expand_slurm_nodelist(env["SLURM_JOB_NODELIST"])
     per_node = _expand_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
     if len(per_node) != len(hosts):
@@ -241,6 +344,14 @@ def from_tfjob(env: Mapping[str, str] = None) -> TFConfig:
     """The cluster of a Kubernetes TFJob (its operator sets TF_CONFIG).
 
     The operator's extra keys (``environment``, ``rpc_layer``) are allowed.
+
+    >>> import json
+    >>> from tfdist import cluster
+    >>> env = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["run-worker-0:2222"]},
+    ...                                 "task": {"type": "worker", "index": 0},
+    ...                                 "environment": "cloud"})}
+    >>> cluster.from_tfjob(env).address
+    'run-worker-0:2222'
     """
     env = os.environ if env is None else env
     if "TF_CONFIG" not in env:
@@ -252,7 +363,11 @@ def signal_ready() -> None:
     """Tells the launcher this task has joined the cluster (if it asked).
 
     `tfdist-run` sets ``TFDIST_READY_FILE`` per task, so it can tell a task
-    that never joins from a slow one.
+    that never joins from a slow one. ``make_strategy`` calls it; without
+    the variable it does nothing.
+
+    >>> from tfdist import cluster
+    >>> cluster.signal_ready()
     """
     path = os.environ.get(READY_FILE_ENV)
     if path:

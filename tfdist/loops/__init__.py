@@ -1,9 +1,17 @@
-"""How steps are dispatched and when things happen: host loops of k steps per
-call (`tfdist.loops.host_loop`), one runner per strategy family
-(`tfdist.loops.runners`), the pure arithmetic of log, save and epoch points
-(`tfdist.loops.cadence`), stop agreement across workers
-(`tfdist.loops.agreement`) and preemption signals
-(`tfdist.loops.preemption`)."""
+"""How steps are dispatched and when things happen.
+
+For a hand-written loop: `tfdist.loops.host_loop.HostLoop` (k steps per host
+call) and `tfdist.loops.preemption.PreemptionWatcher` (SIGTERM / Ctrl-C as
+a flag, `tfdist.Preempted` to stop). The Trainer's internals: one runner per
+strategy family (`tfdist.loops.runners`), the pure arithmetic of log, save
+and epoch points (`tfdist.loops.cadence`) and stop agreement across workers
+(`tfdist.loops.agreement`).
+
+>>> import tfdist
+>>> with tfdist.loops.preemption.PreemptionWatcher() as stop_signal:
+...     stop_signal.requested
+False
+"""
 
 from tfdist._internal import lazy
 

@@ -3,14 +3,11 @@
 A ``for element in dataset: train_step(element)`` loop pays one host call
 (and, under a multi-worker strategy, one round of cross-worker work) per
 step. Keras' ``steps_per_execution`` and the Trainer instead run up to k
-steps inside one ``tf.function`` with a device-side ``tf.range`` loop;
-`make_loop` builds that loop and `HostLoop` offers it to hand-written
-training loops:
-
->>> loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=16)
->>> iterator = iter(tfdist.data.distribute(strategy, dataset, epoch=epoch))
->>> while not (execution := loop.run(iterator)).end_of_data:
-...     pass
+steps inside one ``tf.function`` with a device-side ``tf.range`` loop.
+`HostLoop` is that loop for hand-written training loops, the one public way
+to run one (the Trainer's runners build the same loop internally:
+`tfdist.loops.runners.device_loop`; ``make_loop`` is a deprecated alias):
+``loop.run(iterator)`` until ``execution.end_of_data``, once per epoch.
 
 The loop reads the distributed iterator with ``get_next_as_optional``, so
 the data may end inside an execution: it returns how many steps ran, and
@@ -27,6 +24,7 @@ instance keys of its trace, so a worker's memory does not grow per call
 (docs/reliability.md).
 """
 
+import warnings
 from typing import Callable, NamedTuple, Optional
 
 import tensorflow as tf
@@ -35,46 +33,30 @@ from tfdist._internal import validation
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 from tfdist.loops.agreement import StopAgreement
+from tfdist.loops.runners.device_loop import device_loop
 from tfdist.replica import collectives
 
 
 def make_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
               after_step: Optional[Callable] = None, check_end: bool = True):
-    """A ``tf.function(iterator, num_steps)`` that runs up to ``num_steps``
-    of ``strategy.run(replica_step, (element,))`` and returns the steps run.
-    ``after_step`` runs in cross-replica context after each step.
+    """Deprecated: use `HostLoop`, which runs ``replica_step`` on a
+    `tfdist.Batch`, agrees on stop requests across workers and returns an
+    `Execution`. The ``tf.function(iterator, num_steps)`` built here is the
+    runners' internal loop (`tfdist.loops.runners.device_loop`).
 
-    ``check_end=False``: the caller knows the iterator has ``num_steps``
-    more elements (`tfdist.data.distribute_counted`), so each step reads
-    with ``next`` instead of ``get_next_as_optional`` plus a test and a
-    ``break``: ~50 us less per host call here (a one-step call of an
-    optional-reading loop on a distributed iterator: ~395 us against
-    ~345 us for ``next``), about what a hand-written loop pays. Reading past
-    the end raises ``OutOfRangeError``.
+    >>> import warnings, tfdist
+    >>> strategy = tfdist.make_strategy("one_device")
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     loop = tfdist.loops.host_loop.make_loop(strategy, lambda element: None)
+    >>> [w.category.__name__ for w in caught if "make_loop" in str(w.message)]
+    ['DeprecationWarning']
     """
-
-    @collectives.function  # instance keys fixed at trace: flat memory per call
-    def loop(iterator, num_steps):
-        steps_run = tf.constant(0, tf.int64)
-        for _ in tf.range(num_steps):
-            optional = iterator.get_next_as_optional()
-            if not optional.has_value():
-                break
-            strategy.run(replica_step, args=(optional.get_value(),))
-            if after_step is not None:  # cross-replica work of the step
-                after_step()
-            steps_run += 1
-        return steps_run
-
-    @collectives.function
-    def loop_without_end_check(iterator, num_steps):
-        for _ in tf.range(num_steps):
-            strategy.run(replica_step, args=(next(iterator),))
-            if after_step is not None:
-                after_step()
-        return num_steps
-
-    return loop if check_end else loop_without_end_check
+    warnings.warn(
+        "tfdist.loops.host_loop.make_loop is deprecated; use "
+        "tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=k) "
+        "and its run(iterator).", DeprecationWarning, stacklevel=2)
+    return device_loop(strategy, replica_step, after_step=after_step, check_end=check_end)
 
 
 class Execution(NamedTuple):
@@ -93,6 +75,21 @@ class HostLoop:
     ``batch.mask``, ``batch.global_examples``); ``after_step()`` (optional)
     in cross-replica context after each step, e.g. a
     `tfdist.replica.accumulation.GradientAccumulator`'s ``after_step``.
+
+    Ten examples in global batches of 4 (4, 4, 2) over two replicas; one
+    call of up to 4 steps runs the 3 there are:
+
+    >>> import keras, tensorflow as tf, tfdist
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> with strategy.scope():
+    ...     examples = keras.metrics.Sum()
+    >>> def replica_step(batch):              # a tfdist.Batch, in every replica
+    ...     examples.update_state(batch.real_examples())
+    >>> loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=4)
+    >>> dataset = tf.data.Dataset.range(10).map(lambda i: (tf.cast([i], tf.float32), i)).batch(4)
+    >>> execution = loop.run(iter(tfdist.data.distribute(strategy, dataset)))
+    >>> execution.steps, execution.end_of_data, float(examples.result())
+    (3, True, 10.0)
     """
 
     def __init__(self, strategy: tf.distribute.Strategy, replica_step: Callable, *,
@@ -111,7 +108,7 @@ class HostLoop:
         def step(structure):
             return replica_step(Batch.from_structure(structure))
 
-        self._loop = make_loop(strategy, step, after_step=after_step)
+        self._loop = device_loop(strategy, step, after_step=after_step)
         self._stop_agreement = StopAgreement(
             strategy, spans_workers=collectives.spans_workers(strategy))
 

@@ -11,12 +11,16 @@ the exact data position (when it has a ``checkpoint_dir``) and raises
 which `tfdist-run --max_restarts` answers with a restart; `fit` then resumes
 mid-epoch where it stopped. A second Ctrl-C raises KeyboardInterrupt at once.
 
+A hand-written loop does the same with a `PreemptionWatcher` of its own
+(docs/guides/custom-loops.md): the one public way to act on these signals.
+
 Outside `fit`, a multi-worker task still stops on SIGTERM:
 TensorFlow's coordination agent installs a SIGTERM handler that only logs
 the signal (its preemption notifier), so a task would train on after being
-told to stop. `exit_on_stop_signals` (called by ``make_strategy
-("multi_worker_mirrored")``) replaces it: SIGTERM raises `Preempted`,
-Ctrl-C raises KeyboardInterrupt, as in a plain Python program.
+told to stop. `PreemptionWatcher.exit_outside_training` (called by
+``make_strategy("multi_worker_mirrored")``) replaces it: SIGTERM raises
+`Preempted`, Ctrl-C raises KeyboardInterrupt, as in a plain Python program.
+``exit_on_stop_signals`` is its deprecated former name.
 """
 
 import gc
@@ -24,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import List, Optional
 
 from tfdist.data import iterator_release
@@ -37,7 +42,17 @@ _active: List["PreemptionWatcher"] = []
 
 
 class Preempted(SystemExit):
-    """Training stopped on SIGTERM or Ctrl-C (after saving, with a checkpoint)."""
+    """Training stopped on SIGTERM or Ctrl-C (after saving, with a checkpoint).
+
+    A ``SystemExit`` whose code is 128 + the signal: 143 for SIGTERM, 130
+    for Ctrl-C, which ``tfdist-run --max_restarts`` answers with a restart.
+    A hand-written loop raises it after saving, as `Trainer.fit` does:
+
+    >>> import tfdist
+    >>> stop = tfdist.Preempted(step=120)
+    >>> stop.code, str(stop)
+    (143, 'preempted (SIGTERM): checkpoint saved at step 120')
+    """
 
     def __init__(self, step: Optional[int] = None, signum: int = signal.SIGTERM,
                  saved: bool = True):
@@ -66,14 +81,53 @@ def _on_stop_signal(signum, frame):
 
 
 def exit_on_stop_signals() -> None:
-    """Makes SIGTERM / Ctrl-C stop this process (see the module docstring)."""
-    if threading.current_thread() is threading.main_thread():
-        for signum in _STOP_SIGNALS:
-            signal.signal(signum, _on_stop_signal)
+    """Deprecated: use `PreemptionWatcher.exit_outside_training` (which
+    ``make_strategy("multi_worker_mirrored")`` already calls).
+
+    >>> import signal, warnings, tfdist
+    >>> previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     tfdist.loops.preemption.exit_on_stop_signals()
+    >>> [w.category.__name__ for w in caught]
+    ['DeprecationWarning']
+    >>> for signum, handler in previous.items():
+    ...     _ = signal.signal(signum, handler)
+    """
+    warnings.warn(
+        "tfdist.loops.preemption.exit_on_stop_signals is deprecated; use "
+        "tfdist.loops.preemption.PreemptionWatcher.exit_outside_training() (which "
+        "make_strategy('multi_worker_mirrored') already calls), or a PreemptionWatcher "
+        "around a hand-written loop.", DeprecationWarning, stacklevel=2)
+    PreemptionWatcher.exit_outside_training()
 
 
 class PreemptionWatcher:
-    """Catches SIGTERM and Ctrl-C while active (`requested` turns True)."""
+    """Catches SIGTERM and Ctrl-C while active (`requested` turns True).
+
+    A hand-written loop passes ``requested`` to ``HostLoop.run`` (under a
+    multi-worker strategy every worker then stops after the same step),
+    saves, and raises `tfdist.Preempted` with ``signum``:
+
+    >>> import os, signal, tfdist
+    >>> with tfdist.loops.preemption.PreemptionWatcher() as stop_signal:
+    ...     os.kill(os.getpid(), signal.SIGTERM)      # what a cluster manager sends
+    ...     stopped = stop_signal.requested
+    >>> stopped, stop_signal.signum == signal.SIGTERM
+    (True, True)
+    """
+
+    @staticmethod
+    def exit_outside_training() -> None:
+        """Makes SIGTERM raise `Preempted` and Ctrl-C KeyboardInterrupt in
+        this process while no watcher is active (see the module docstring).
+        ``make_strategy("multi_worker_mirrored")`` calls it; call it for a
+        MultiWorkerMirroredStrategy made without `tfdist.make_strategy`.
+        Only the main thread can install signal handlers; elsewhere it does
+        nothing."""
+        if threading.current_thread() is threading.main_thread():
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, _on_stop_signal)
 
     def __init__(self):
         self._flag = threading.Event()

@@ -15,20 +15,21 @@ wrong whenever replicas hold different numbers of examples: a partial last
 batch over-weights the short replicas. An empty replica contributes exactly
 0 loss and 0 gradient (never NaN).
 
-For a hand-written loop:
-
->>> def replica_step(x, y):
-...     per_example = keras.losses.sparse_categorical_crossentropy(y, model(x))
-...     return scaled_loss(per_example)   # all-reduces the example count
+A hand-written loop calls `replica_loss` in its replica step, with the
+step's `tfdist.Batch` (``tfdist.Batch.from_structure(element)`` for an
+element of `tfdist.data.distribute`, or ``tfdist.Batch.from_element((x, y))``
+for a pipeline of its own). ``scaled_loss`` is its deprecated former name
+for the second case.
 """
 
 import dataclasses
+import warnings
 from typing import List, Optional
 
 import tensorflow as tf
 
 from tfdist._internal import keras_internals as _keras
-from tfdist.data.batch import require_batch
+from tfdist.data.batch import Batch, require_batch
 from tfdist.errors import ConfigurationError
 from tfdist.replica import collectives
 
@@ -238,23 +239,6 @@ def regularization_loss(model) -> tf.Tensor:
     return tf.add_n([tf.cast(tf.reduce_sum(l), tf.float32) for l in model.losses])
 
 
-def scaled_loss(per_example_loss, sample_weight=None, global_count=None):
-    """This replica's share of the global mean of ``per_example_loss``.
-
-    ``global_count`` defaults to the all-reduced number of loss elements, so
-    replicas with partial or empty batches are weighted correctly.
-    """
-    values = tf.convert_to_tensor(per_example_loss)
-    weighted = values
-    if sample_weight is not None:
-        weighted = values * _to_rank(tf.cast(sample_weight, values.dtype), values)
-    if global_count is None:
-        global_count = collectives.all_reduce_sum(tf.cast(tf.size(values), values.dtype))
-    return tf.math.divide_no_nan(
-        tf.reduce_sum(weighted), tf.cast(global_count, values.dtype)
-    )
-
-
 def replica_loss(per_example_loss, batch, model=None) -> tf.Tensor:
     """This replica's share of the global batch's loss, from a `tfdist.Batch`.
 
@@ -266,9 +250,20 @@ def replica_loss(per_example_loss, batch, model=None) -> tf.Tensor:
     nowhere; the global count comes with the batch (no collective) when the
     data carries it, else one all-reduce. An empty replica returns 0.
 
-    >>> batch = tfdist.Batch.from_structure(element)          # in strategy.run
-    >>> per_example = loss_fn(batch.y, model(batch.x, training=True))
-    >>> loss = tfdist.replica.losses.replica_loss(per_example, batch, model)
+    Three examples over two replicas (2 and 1 rows); the replicas' shares
+    sum to the global batch's mean, as one device computes it:
+
+    >>> import tensorflow as tf, tfdist
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> dataset = tf.data.Dataset.from_tensor_slices(([[1.0], [2.0], [3.0]], [0, 0, 0])).batch(3)
+    >>> def replica_step(element):
+    ...     batch = tfdist.Batch.from_structure(element)
+    ...     per_example = batch.x[:, 0]        # a loss with reduction=None in a real step
+    ...     return tfdist.replica.losses.replica_loss(per_example, batch)
+    >>> element = next(iter(tfdist.data.distribute(strategy, dataset)))
+    >>> shares = strategy.run(replica_step, args=(element,))
+    >>> float(strategy.reduce("sum", shares, axis=None))
+    2.0
     """
     batch = require_batch(batch, "replica_loss")
     values = tf.convert_to_tensor(per_example_loss)
@@ -297,3 +292,36 @@ def replica_loss(per_example_loss, batch, model=None) -> tf.Tensor:
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         loss += tf.cast(regularization_loss(model), values.dtype) / replicas
     return loss
+
+
+def scaled_loss(per_example_loss, sample_weight=None, global_count=None):
+    """Deprecated: use `replica_loss` with a `tfdist.Batch`.
+
+    ``scaled_loss(values, sample_weight)`` is
+    ``replica_loss(values, tfdist.Batch.from_element((x, y, sample_weight)))``
+    (the global count all-reduced); a known ``global_count`` of loss
+    elements travels with the batch as ``global_examples``. This alias
+    computes exactly what it did: the sum of ``sample_weight *
+    per_example_loss`` over the global count of loss elements.
+
+    >>> import warnings, tensorflow as tf, tfdist
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     loss = tfdist.replica.losses.scaled_loss(tf.constant([1.0, 3.0]), global_count=4)
+    >>> float(loss), [w.category.__name__ for w in caught if "scaled_loss" in str(w.message)]
+    (1.0, ['DeprecationWarning'])
+    """
+    warnings.warn(
+        "tfdist.replica.losses.scaled_loss is deprecated; use "
+        "tfdist.replica.losses.replica_loss(per_example_loss, batch) with the step's "
+        "tfdist.Batch (tfdist.Batch.from_element((x, y, sample_weight)) for a pipeline "
+        "of your own).", DeprecationWarning, stacklevel=2)
+    values = tf.convert_to_tensor(per_example_loss)
+    weights = None
+    if sample_weight is not None:  # broadcast, then one row per loss element
+        weights = _to_rank(tf.cast(sample_weight, values.dtype), values)
+        weights = tf.reshape(tf.broadcast_to(weights, tf.shape(values)), [-1])
+    values = tf.reshape(values, [-1])
+    count = None if global_count is None else tf.fill(
+        tf.shape(values), tf.cast(global_count, tf.float32))
+    return replica_loss(values, Batch(values, sample_weight=weights, global_examples=count))

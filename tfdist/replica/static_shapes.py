@@ -11,6 +11,25 @@ backward pass is XLA-compiled, and steps run in the Trainer's host loops
 ``TPUStrategy``, off otherwise. ``static_shapes=True`` on a one-device or
 mirrored strategy runs the same path on CPUs or GPUs, which is how tfdist
 tests it without a TPU.
+
+Which to use when (both are exact; neither is deprecated):
+
+- On a TPU: nothing. A ``TPUStrategy`` takes this path by itself (and
+  compiles the whole step, so tfdist adds no ``jit_compile``).
+- XLA on GPUs or CPUs: ``jit_compile=True, partial_batch="pad"``. Training
+  and evaluation then run at one shape, exactly as here; ``predict`` keeps
+  the exact last batch.
+- Rehearsing the TPU job on CPUs or GPUs (with `tfdist.tpu.preflight`):
+  ``static_shapes=True``. It is the same padded, XLA-compiled step, plus
+  what a TPU also needs: ``predict`` pads its last batch too, and
+  ``partial_batch="exact"`` (changing shapes) is an error instead of a
+  second XLA compilation for the last batch.
+
+>>> import tfdist
+>>> strategy = tfdist.make_strategy("one_device")
+>>> tfdist.replica.static_shapes.resolve(strategy, static_shapes=True, partial_batch=None,
+...                                      jit_compile=False)
+StepOptions(partial_batch='pad', jit_compile=True, static_shapes=True)
 """
 
 import dataclasses

@@ -1,6 +1,7 @@
 """``make_strategy("multi_worker_mirrored", ...)``: synchronous training across workers.
 
->>> strategy = tfdist.make_strategy(
+>>> import tfdist
+>>> strategy = tfdist.make_strategy(            # doctest: +SKIP
 ...     "multi_worker_mirrored", communication="ring", peer_timeout_seconds=10,
 ...     num_replicas=2)   # 2 logical CPUs per worker when it has no GPU
 
@@ -106,7 +107,7 @@ def multi_worker_mirrored(
     # TensorFlow's coordination agent now catches SIGTERM and only logs it;
     # a stop request must still stop this task.
     if config is not None:
-        preemption.exit_on_stop_signals()
+        preemption.PreemptionWatcher.exit_outside_training()
     collectives.barrier(strategy)
     if config is not None:
         cluster.signal_ready()

@@ -128,8 +128,12 @@ def tpu_strategy(tpu: Optional[str] = None, zone: Optional[str] = None,
                  ) -> tf.distribute.Strategy:
     """A ``TPUStrategy`` over the TPU found as described in the module docstring.
 
-    The Trainer then takes the static-shape path (`tfdist.replica.static_shapes`)
-    by itself.
+    The factory ``make_strategy("tpu", **options)`` calls: programs call
+    `tfdist.make_strategy`. The Trainer then takes the static-shape path
+    (`tfdist.replica.static_shapes`) by itself.
+
+    >>> import tfdist
+    >>> strategy = tfdist.make_strategy("tpu", tpu="local")   # doctest: +SKIP
     """
     resolver = resolve_and_initialize(tpu, zone, project, timeout_seconds=timeout_seconds)
     return tf.distribute.TPUStrategy(resolver)

@@ -1,20 +1,12 @@
-"""The loop: `Trainer.fit` / `evaluate` / `predict` for compiled Keras 3 models.
-
->>> strategy = tfdist.make_strategy("mirrored", num_replicas=4)
->>> with strategy.scope():
-...     model = build_model()
-...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
-...                   metrics=["accuracy"])
->>> trainer = tfdist.Trainer(model, strategy, checkpoint_dir="/tmp/run1")
->>> history = trainer.fit(train_ds, epochs=3, validation_data=val_ds)
-
-Data is Keras': datasets of GLOBAL batches, arrays with ``batch_size``, ...
-N replicas give the same weights, losses and metrics as Keras ``fit`` on
-one device over the same batches (float32 round-off), partial and empty
-replica batches included. The outer loop runs the effects (executions, metric
-reads, saves, callbacks, validation); `tfdist.loops.cadence` decides when,
-`tfdist.data.epochs` what data each epoch reads, `tfdist.loops.runners` how a
-step is dispatched, `tfdist.replica.step` the replica math."""
+"""The loop: `Trainer.fit` / `evaluate` / `predict` for compiled Keras 3 models
+(an example: `Trainer`). Data is Keras': datasets of GLOBAL batches, arrays
+with ``batch_size``, ... N replicas give the same weights, losses and
+metrics as Keras ``fit`` on one device over the same batches (float32
+round-off), partial and empty replica batches included. The outer loop runs
+the effects (executions, metric reads, saves, callbacks, validation);
+`tfdist.loops.cadence` decides when, `tfdist.data.epochs` what data each
+epoch reads, `tfdist.loops.runners` how a step is dispatched,
+`tfdist.replica.step` the replica math."""
 
 import contextlib
 import dataclasses
@@ -40,6 +32,17 @@ from tfdist.training.progress import ProgressReporter
 class Trainer:
     """Trains a compiled Keras model under any synchronous tf.distribute strategy.
 
+    >>> import keras, numpy as np, tfdist
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> with strategy.scope():
+    ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, "softmax")])
+    ...     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    >>> trainer = tfdist.Trainer(model, strategy)       # checkpoint_dir=...: saves and resumes
+    >>> x, y = np.ones((10, 3), "float32"), np.zeros((10,), "int64")
+    >>> history = trainer.fit(x, y, batch_size=4, epochs=2, verbose=0)
+    >>> len(history.history["loss"]), trainer.step     # 3 global batches per epoch
+    (2, 6)
+
     Args:
       model: a compiled ``keras.Model`` built inside ``strategy.scope()``.
       strategy: from `tfdist.make_strategy` or any ``tf.distribute.Strategy``.
@@ -47,21 +50,18 @@ class Trainer:
         ``fit`` resumes from the newest checkpoint found there.
       log_dir: TensorBoard directory; default ``<checkpoint_dir>/logs``.
       steps_per_execution: steps run per host call in a device-side loop.
-      jit_compile: compile the forward/backward pass with XLA (use with
-        ``partial_batch="pad"`` so shapes stay static).
-      partial_batch: "exact" (default), "drop" or "pad" (see `tfdist.data`);
-        "pad" under static shapes.
-      static_shapes: the TPU path (`tfdist.replica.static_shapes`): full-size padded
-        batches and XLA-compiled steps. None: on for a TPUStrategy only.
-      global_batch_size: only needed by "drop"/"pad" when the batch size can
-        not be read from the dataset.
+      jit_compile: XLA for the forward/backward pass; with ``partial_batch="pad"``
+        for one shape: XLA on GPUs/CPUs (predict keeps the exact last batch).
+      partial_batch: "exact" (default), "drop" or "pad" (see `tfdist.data`).
+      static_shapes: the whole TPU path (`tfdist.replica.static_shapes`, which says
+        when to use which): None: on for a TPUStrategy only; True rehearses it.
+      global_batch_size: for "drop"/"pad" when the dataset does not show the batch size.
       shard_policy: how workers split global-batch datasets (`tfdist.data`).
       log_every_steps: steps between progress lines and batch summaries.
       checkpoint_every_steps: also save every this many steps.
       checkpoint_every_epoch: save at the end of every epoch (default).
       max_to_keep: checkpoints kept.
-      seed: seeds ``shuffle=True`` orders of arrays (per epoch, the same on
-        every worker).
+      seed: seeds ``shuffle=True`` array orders (per epoch, the same on every worker).
       keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
         line per epoch (2) instead of tfdist's log lines (`tfdist.attach`).
     """

@@ -1,5 +1,10 @@
 """How a step is dispatched: one small adapter per strategy family.
 
+Internal: the Trainer's. Nothing here is public API and it may change
+without notice; a hand-written loop runs its steps with
+`tfdist.loops.host_loop.HostLoop`, which builds the same device-side loop
+(`tfdist.loops.runners.device_loop`).
+
 `SynchronousRunner` serves strategies whose replicas step together through
 ``strategy.run`` (one device, mirrored, multi-worker mirrored, TPU);
 `CoordinatorRunner` schedules steps on parameter-server workers. Both offer

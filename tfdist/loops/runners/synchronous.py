@@ -1,6 +1,6 @@
 """Runs up to N replica steps per call inside one ``tf.function``.
 
-The loops are `tfdist.loops.host_loop.make_loop`'s (Keras' ``steps_per_execution``: the
+The loops are `tfdist.loops.runners.device_loop`'s (Keras' ``steps_per_execution``: the
 host dispatches once per N steps), without the per-step end-of-data check
 while the data certainly lasts (endless data, or a known length on one
 worker: `CountedIterator`); under a multi-worker strategy workers
@@ -16,8 +16,8 @@ import tensorflow as tf
 from tfdist import data as data_lib
 from tfdist.cluster import peers
 from tfdist.data import iterator_release
-from tfdist.loops import host_loop
 from tfdist.loops.agreement import StopAgreement
+from tfdist.loops.runners.device_loop import device_loop
 from tfdist.loops.runners.executions import run_each
 from tfdist.replica import collectives
 
@@ -26,7 +26,7 @@ from tfdist.replica import collectives
 class CountedIterator:
     """A distributed iterator and the steps it certainly still has
     (``math.inf``: endless; 0: unknown). Executions within that many steps
-    run without an end-of-data check (`tfdist.loops.host_loop.make_loop`)."""
+    run without an end-of-data check (`tfdist.loops.runners.device_loop`)."""
 
     iterator: Any
     guaranteed_steps: Union[int, float]
@@ -41,8 +41,8 @@ class CountedLoops:
     """A replica step's two host loops: with and without the end check."""
 
     def __init__(self, strategy, replica_step, after_step=None):
-        self._checked = host_loop.make_loop(strategy, replica_step, after_step=after_step)
-        self._unchecked = host_loop.make_loop(
+        self._checked = device_loop(strategy, replica_step, after_step=after_step)
+        self._unchecked = device_loop(
             strategy, replica_step, after_step=after_step, check_end=False)
         self._step_counts = {}  # num_steps -> its int64 tensor, made once
 

@@ -1,0 +1,50 @@
+"""The device-side loop of k steps per host call, shared by the runners and
+`tfdist.loops.host_loop.HostLoop`.
+
+Internal: a hand-written loop uses `HostLoop`, the Trainer its runner.
+"""
+
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from tfdist.replica import collectives
+
+
+def device_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
+                after_step: Optional[Callable] = None, check_end: bool = True):
+    """A ``tf.function(iterator, num_steps)`` that runs up to ``num_steps``
+    of ``strategy.run(replica_step, (element,))`` and returns the steps run.
+    ``after_step`` runs in cross-replica context after each step.
+
+    ``check_end=False``: the caller knows the iterator has ``num_steps``
+    more elements (`tfdist.data.distribute_counted`), so each step reads
+    with ``next`` instead of ``get_next_as_optional`` plus a test and a
+    ``break``: ~50 us less per host call here (a one-step call of an
+    optional-reading loop on a distributed iterator: ~395 us against
+    ~345 us for ``next``), about what a hand-written loop pays. Reading past
+    the end raises ``OutOfRangeError``.
+    """
+
+    @collectives.function  # instance keys fixed at trace: flat memory per call
+    def loop(iterator, num_steps):
+        steps_run = tf.constant(0, tf.int64)
+        for _ in tf.range(num_steps):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break
+            strategy.run(replica_step, args=(optional.get_value(),))
+            if after_step is not None:  # cross-replica work of the step
+                after_step()
+            steps_run += 1
+        return steps_run
+
+    @collectives.function
+    def loop_without_end_check(iterator, num_steps):
+        for _ in tf.range(num_steps):
+            strategy.run(replica_step, args=(next(iterator),))
+            if after_step is not None:
+                after_step()
+        return num_steps
+
+    return loop if check_end else loop_without_end_check
