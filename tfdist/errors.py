@@ -15,11 +15,32 @@ True
 
 
 class ConfigurationError(ValueError):
-    """An argument, model or dataset is not in a form tfdist can use."""
+    """An argument, model or dataset is not in a form tfdist can use.
+
+    The base of tfdist's input errors (`TFConfigError`,
+    `PlatformEnvironmentError`); the message names the argument, the value
+    and the fix:
+
+    >>> import tfdist
+    >>> try:
+    ...     tfdist.cluster.build_tf_config({"worker": ["host1:2222"]}, "worker", 3)
+    ... except tfdist.ConfigurationError as error:
+    ...     print(type(error).__name__, "|", error)
+    TFConfigError | TF_CONFIG: task.index (3) is out of range for job 'worker' with 1 task(s).
+    """
 
 
 class TFConfigError(ConfigurationError):
-    """TF_CONFIG is malformed; the message names the field and the value."""
+    """TF_CONFIG is malformed; the message names the field and the value.
+
+    >>> import tfdist
+    >>> try:
+    ...     tfdist.cluster.parse_tf_config(
+    ...         '{"cluster": {"worker": ["host1"]}, "task": {"type": "worker", "index": 0}}')
+    ... except tfdist.errors.TFConfigError as error:
+    ...     print(error)
+    TF_CONFIG: cluster.worker[0] ('host1') is not a 'host:port' address.
+    """
 
 
 class PlatformEnvironmentError(ConfigurationError):
@@ -27,11 +48,32 @@ class PlatformEnvironmentError(ConfigurationError):
 
 
 class RuntimeAlreadyStartedError(RuntimeError):
-    """Devices were configured after the TensorFlow runtime had started."""
+    """Devices were configured after the TensorFlow runtime had started.
+
+    Logical CPUs (``make_strategy("mirrored", num_replicas=N)`` without GPUs)
+    can only be made before TensorFlow's first op; make the strategy first:
+
+    >>> import tensorflow as tf, tfdist
+    >>> _ = tf.constant(1.0)                  # the runtime starts here, with 1 CPU device
+    >>> try:
+    ...     tfdist.make_strategy("mirrored", num_replicas=16)
+    ... except tfdist.RuntimeAlreadyStartedError as error:
+    ...     print(type(error).__name__)
+    RuntimeAlreadyStartedError
+    """
 
 
 class CheckpointMismatchError(ValueError):
-    """A checkpoint does not match the model and optimizer being restored."""
+    """A checkpoint does not match the model and optimizer being restored.
+
+    Raised by `Trainer.fit` (and ``TrainingCheckpoint.restore_latest``)
+    before anything is written; the fix is a new ``checkpoint_dir`` or the
+    model that wrote it. A ``ValueError``, so existing handlers catch it:
+
+    >>> import tfdist
+    >>> issubclass(tfdist.CheckpointMismatchError, ValueError)
+    True
+    """
 
 
 class ParameterServerLostError(RuntimeError):

@@ -69,8 +69,8 @@ def global_mean(values) -> tf.Tensor:
     global mean (exact on uneven final batches too). Elsewhere (one device,
     plain Keras) it is ``ops.mean(values)``.
 
-    >>> import tensorflow as tf
-    >>> float(global_mean(tf.constant([1.0, 2.0, 3.0])))
+    >>> import tensorflow as tf, tfdist
+    >>> float(tfdist.replica.global_mean(tf.constant([1.0, 2.0, 3.0])))
     2.0
     """
     mean = tf.reduce_mean(values)

@@ -53,7 +53,16 @@ from tfdist.strategies import sharded
 
 @dataclasses.dataclass
 class Position:
-    """Where training stands: the data position a checkpoint records."""
+    """Where training stands: the data position a checkpoint records.
+
+    >>> import tfdist
+    >>> position = tfdist.checkpoint.Position()
+    >>> position.advance(3)                  # 3 global batches trained
+    >>> position.next_epoch()
+    >>> position.advance(2)
+    >>> position
+    Position(step=5, epoch=1, step_in_epoch=2)
+    """
 
     step: int = 0
     epoch: int = 0
@@ -88,7 +97,27 @@ def _forget_glob_patterns() -> None:
 
 class TrainingCheckpoint:
     """Saves and restores training state under ``directory`` (None: keeps
-    the position only; nothing is written or restored)."""
+    the position only; nothing is written or restored).
+
+    A hand-written loop makes it with `for_strategy`, restores, resumes at
+    `position` and saves with `save_position` (docs/guides/custom-loops.md):
+
+    >>> import tempfile, keras, tfdist
+    >>> strategy = tfdist.make_strategy("one_device")
+    >>> with strategy.scope():
+    ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    ...     model.compile(optimizer="sgd", loss="mse")
+    ...     model.optimizer.build(model.trainable_variables)
+    ...     loss_mean = keras.metrics.Mean(name="loss")
+    ...     checkpoint = tfdist.checkpoint.TrainingCheckpoint.for_strategy(
+    ...         model, strategy, tempfile.mkdtemp(), metrics=[loss_mean])
+    >>> checkpoint.restore_latest() is None   # a new directory: start at the beginning
+    True
+    >>> position = tfdist.checkpoint.Position(step=5, epoch=1, step_in_epoch=2)
+    >>> path = checkpoint.save_position(position)
+    >>> checkpoint.restore_latest() == path, checkpoint.position()
+    (True, Position(step=5, epoch=1, step_in_epoch=2))
+    """
 
     def __init__(
         self,

@@ -25,7 +25,18 @@ _FIELDS = ("x", "y", "sample_weight", "mask", "global_examples")
 
 @dataclasses.dataclass(frozen=True)
 class Batch:
-    """One replica's (or one global) batch; optional fields are None."""
+    """One replica's (or one global) batch; optional fields are None.
+
+    A replica step gets one from each element of `tfdist.data.distribute`
+    (``Batch.from_structure(element)``; `tfdist.loops.host_loop.HostLoop`
+    does it for you) and reads its fields by name:
+
+    >>> import tensorflow as tf, tfdist
+    >>> batch = tfdist.Batch.from_element((tf.ones([3, 2]), tf.constant([0, 1, 1])))
+    >>> padded = batch.padded_to(4)            # what partial_batch="pad" does to a last batch
+    >>> padded.x.shape.as_list(), padded.mask.numpy().tolist(), float(padded.real_examples())
+    ([4, 2], [1.0, 1.0, 1.0, 0.0], 3.0)
+    """
 
     x: Any
     y: Optional[Any] = None

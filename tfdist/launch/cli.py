@@ -149,7 +149,16 @@ def parse_emit_args(argv: Sequence[str]) -> Tuple[str, JobSpec]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``tfdist-run``; returns the exit code."""
+    """Entry point of ``tfdist-run``; returns the exit code.
+
+    >>> import contextlib, io
+    >>> from tfdist.launch import main
+    >>> script = io.StringIO()
+    >>> with contextlib.redirect_stdout(script):
+    ...     code = main(["--emit=slurm", "--num_workers=2", "--", "python", "train.py"])
+    >>> code, script.getvalue().splitlines()[-1]
+    (0, 'srun --kill-on-bad-exit=1 python -m tfdist.launch.slurm_task -- python train.py')
+    """
     argv = sys.argv[1:] if argv is None else argv
     own = argv[:argv.index("--")] if "--" in argv else argv
     if "-h" in own or "--help" in own:

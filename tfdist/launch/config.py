@@ -38,6 +38,11 @@ class LaunchConfig:
       ports: fixed ports (one per task); default: free ports, new each start.
       host: address the tasks bind to; loopback, since TensorFlow's gRPC
         servers have no authentication.
+
+    >>> from tfdist.launch import LaunchConfig
+    >>> config = LaunchConfig(num_workers=2, num_ps=1)    # tfdist-run --num_workers=2 --num_ps=1
+    >>> config.num_tasks                                  # and a chief: the coordinator
+    4
     """
 
     num_workers: int

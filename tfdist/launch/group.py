@@ -35,6 +35,11 @@ class TaskSpec:
     exit: the group succeeds when every other task exited 0, and a server
     that exits, or hangs (stopped for ``hang_timeout``), is started again,
     same port, up to ``max_respawns`` times, else it fails the group.
+
+    >>> from tfdist.launch import TaskSpec
+    >>> task = TaskSpec("worker-1", {"TF_CONFIG": '{"task": {"type": "worker", "index": 1}}'})
+    >>> task.name, task.server
+    ('worker-1', False)
     """
 
     name: str
@@ -49,7 +54,17 @@ class TaskSpec:
 class GroupResult:
     """How a start ended. ``failed_task`` is the root cause, if any;
     ``stopped_by`` names the signal when a stop was asked for;
-    ``exit_codes`` is filled in by `ProcessGroup.close`."""
+    ``exit_codes`` is filled in by `ProcessGroup.close`.
+
+    >>> from tfdist.launch import GroupResult
+    >>> result = GroupResult(1, "worker-1", "exited", ["ValueError: bad input"])
+    >>> result.ok
+    False
+    >>> print(result.summary())
+    worker-1: exited (exit code 1)
+    last lines of worker-1:
+      ValueError: bad input
+    """
 
     exit_code: int
     failed_task: Optional[str] = None
@@ -97,7 +112,21 @@ def is_stopped(pid: int) -> bool:
 
 
 class ProcessGroup:
-    """Start / wait / close for a list of tasks running one command."""
+    """Start / wait / close for a list of tasks running one command.
+
+    >>> import io, sys
+    >>> from tfdist.launch import ProcessGroup, TaskSpec
+    >>> output = io.StringIO()
+    >>> group = ProcessGroup([TaskSpec("worker-0", {}), TaskSpec("worker-1", {})],
+    ...                      [sys.executable, "-c", "print('hello')"], output=output)
+    >>> group.start()
+    >>> result = group.wait()
+    >>> exit_codes = group.close()       # joins the output threads
+    >>> result.ok, exit_codes
+    (True, {'worker-0': 0, 'worker-1': 0})
+    >>> sorted(line for line in output.getvalue().splitlines() if "hello" in line)
+    ['[worker-0] hello', '[worker-1] hello']
+    """
 
     def __init__(
         self,

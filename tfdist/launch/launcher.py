@@ -125,6 +125,17 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
     remaining workers keep the same global batches, so training continues
     exactly. Returns the last start's
     result, whose summary names the root-cause task.
+
+    >>> import io, sys
+    >>> from tfdist.launch import LaunchConfig, launch
+    >>> show_task = "import json, os; print(json.loads(os.environ['TF_CONFIG'])['task'])"
+    >>> output = io.StringIO()
+    >>> result = launch(LaunchConfig(num_workers=2, start_timeout=0),
+    ...                 [sys.executable, "-c", show_task], output=output)
+    >>> result.ok
+    True
+    >>> sorted(line for line in output.getvalue().splitlines() if line.startswith("[worker"))
+    ["[worker-0] {'type': 'worker', 'index': 0}", "[worker-1] {'type': 'worker', 'index': 1}"]
     """
     output = output or sys.stdout
     emit = lambda line: (output.write(line + "\n"), output.flush())  # noqa: E731

@@ -29,7 +29,26 @@ def optimizer_clips(optimizer) -> bool:
 
 def apply_gradients(optimizer, gradients, variables) -> None:
     """``optimizer.apply_gradients`` for one replica's gradient shares, with
-    clipping applied to the sum over replicas (call in replica context)."""
+    clipping applied to the sum over replicas (call in replica context).
+
+    Two replicas hold 1.5 each of a gradient of 3.0; ``global_clipnorm=1.0``
+    clips the sum to 1.0, as one device would (Keras alone clips each share
+    to 1.0 and applies 2.0):
+
+    >>> import keras, tensorflow as tf, tfdist
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> with strategy.scope():
+    ...     layer = keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")
+    ...     layer.build((None, 1))
+    ...     optimizer = keras.optimizers.SGD(learning_rate=1.0, global_clipnorm=1.0)
+    ...     optimizer.build(layer.trainable_variables)
+    >>> def replica_step():
+    ...     shares = [tf.constant([[1.5]])]
+    ...     tfdist.replica.gradients.apply_gradients(optimizer, shares, layer.trainable_variables)
+    >>> tf.function(lambda: strategy.run(replica_step))()
+    >>> layer.kernel.numpy().tolist()
+    [[-1.0]]
+    """
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
     gradients = list(gradients)
     if replicas > 1 and optimizer_clips(optimizer):

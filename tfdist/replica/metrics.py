@@ -232,6 +232,24 @@ def update_metrics(metrics, batch, y_pred, weighted_metrics=()) -> None:
     ``weighted_metrics`` use ``batch.sample_weight``. Padded rows
     (``batch.mask``) are left out of both. Read ``metric.result()`` outside
     ``strategy.run`` (one reduction over replicas, when you log).
+
+    Six examples in global batches of 4 on two replicas; the last batch is
+    padded to 4 rows (``partial_batch="pad"``), and the padding counts
+    nowhere: 3 of the 6 real rows are right.
+
+    >>> import keras, tensorflow as tf, tfdist
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> with strategy.scope():
+    ...     accuracy = keras.metrics.SparseCategoricalAccuracy()
+    >>> def replica_step(batch):
+    ...     predictions = tf.one_hot(tf.cast(batch.x[:, 0] > 0.5, tf.int32), 2)  # model(x)
+    ...     tfdist.replica.metrics.update_metrics([accuracy], batch, predictions)
+    >>> x, y = [[0.0], [1.0], [2.0], [3.0], [4.0], [5.0]], [1, 1, 1, 1, 0, 0]
+    >>> dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    >>> loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=2)
+    >>> _ = loop.run(iter(tfdist.data.distribute(strategy, dataset, partial_batch="pad")))
+    >>> float(accuracy.result())
+    0.5
     """
     batch = require_batch(batch, "update_metrics")
     for metric in list(metrics) + list(weighted_metrics):
@@ -249,6 +267,23 @@ def update_loss_mean(mean: keras.metrics.Mean, per_example_loss, batch, model=No
 
     Call it before ``apply_gradients``: Keras reports the loss of the
     weights the step started from (regularization losses included).
+
+    Global batches of 4 and 2 examples, split over two replicas: the epoch's
+    loss is the mean over all 6 examples, as Keras reports it on one device:
+
+    >>> import keras, tensorflow as tf, tfdist
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> with strategy.scope():
+    ...     loss_mean = keras.metrics.Mean(name="loss")
+    >>> def replica_step(batch):
+    ...     per_example = batch.x[:, 0]        # a loss with reduction=None in a real step
+    ...     tfdist.replica.metrics.update_loss_mean(loss_mean, per_example, batch)
+    >>> dataset = tf.data.Dataset.from_tensor_slices([[1.0], [2.0], [3.0], [4.0], [5.0], [6.0]])
+    >>> dataset = dataset.map(lambda x: (x, 0)).batch(4)
+    >>> loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=2)
+    >>> _ = loop.run(iter(tfdist.data.distribute(strategy, dataset)))
+    >>> float(loss_mean.result())
+    3.5
     """
     batch = require_batch(batch, "update_loss_mean")
     _require_replica_local(mean, "update_loss_mean")

@@ -2,7 +2,8 @@
 
 One call picks the devices a job trains on:
 
->>> strategy = make_strategy("one_device")
+>>> import tfdist
+>>> strategy = tfdist.make_strategy("one_device")
 >>> strategy.num_replicas_in_sync
 1
 
@@ -32,17 +33,45 @@ _REGISTRY: Dict[str, StrategyFactory] = {
 
 
 def register_strategy(name: str, factory: StrategyFactory) -> None:
-    """Makes ``make_strategy(name, **options)`` call ``factory(**options)``."""
+    """Makes ``make_strategy(name, **options)`` call ``factory(**options)``.
+
+    >>> import tensorflow as tf, tfdist
+    >>> tfdist.register_strategy("first_cpu", lambda: tf.distribute.OneDeviceStrategy("/cpu:0"))
+    >>> tfdist.make_strategy("first_cpu").num_replicas_in_sync
+    1
+    """
     _REGISTRY[name] = factory
 
 
 def known_strategies():
-    """Sorted names that `make_strategy` accepts."""
+    """Sorted names that `make_strategy` accepts.
+
+    >>> import tfdist
+    >>> tfdist.known_strategies()
+    ['mirrored', 'multi_worker_mirrored', 'one_device', 'parameter_server', 'tpu']
+    """
     return sorted(_REGISTRY)
 
 
 def make_strategy(name: str, **options) -> tf.distribute.Strategy:
     """Builds the strategy registered as ``name`` with ``options``.
+
+    Make it first, before other TensorFlow work: logical CPU devices (the
+    replicas of ``"mirrored"`` on a machine without GPUs) can only be made
+    before TensorFlow's runtime starts.
+
+    >>> import tfdist
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> strategy.num_replicas_in_sync
+    2
+    >>> with strategy.scope():
+    ...     pass                                # build and compile the model here
+
+    ``"multi_worker_mirrored"`` reads ``TF_CONFIG`` (`tfdist.cluster`),
+    ``"parameter_server"`` and ``"tpu"`` need their cluster or TPU:
+
+    >>> strategy = tfdist.make_strategy("multi_worker_mirrored")   # doctest: +SKIP
+    >>> strategy = tfdist.make_strategy("tpu", tpu="local")        # doctest: +SKIP
 
     Raises:
       ValueError: ``name`` is not registered; the message lists known names.

@@ -1,8 +1,5 @@
-"""``tfdist.tpu.preflight(model, data)``: will this step run on a TPU? Asked on CPU.
-
->>> report = tfdist.tpu.preflight(model, train_ds, num_replicas=8)
->>> report.ok, report.problems
->>> print(report)
+"""``tfdist.tpu.preflight(model, data)``: will this step run on a TPU? Asked on CPU
+(an example: `preflight`).
 
 It checks the data (static, dense, batched, repeatable, TPU dtypes, a batch
 size that suits the cores: `tfdist.tpu.data_checks`), the model's dtypes,
@@ -33,6 +30,18 @@ def preflight(model, data, *, num_replicas: int = DEFAULT_NUM_REPLICAS,
         v3-8; 4 on a v4-8).
       global_batch_size: the batch size when the dataset's is not static
         (tfdist pads the last partial batch to it).
+
+    >>> import keras, numpy as np, tensorflow as tf, tfdist
+    >>> model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(2, "softmax")])
+    >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    >>> x, y = np.ones((256, 16), "float32"), np.zeros((256,), "int64")
+    >>> data = tf.data.Dataset.from_tensor_slices((x, y)).batch(128, drop_remainder=True)
+    >>> report = tfdist.tpu.preflight(model, data, num_replicas=8)    # a v2-8 or v3-8
+    >>> report.ok, report.per_replica_batch_size, report.compiled
+    (True, 16, True)
+    >>> data64 = data.map(lambda x, y: (tf.cast(x, tf.float64), y))
+    >>> "float64" in [problem.check for problem in tfdist.tpu.preflight(model, data64).problems]
+    True
     """
     validation.check_compiled(model)
     validation.positive_int("num_replicas", num_replicas)

@@ -11,6 +11,11 @@ class Problem:
     ``check`` is the class of problem (e.g. "dynamic shape", "host-only op",
     "float64"), ``where`` the layer, op or data component, ``detail`` what
     was seen and ``fix`` what to change.
+
+    >>> from tfdist.tpu.report import Problem
+    >>> print(Problem("float64", "data x", "is float64; TPUs have no float64.",
+    ...               "cast it to float32."))
+    [float64] data x: is float64; TPUs have no float64. Fix: cast it to float32.
     """
 
     check: str
@@ -26,7 +31,17 @@ class Problem:
 class PreflightReport:
     """The preflight's findings. ``ok`` when there are no problems; ``notes``
     are advice that does not stop a TPU run (e.g. batch sizes that are
-    valid but leave the matrix units partly idle)."""
+    valid but leave the matrix units partly idle).
+
+    >>> from tfdist.tpu.report import PreflightReport
+    >>> report = PreflightReport(num_replicas=8, per_replica_batch_size=16, compiled=True)
+    >>> report.ok
+    True
+    >>> report.add("float64", "data x", "is float64.", "cast it to float32.")
+    >>> print(report)
+    TPU preflight: 1 problem(s) (8 replicas, per-replica batch 16, XLA compile passed)
+      - [float64] data x: is float64. Fix: cast it to float32.
+    """
 
     num_replicas: int
     per_replica_batch_size: int = 0

@@ -1,14 +1,5 @@
-"""``tfdist.attach(model, strategy)``: the user's Keras code, run exactly by tfdist.
-
->>> strategy = tfdist.make_strategy("mirrored", num_replicas=4)
->>> with strategy.scope():
-...     model = build_model()
-...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
-...                   metrics=["accuracy"])
->>> tfdist.attach(model, strategy)
->>> model.fit(x, y, batch_size=64, epochs=3, validation_split=0.1)  # unchanged
->>> model.evaluate(x_test, y_test), model.predict(x_test)
->>> tfdist.detach(model)  # back to Keras' own methods
+"""``tfdist.attach(model, strategy)``: the user's Keras code, run exactly by tfdist
+(examples: `attach`, `detach`).
 
 After `attach`, the model's ``fit``, ``evaluate`` and ``predict`` take
 Keras' arguments and return what Keras returns (a ``History``; a scalar or
@@ -161,6 +152,20 @@ def attach(model, strategy=None, *, seed: int = 0, **trainer_options):
 
     Returns the model. Raises `ConfigurationError` for a model built outside
     the strategy's scope or under another strategy.
+
+    >>> import keras, numpy as np, tfdist
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> with strategy.scope():
+    ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, "softmax")])
+    ...     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy",
+    ...                   metrics=["accuracy"])
+    >>> model = tfdist.attach(model, strategy)
+    >>> x, y = np.ones((10, 3), "float32"), np.zeros((10,), "int64")
+    >>> history = model.fit(x, y, batch_size=4, epochs=2, validation_split=0.2, verbose=0)
+    >>> sorted(history.history)                 # Keras code, unchanged
+    ['accuracy', 'loss', 'val_accuracy', 'val_loss']
+    >>> model.predict(x, batch_size=4, verbose=0).shape
+    (10, 2)
     """
     if not isinstance(model, keras.Model):
         raise ConfigurationError(f"`model` must be a keras.Model; got {type(model).__name__}.")
@@ -179,7 +184,17 @@ def attach(model, strategy=None, *, seed: int = 0, **trainer_options):
 
 
 def detach(model):
-    """Gives ``model`` back Keras' own ``fit`` / ``evaluate`` / ``predict``."""
+    """Gives ``model`` back Keras' own ``fit`` / ``evaluate`` / ``predict``.
+
+    >>> import keras, tfdist
+    >>> strategy = tfdist.make_strategy("one_device")
+    >>> with strategy.scope():
+    ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    >>> tfdist.attach(model, strategy).fit.__self__ is model    # tfdist's fit
+    False
+    >>> tfdist.detach(model).fit.__self__ is model              # Keras' own again
+    True
+    """
     if getattr(model, _ATTACHMENT, None) is not None:
         for name in _METHODS + (_ATTACHMENT,):
             object.__delattr__(model, name)
