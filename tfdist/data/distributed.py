@@ -22,6 +22,8 @@ Partial final batches follow a policy:
   XLA and TPUs) and add a ``mask`` of 1.0 for real and 0.0 for padded
   examples, which losses and metrics use as a weight and count.
 
+>>> import tensorflow as tf
+>>> from tfdist.data.distributed import apply_partial_batch_policy
 >>> ds = tf.data.Dataset.from_tensor_slices(([[1.0]] * 5, [0] * 5)).batch(4)
 >>> padded = apply_partial_batch_policy(ds, "pad", global_batch_size=4)
 >>> [int(sum(e["mask"])) for e in padded]
@@ -33,7 +35,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tfdist.data import epochs
+from tfdist.data import epochs, options as options_lib
 from tfdist.data.batch import Batch, validate_element_spec
 from tfdist.replica import collectives
 from tfdist.data.epochs import EpochDataset, epoch_seed  # noqa: F401  (public names)
@@ -41,16 +43,15 @@ from tfdist.errors import ConfigurationError
 
 PARTIAL_BATCH_POLICIES = ("exact", "drop", "pad")
 
-_SHARD_POLICIES = {
-    "auto": tf.data.experimental.AutoShardPolicy.AUTO,
-    "data": tf.data.experimental.AutoShardPolicy.DATA,
-    "file": tf.data.experimental.AutoShardPolicy.FILE,
-    "off": tf.data.experimental.AutoShardPolicy.OFF,
-}
 
 
 def infer_global_batch_size(dataset: tf.data.Dataset) -> int:
-    """The batch size: static from the element_spec, else the first batch's."""
+    """The batch size: static from the element_spec, else the first batch's.
+
+    >>> import tensorflow as tf, tfdist
+    >>> tfdist.data.infer_global_batch_size(tf.data.Dataset.range(10).batch(4))
+    4
+    """
     first_spec = tf.nest.flatten(dataset.element_spec)[0]
     if first_spec.shape.rank and first_spec.shape[0] is not None:
         return int(first_spec.shape[0])
@@ -148,15 +149,6 @@ def _needs_padding(dataset: tf.data.Dataset, replicas: int) -> int:
     return 1 if size is not None and size % replicas == 0 else replicas
 
 
-def _options(shard_policy: str) -> tf.data.Options:
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = _SHARD_POLICIES[
-        shard_policy
-    ]
-    options.deterministic = True
-    return options
-
-
 def distribute(strategy: tf.distribute.Strategy, data, **options):
     """Returns a distributed dataset of `Batch` structures.
 
@@ -164,6 +156,16 @@ def distribute(strategy: tf.distribute.Strategy, data, **options):
     ``global_batch_size``, ``shard_policy``, ``avoid_empty_replicas``) as
     `distribute_counted`, which also says how many steps the dataset
     certainly has.
+
+    >>> import tensorflow as tf, tfdist
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> dataset = tf.data.Dataset.from_tensor_slices((tf.ones([10, 3]), tf.zeros([10]))).batch(4)
+    >>> for element in tfdist.data.distribute(strategy, dataset, partial_batch="pad"):
+    ...     batch = tfdist.Batch.from_structure(element)
+    ...     print([int(tf.reduce_sum(m)) for m in strategy.experimental_local_results(batch.mask)])
+    [2, 2]
+    [2, 2]
+    [2, 0]
     """
     return distribute_counted(strategy, data, **options)[0]
 
@@ -185,7 +187,7 @@ def distribute_counted(
     yields: ``math.inf`` for an endless dataset (``repeat()``), the
     dataset's cardinality on one worker when tf.data knows it, else 0. A
     loop that reads no further than that needs no end-of-data check per
-    step (`tfdist.loops.host_loop.make_loop`'s ``check_end``).
+    step (`tfdist.loops.runners.device_loop`'s ``check_end``).
 
     Args:
       strategy: where the batches go.
@@ -208,10 +210,10 @@ def distribute_counted(
         with a ``mask`` (0.0 on padding), so no replica gets a 0-row batch
         (the Trainer does; a hand-written loop must then weight by the mask).
     """
-    if shard_policy not in _SHARD_POLICIES:
+    if shard_policy not in options_lib.SHARD_POLICIES:
         raise ConfigurationError(
             f"`shard_policy` ({shard_policy!r}) must be one of "
-            f"{sorted(_SHARD_POLICIES)}."
+            f"{sorted(options_lib.SHARD_POLICIES)}."
         )
     source = epochs.as_source(data)
     replicas = strategy.num_replicas_in_sync
@@ -220,17 +222,19 @@ def distribute_counted(
             strategy, source, skip_steps, partial_batch, global_batch_size, shard_policy
         ), 0
     data = source.global_batches(epoch)
-    # "auto" means DATA here: every worker reads the global batches and
-    # keeps its replicas' slices, so each step trains on exactly the
-    # user's global batch. FILE (each worker reads its own files, and a
-    # step's examples are the workers' local batches together) only
-    # when asked for; then the global count is all-reduced, not carried.
-    policy = "data" if shard_policy == "auto" else shard_policy
+    # "auto" means DATA here (unless the dataset's own options name a
+    # policy): every worker reads the global batches and keeps its
+    # replicas' slices, so each step trains on exactly the user's global
+    # batch. Under FILE (each worker reads its own files) and OFF (each
+    # worker reads everything) a step's examples are the workers' local
+    # batches together: the global count is all-reduced, not carried.
+    policy = options_lib.shard_policy(shard_policy, data)
+    carried = policy not in ("file", "off")
     dataset = apply_partial_batch_policy(
         data.skip(skip_steps), partial_batch, global_batch_size,
-        add_global_count=policy != "file",
+        add_global_count=carried,
         pad_to_multiple_of=(_needs_padding(data, replicas)
-                            if avoid_empty_replicas and policy != "file" else 1),
+                            if avoid_empty_replicas and carried else 1),
     )
     if partial_batch == "pad":
         size = tf.nest.flatten(dataset.element_spec)[0].shape[0]
@@ -240,7 +244,9 @@ def distribute_counted(
                 f"{replicas} replicas; got {size}. Batch the dataset with a "
                 f"multiple of {replicas}, or use partial_batch='exact'."
             )
-    dataset = dataset.with_options(_options(policy)).prefetch(tf.data.AUTOTUNE)
+    dataset = dataset.with_options(options_lib.input_options(
+        data, policy, spans_workers=collectives.spans_workers(strategy), what=source.what,
+    )).prefetch(tf.data.AUTOTUNE)
     return (strategy.experimental_distribute_dataset(dataset),
             _guaranteed_steps(strategy, dataset))
 
@@ -264,13 +270,17 @@ def _distribute_dataset_fn(strategy, source, skip_steps, partial_batch,
     """A dataset_fn's per-replica batches, distributed."""
     replicas = strategy.num_replicas_in_sync
     per_replica_size = None if global_batch_size is None else global_batch_size // replicas
-    options = _options(shard_policy)
-
     def dataset_fn(input_context):
         # One pipeline feeds this many replicas, one batch each per step.
         per_step = input_context.num_replicas_in_sync // input_context.num_input_pipelines
-        dataset = source.call_dataset_fn(input_context).skip(skip_steps * per_step)
-        dataset = apply_partial_batch_policy(dataset, partial_batch, per_replica_size)
+        own = source.call_dataset_fn(input_context)
+        dataset = apply_partial_batch_policy(own.skip(skip_steps * per_step), partial_batch,
+                                             per_replica_size)
+        # Each pipeline reads its own examples (its order is its own
+        # affair); "auto" leaves the dataset's own shard policy.
+        options = options_lib.input_options(
+            own, None if shard_policy == "auto" else shard_policy, spans_workers=False,
+            what=source.what)
         return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
 
     return strategy.distribute_datasets_from_function(dataset_fn)
@@ -300,7 +310,8 @@ def worker_stream(
     stream = apply_partial_batch_policy(
         stream, partial_batch, global_batch_size, add_global_count=True
     )
-    return stream.with_options(_options("off")).prefetch(tf.data.AUTOTUNE)
+    options = options_lib.input_options(dataset, "off", spans_workers=num_workers > 1)
+    return stream.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
 def load_tfds(name: str, split: str, *, data_dir=None, shuffle_files=False):
