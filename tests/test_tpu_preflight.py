@@ -149,8 +149,8 @@ _PLANTED_DATA = {
     # x's rows have shape (5,), which could be a batch; y's () can not.
     "unbatched data": ("unbatched data", "data y",
                        lambda: tf.data.Dataset.from_tensor_slices(_arrays())),
-    "drop_remainder missing": ("dynamic shape", "data x",
-                               lambda: _dataset(batch=48, drop_remainder=False)),
+    "per-core batch not a multiple of 8, read from the first batch": (
+        "batch size", "data", lambda: _dataset(batch=48, drop_remainder=False)),
     "string data": ("host-only op", "data x", lambda: tf.data.Dataset.from_tensor_slices(
         (np.array(["a b"] * 128), np.zeros(128, "int64"))).batch(64, drop_remainder=True)),
     "per-core batch not a multiple of 8": ("batch size", "data", lambda: _dataset(batch=32)),
@@ -170,13 +170,33 @@ def test_planted_data_problem_is_named(case):
     assert any(p.check == check and p.where == where for p in report.problems), str(report)
 
 
-def test_unknown_batch_size_passes_with_global_batch_size():
-    """tfdist pads the last partial batch to the given global batch size."""
-    dataset = _dataset(batch=GLOBAL_BATCH, drop_remainder=False)
-    assert not tfdist.tpu.preflight(_mlp(), dataset, num_replicas=REPLICAS).ok
+def test_unknown_batch_size_is_read_from_the_first_batch():
+    """``ds.batch(n)`` without drop_remainder: the global batch is the first
+    batch's (tfdist pads the last partial one), or the one given."""
+    dataset = _dataset(x=_arrays(100)[0], y=_arrays(100)[1], batch=GLOBAL_BATCH,
+                       drop_remainder=False)  # batches of 64 and 36
+    report = tfdist.tpu.preflight(_mlp(), dataset, num_replicas=REPLICAS)
+    assert report.ok, str(report)
+    assert report.per_replica_batch_size == GLOBAL_BATCH // REPLICAS
+    assert any("read from the first batch" in note for note in report.notes), str(report)
     report = tfdist.tpu.preflight(_mlp(), dataset, num_replicas=REPLICAS,
                                   global_batch_size=GLOBAL_BATCH)
-    assert report.ok, str(report)
+    assert report.ok and not any("first batch" in note for note in report.notes), str(report)
+
+
+def test_a_host_only_op_is_found_when_the_batch_size_comes_from_the_first_batch():
+    """The step is compiled at the first batch's shape, so a problem in it
+    is found (before, preflight stopped at 'no static batch dimension')."""
+    model = _mlp(_in_step("py_function", _PLANTED_LAYERS["py_function"][1]))
+    report = tfdist.tpu.preflight(model, _dataset(batch=16, drop_remainder=False),
+                                  num_replicas=2)
+    assert [p.check for p in report.problems] == ["host-only op"], str(report)
+
+
+def test_an_empty_dataset_without_a_static_batch_is_named():
+    empty = _dataset(batch=GLOBAL_BATCH, drop_remainder=False).take(0)
+    report = tfdist.tpu.preflight(_mlp(), empty, num_replicas=REPLICAS)
+    assert {p.check for p in report.problems} >= {"not repeatable"}, str(report)
 
 
 def test_batch_not_a_multiple_of_128_is_a_note_not_a_problem():

@@ -99,6 +99,8 @@ def check_data(data, report: PreflightReport, global_batch_size: Optional[int]):
         report.add("data", "data", f"elements are {spec}, not (x, y) or (x, y, sample_weight).",
                    "Map the dataset to tuples, e.g. `ds.map(lambda e: (e['image'], e['label']))`.")
         return None
+    if global_batch_size is None:
+        global_batch_size = _first_batch_size(data, spec, report)
     checked = {where: _check_component(where, s, global_batch_size, report)
                for where, s in _components(spec)}
     batches = {where: batch for where, (batch, _) in checked.items()}
@@ -113,6 +115,24 @@ def check_data(data, report: PreflightReport, global_batch_size: Optional[int]):
     if global_batch_size is None or not all(ok for _, ok in checked.values()):
         return None
     return spec, global_batch_size
+
+
+def _first_batch_size(data: tf.data.Dataset, spec, report: PreflightReport) -> Optional[int]:
+    """The global batch size of a dataset batched without ``drop_remainder``,
+    read from its first batch, as the Trainer reads it (None when the batch
+    dimension is static, or there is no first batch to read)."""
+    shapes = [s.shape for _, s in _components(spec) if isinstance(s, tf.TensorSpec)]
+    if not shapes or any(not shape.rank or shape[0] is not None for shape in shapes):
+        return None
+    for element in data.take(1):
+        size = int(tf.shape(tf.nest.flatten(element)[0])[0])
+        report.notes.append(
+            f"The batch dimension is not static (batched without drop_remainder): the "
+            f"global batch size, {size}, is read from the first batch, as the Trainer "
+            f"reads it; on a TPU tfdist pads a partial last batch to {size} rows with a "
+            f"mask (`static_shapes=True`).")
+        return size
+    return None
 
 
 def check_batch_size(global_batch_size: int, report: PreflightReport) -> int:
