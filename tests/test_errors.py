@@ -31,7 +31,7 @@ def test_bad_communication_option():
 def test_more_replicas_than_devices_after_runtime_started():
     # conftest made 4 logical CPUs; this starts the runtime if nothing has.
     tf.constant(0.0)
-    with pytest.raises(tfdist.RuntimeAlreadyStartedError, match="Call tfdist.make_strategy"):
+    with pytest.raises(tfdist.RuntimeAlreadyStartedError, match="after tfdist.make_strategy"):
         tfdist.make_strategy("mirrored", num_replicas=8)
 
 

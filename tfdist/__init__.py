@@ -1,12 +1,14 @@
 """tfdist: exact, strategy-agnostic distributed training for Keras 3 models.
 
->>> import tfdist
->>> strategy = tfdist.make_strategy("mirrored", num_replicas=4)
+>>> import keras, numpy as np, tfdist
+>>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
 >>> with strategy.scope():
-...     model = build_model()
-...     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
-...                   metrics=["accuracy"])
->>> history = tfdist.Trainer(model, strategy).fit(train_ds, epochs=3)
+...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+...     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+>>> x, y = np.ones((8, 4), "float32"), np.zeros(8, "int64")
+>>> history = tfdist.Trainer(model, strategy).fit(x, y, batch_size=4, epochs=2, verbose=0)
+>>> len(history.history["loss"])
+2
 
 Keras code runs unchanged after ``tfdist.attach(model, strategy)``:
 ``model.fit(x, y, batch_size=64, validation_split=0.1)``, ``model.evaluate``,
@@ -26,9 +28,12 @@ imported by the first name that needs it, without its C++ start-up noise
 (`tfdist._internal.tf_logs`; ``TFDIST_TF_LOGS=1`` shows it).
 """
 
-from tfdist._internal import lazy, tf_logs
+from tfdist._internal import lazy, runtime_start, tf_logs
 
 tf_logs.quiet_environment()
+# Observes (changes nothing) where TensorFlow's runtime starts, so a
+# strategy asked for too late can name the line: `tfdist._internal.runtime_start`.
+runtime_start.watch()
 
 __version__ = "0.1.0"
 

@@ -44,7 +44,12 @@ _NOISE = re.compile(
         r"^To enable the following instructions: .* rebuild TensorFlow",
     ))
 )
+_GPU_FAILURE = re.compile(r"cuInit|cuda drivers|dlopen|libcud|CUDA|GPU", re.IGNORECASE)
 _quiet_depth = 0
+# Start-up lines about GPUs that `quietly` hid (e.g. "failed call to cuInit:
+# ..."): `tfdist.strategies.local_devices` shows them when a machine with
+# GPUs ends up with none.
+gpu_lines = []
 
 
 def shown() -> bool:
@@ -88,8 +93,10 @@ def quietly():
             os.close(saved)
             _quiet_depth -= 1
             captured.seek(0)
-            kept = [line for line in captured.read().decode("utf-8", "replace").splitlines(True)
-                    if not is_noise(line)]
+            lines = captured.read().decode("utf-8", "replace").splitlines(True)
+            kept = [line for line in lines if not is_noise(line)]
+            gpu_lines.extend(line.strip() for line in lines
+                             if is_noise(line) and _GPU_FAILURE.search(line))
             if kept:
                 os.write(2, "".join(kept).encode())
 
@@ -113,5 +120,11 @@ def import_module(name: str):
 
 def import_tensorflow():
     """Imports TensorFlow (and starts nothing else) without its start-up
-    noise; for scripts, before they import ``keras`` or ``tensorflow``."""
+    noise; for scripts, before they import ``keras`` or ``tensorflow``.
+
+    >>> import tfdist
+    >>> tf = tfdist.import_tensorflow()
+    >>> tf.__name__
+    'tensorflow'
+    """
     return import_module("tensorflow")

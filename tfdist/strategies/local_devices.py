@@ -7,11 +7,14 @@ asking for more replicas after that raises `RuntimeAlreadyStartedError`,
 which says to call `make_strategy` first.
 """
 
+import glob
+import os
+import warnings
 from typing import Optional
 
 import tensorflow as tf
 
-from tfdist._internal import tf_logs
+from tfdist._internal import runtime_start, tf_logs
 from tfdist.errors import ConfigurationError, RuntimeAlreadyStartedError
 
 _CROSS_DEVICE_OPS = {
@@ -25,13 +28,53 @@ _CROSS_DEVICE_OPS = {
 def physical_devices(kind: str) -> list:
     """``tf.config.list_physical_devices(kind)``; the first call starts the
     runtime, whose start-up lines (a CPU-only machine's failed cuInit) are
-    noise (`tfdist._internal.tf_logs`)."""
+    noise (`tfdist._internal.tf_logs`). No GPU on a machine that has NVIDIA
+    GPUs is a warning with TensorFlow's reason (`warn_if_gpus_failed`)."""
     with tf_logs.quietly():
-        return tf.config.list_physical_devices(kind)
+        devices = tf.config.list_physical_devices(kind)
+    if kind == "GPU" and not devices:
+        warn_if_gpus_failed()
+    return devices
+
+
+def nvidia_gpus_present() -> Optional[str]:
+    """What shows this machine has NVIDIA GPUs the process may use (the
+    driver's device files), or None; None too when ``CUDA_VISIBLE_DEVICES``
+    hides them on purpose."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return None
+    found = sorted(glob.glob("/dev/nvidia[0-9]*")) or sorted(glob.glob("/proc/driver/nvidia/gpus/*"))
+    return ", ".join(found) if found else None
+
+
+_warned = []
+
+
+def warn_if_gpus_failed(present: Optional[str] = None) -> bool:
+    """Warns (once) when the machine has NVIDIA GPUs but TensorFlow found
+    none, with the start-up lines that say why; returns whether it warned.
+    Training would otherwise run on the CPU without a word."""
+    present = present or nvidia_gpus_present()
+    if not present or _warned:
+        return False
+    _warned.append(True)
+    reason = "\n  ".join(tf_logs.gpu_lines[-5:]) or (
+        "no reason was printed; set TFDIST_TF_LOGS=1 to see TensorFlow's start-up lines")
+    warnings.warn(
+        f"This machine has NVIDIA GPUs ({present}), but TensorFlow found none, so training "
+        f"runs on the CPU. TensorFlow said:\n  {reason}\nCheck the driver and CUDA "
+        f"libraries (`nvidia-smi`; a TensorFlow build with CUDA: pip install "
+        f"'tensorflow[and-cuda]'), or set CUDA_VISIBLE_DEVICES='' to use the CPU on purpose.",
+        RuntimeWarning, stacklevel=3)
+    return True
 
 
 def configure_logical_cpus(num_devices: int) -> list:
     """Ensures the first CPU is split into at least ``num_devices`` logical devices.
+
+    >>> import tfdist
+    >>> tfdist.strategies.configure_logical_cpus(2)
+    ['/cpu:0', '/cpu:1']
 
     Returns the names of the first ``num_devices`` logical CPU devices. If the
     runtime already started with enough logical CPUs (e.g. a test process that
@@ -55,12 +98,19 @@ def configure_logical_cpus(num_devices: int) -> list:
         except RuntimeError as error:
             available = len(tf.config.list_logical_devices("CPU"))
             if available < num_devices:
+                started = runtime_start.started_at()
+                where = (f"It started at {started}. Move that line (and the TensorFlow work "
+                         f"before it) after tfdist.make_strategy(...)" if started else
+                         "It started before `import tfdist` could see where (import tfdist "
+                         "first to have the line named). Call tfdist.make_strategy(...) before "
+                         "any other TensorFlow work (tensors, models, datasets, "
+                         "keras.utils.set_random_seed), e.g. first thing in main()")
                 raise RuntimeAlreadyStartedError(
-                    f"`num_replicas={num_devices}` needs {num_devices} logical "
-                    f"CPU devices, but the TensorFlow runtime already started "
-                    f"with {available}. Call tfdist.make_strategy(...) before "
-                    "any other TensorFlow work (creating tensors, models or "
-                    "datasets), e.g. first thing in main()."
+                    f"`num_replicas={num_devices}` needs {num_devices} logical CPU devices, "
+                    f"but the TensorFlow runtime already started with {available}, and "
+                    f"logical devices can only be set before it starts. {where}. (Strategies "
+                    f"that fit the devices it has, e.g. num_replicas={available}, work "
+                    f"in any order.)"
                 ) from error
     return [f"/cpu:{i}" for i in range(num_devices)]
 
