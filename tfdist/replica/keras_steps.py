@@ -8,6 +8,7 @@ ones when only ``compute_loss`` or ``metrics`` is overridden), run in every
 replica by ``strategy.run`` on the replica's real rows (tfdist's padding is
 removed first, so user code never sees it):
 
+>>> import keras, tensorflow as tf
 >>> class Custom(keras.Model):
 ...     def train_step(self, data):
 ...         x, y = data
