@@ -263,3 +263,18 @@ def test_x_only_data_for_a_compiled_loss_is_a_clear_error(make_strategy):
     x, _, _ = ref.classification_arrays(32)
     with pytest.raises(ConfigurationError, match="x only.*compiled loss needs targets"):
         model.fit(tf.data.Dataset.from_tensor_slices(x).batch(8), epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("num_replicas", [1, 3])
+def test_gan_on_arrays_without_y_equals_one_device(make_strategy, num_replicas):
+    """``fit(x)`` with arrays and no ``y`` (Keras accepts it for a model
+    with its own step); batch 16 of 56 rows: a partial last batch."""
+    x = np.random.RandomState(5).randn(56, 6).astype("float32")
+    expected = _gan()
+    expected_history = expected.fit(x, batch_size=16, epochs=EPOCHS, shuffle=False, verbose=0)
+    strategy = make_strategy(num_replicas)
+    with strategy.scope():
+        model = tfdist.attach(_gan(), strategy)
+    history = model.fit(x, batch_size=16, epochs=EPOCHS, shuffle=False, verbose=0)
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history.history, history.history)

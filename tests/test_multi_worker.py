@@ -216,3 +216,25 @@ def test_two_workers_in_mixed_float16_skip_an_overflowing_step_together(tmp_path
                                        err_msg=f"weight {index}")
         assert len(result["history"]["loss"]) == EPOCHS
         np.testing.assert_allclose(result["history"]["loss"], history["loss"], rtol=1e-3)
+
+
+@pytest.mark.parametrize("own_step", ["guide_train_step", "penalty_loss"])
+def test_a_models_own_step_on_two_workers_equals_one_device(tmp_path, own_step):
+    """keras.io's train_step with compute_loss, and a compute_loss override,
+    on 2 workers (70 rows, batch 16: the last batch splits 3 + 3)."""
+    from tests import test_keras_overrides as overrides
+
+    cls = {"guide_train_step": overrides.GuideTrainStep,
+           "penalty_loss": overrides.PenaltyLoss}[own_step]
+    model = overrides._compiled(cls)  # pylint: disable=protected-access
+    x, y, _ = ref.classification_arrays(EXAMPLES)
+    import tensorflow as tf
+
+    history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH),
+                        epochs=EPOCHS, verbose=0).history
+    args = [f"--output_dir={tmp_path / 'out'}", f"--own_step={own_step}"]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for result in _results(tmp_path / "out"):
+        _assert_weights_equal(model.get_weights(), result["weights"])
+        ref.assert_logs_close(history, result["history"])

@@ -287,3 +287,19 @@ def test_without_the_launcher_a_lost_ps_is_a_clear_error_on_the_chief(tmp_path):
     assert (f"ParameterServerLostError: Parameter server ps-0 (127.0.0.1:{ports[2]}) is unreachable"
             in output), output[-3000:]
     assert f"resumes from the latest checkpoint in {tmp_path / 'ckpt'}" in output
+
+
+def test_a_models_own_compute_loss_on_one_worker_equals_one_device(tmp_path):
+    """A model's own step (a compute_loss override) under
+    ParameterServerStrategy: with one worker, exact against one device."""
+    from tests import test_keras_overrides as overrides
+
+    expected = overrides._compiled(overrides.PenaltyLoss)  # pylint: disable=protected-access
+    history = expected.fit(ref.global_batches(EXAMPLES, BATCH, weighted=False),
+                           epochs=EPOCHS, verbose=0).history
+    args = [f"--output_dir={tmp_path}", "--model=penalty_loss"]
+    with LauncherRun(["--num_workers=1", "--num_ps=1"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    result = _result(tmp_path)
+    _assert_weights_equal_reference(result, (expected.get_weights(),))
+    ref.assert_logs_close(history, result["history"])

@@ -29,7 +29,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--checkpoint_dir", default=None)
-    parser.add_argument("--model", default="mlp", choices=["mlp", "embedding"])
+    parser.add_argument("--model", default="mlp", choices=["mlp", "embedding", "penalty_loss"],
+                        help="penalty_loss: tests/test_keras_overrides.py's compute_loss "
+                             "override (a model's own step) on (x, y) batches")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps_per_epoch", type=int, default=5)
     parser.add_argument("--checkpoint_every_steps", type=int, default=None)
@@ -47,7 +49,13 @@ def main():
 
     from tests import reference as ref  # pylint: disable=import-outside-toplevel
 
-    if args.model == "mlp":
+    if args.model == "penalty_loss":
+        from tests import test_keras_overrides as overrides  # pylint: disable=import-outside-toplevel
+
+        train = test = ref.global_batches(70, 16, weighted=False)
+        with strategy.scope():
+            model = overrides._compiled(overrides.PenaltyLoss)  # pylint: disable=protected-access
+    elif args.model == "mlp":
         train = test = ref.global_batches(70, 16)
         if args.input == "dataset_fn":
             def train(input_context):  # pylint: disable=function-redefined
@@ -91,7 +99,7 @@ def main():
         "predictions": model(first_batch, training=False).numpy().tolist(),
         "trainer_predict": np.asarray(trainer.predict(test)).tolist(),
     }
-    if args.model == "mlp":
+    if args.model != "embedding":
         result["weights"] = [w.tolist() for w in model.get_weights()]
     else:
         table = model.get_layer("embedding").embeddings

@@ -108,6 +108,24 @@ def _keras_fit(args, model, strategy, ref):
     _write(args, results)
 
 
+def _own_step(args, strategy, ref):
+    """A model's own step (keras.io's patterns), after tfdist.attach."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from tests import test_keras_overrides as overrides  # pylint: disable=import-outside-toplevel
+
+    cls = {"guide_train_step": overrides.GuideTrainStep,
+           "penalty_loss": overrides.PenaltyLoss}[args.own_step]
+    with strategy.scope():
+        model = overrides._compiled(cls)  # pylint: disable=protected-access
+    tfdist.attach(model, strategy)
+    x, y, _ = ref.classification_arrays(args.examples)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch_size)
+    history = model.fit(dataset, epochs=args.epochs, verbose=0)
+    _write(args, {"history": history.history,
+                  "weights": [w.tolist() for w in model.get_weights()]})
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--output_dir", required=True)
@@ -139,6 +157,11 @@ def main():
     parser.add_argument("--mixed_float16", action="store_true",
                         help="build the model under the mixed_float16 policy (a "
                              "LossScaleOptimizer) and make row 15's gradient overflow")
+    parser.add_argument("--own_step", choices=("guide_train_step", "penalty_loss"),
+                        default=None,
+                        help="train tests/test_keras_overrides.py's model with its own "
+                             "train_step or compute_loss (tfdist.attach + fit on "
+                             "(x, y) batches)")
     parser.add_argument("--keras_fit", action="store_true",
                         help="train with tfdist.attach + model.fit on arrays, with "
                              "validation_split=0.2, and also predict; then fit a "
@@ -162,6 +185,9 @@ def main():
         model = ref.compile_model(ref.build_mlp(mixed_float16=args.mixed_float16), "adam")
     if args.keras_fit:
         _keras_fit(args, model, strategy, ref)
+        return
+    if args.own_step:
+        _own_step(args, strategy, ref)
         return
     trainer = tfdist.Trainer(
         model, strategy, checkpoint_dir=args.checkpoint_dir,

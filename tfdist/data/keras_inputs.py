@@ -86,17 +86,19 @@ def with_class_weight(y, sample_weight, class_weight: Optional[dict]):
 
 
 def array_batches(x, y, sample_weight, *, batch_size: Optional[int], shuffle=False,
-                  seed: int = 0):
+                  seed: int = 0, targets: bool = True):
     """Global batches of arrays: a dataset when unshuffled, else an
-    `EpochDataset` whose order is seeded per epoch."""
-    if y is None:
+    `EpochDataset` whose order is seeded per epoch. Without ``targets``
+    (a model with its own step, as Keras allows) ``y`` may be None: batches
+    of ``(x,)``."""
+    if y is None and (targets or sample_weight is not None):
         hint = (f" `x` is a tuple of {len(x)}: call fit(x, y), not fit((x, y)) (a tuple `x` "
                 "holds a multi-input model's inputs)." if isinstance(x, tuple) else "")
         raise ConfigurationError(
             f"`y` is None: tfdist trains on (x, y) pairs. Pass targets as `y=`.{hint}")
     check_shuffle(shuffle)
     batch_size = batch_size or DEFAULT_BATCH_SIZE
-    parts = (x, y) if sample_weight is None else (x, y, sample_weight)
+    parts = (x,) if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
     total_rows = num_rows(parts)
     tensors = tf.nest.map_structure(tf.convert_to_tensor, parts)
 
@@ -111,12 +113,13 @@ def array_batches(x, y, sample_weight, *, batch_size: Optional[int], shuffle=Fal
 
 
 def to_training_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=False,
-                     seed=0, class_weight=None, what="x"):
-    """Any Keras input as global batches (see module docstring)."""
+                     seed=0, class_weight=None, what="x", targets=True):
+    """Any Keras input as global batches (see module docstring); arrays
+    without ``y`` only when not ``targets`` (`array_batches`)."""
     if is_arrays(x):
         sample_weight = with_class_weight(y, sample_weight, class_weight)
         return array_batches(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
-                             seed=seed)
+                             seed=seed, targets=targets)
     if class_weight is not None:
         raise ConfigurationError(
             "`class_weight` is supported with arrays; for a dataset, map the weights "
@@ -142,14 +145,14 @@ def to_training_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=
 
 def fit_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=True, seed=0,
              class_weight=None, validation_split=0.0, validation_data=None,
-             validation_batch_size=None):
+             validation_batch_size=None, targets=True):
     """Keras ``fit``'s data arguments as (training data, validation data or
     None), each global batches (or a dataset_fn) for `tfdist.data.epochs`."""
     if validation_split and validation_data is None:
         (x, y, sample_weight), validation_data = split_for_validation(
             x, y, sample_weight, validation_split)
     data = to_training_data(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
-                            seed=seed, class_weight=class_weight)
+                            seed=seed, class_weight=class_weight, targets=targets)
     if validation_data is not None:
         validation_data = validation_batches(validation_data, validation_batch_size or batch_size)
     return data, validation_data

@@ -67,10 +67,7 @@ class Trainer:
     """
 
     def __init__(
-        self,
-        model: keras.Model,
-        strategy: tf.distribute.Strategy,
-        *,
+        self, model: keras.Model, strategy: tf.distribute.Strategy, *,
         checkpoint_dir: Optional[str] = None,
         log_dir: Optional[str] = None,
         steps_per_execution: int = 1,
@@ -115,7 +112,8 @@ class Trainer:
         )) if getattr(strategy.extended, "should_save_summary", True) else None
         self._metrics, steps = keras_steps.steps_for(
             model, strategy, jit_compile=options.jit_compile, static_shapes=options.static_shapes)
-        self._steps = steps
+        # Arrays without y (Keras allows them for a model with its own step).
+        self._steps, self._targets = steps, not keras_steps.overridden(model)
         runner = runners.for_strategy(strategy)
         self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy,
                               after_train_step=steps.after_train_step,
@@ -157,8 +155,8 @@ class Trainer:
 
     def _fit_sources(self, x, y, sample_weight, **options):
         """Keras fit's data arguments as (training, validation or None) sources."""
-        data, validation_data = keras_inputs.fit_data(x, y, sample_weight, seed=self._seed,
-                                                      **options)
+        data, validation_data = keras_inputs.fit_data(
+            x, y, sample_weight, seed=self._seed, targets=self._targets, **options)
         return self._source(data, "dataset"), (
             None if validation_data is None else self._source(validation_data, "validation_data"))
 
@@ -355,7 +353,8 @@ class Trainer:
         device. Uses "pad" when training does, else "exact" (never drops).
         """
         validation.positive_int("steps", steps, True)
-        data = keras_inputs.to_training_data(x, y, sample_weight, batch_size=batch_size)
+        data = keras_inputs.to_training_data(x, y, sample_weight, batch_size=batch_size,
+                                             targets=self._targets)
         return self._evaluate(self._source(data, "evaluation dataset"), steps)
 
     def predict(self, x, batch_size=None, steps: Optional[int] = None):
