@@ -93,6 +93,20 @@ def keras_fit(dataset, epochs: int, optimizer: str = "adam", **model_kwargs):
     return model, history.history
 
 
+class CrashAtStep(keras.callbacks.Callback):
+    """A crash (a preemption) once training has passed ``step`` batches:
+    raises KeyboardInterrupt from the batch-end hook."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.step, self.seen = step, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen >= self.step:
+            raise KeyboardInterrupt("simulated preemption")
+
+
 def assert_weights_close(model_a, model_b, atol: float = 1e-5) -> None:
     weights_a, weights_b = model_a.get_weights(), model_b.get_weights()
     assert len(weights_a) == len(weights_b)

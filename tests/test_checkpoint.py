@@ -42,19 +42,6 @@ def test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device(
     ref.assert_logs_close({k: v[2:] for k, v in expected_history.items()}, history)
 
 
-class _StopAtStep(keras.callbacks.Callback):
-    """Simulates a crash: raises once training has passed ``step`` batches."""
-
-    def __init__(self, step):
-        super().__init__()
-        self.step, self.seen = step, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen >= self.step:
-            raise KeyboardInterrupt("simulated preemption")
-
-
 def test_resume_mid_epoch_from_step_checkpoint_equals_uninterrupted(
     make_strategy, tmp_path
 ):
@@ -63,7 +50,7 @@ def test_resume_mid_epoch_from_step_checkpoint_equals_uninterrupted(
 
     _, first = _trainer(make_strategy(4), str(tmp_path), checkpoint_every_steps=3)
     with pytest.raises(KeyboardInterrupt):
-        first.fit(dataset, epochs=2, verbose=0, callbacks=[_StopAtStep(11)])
+        first.fit(dataset, epochs=2, verbose=0, callbacks=[ref.CrashAtStep(11)])
     # Saved at steps 3, 6 (epoch 1), 7 (epoch end), 9 (epoch 2, step 2).
     model, second = _trainer(make_strategy(3), str(tmp_path))
     second.fit(dataset, epochs=2, verbose=0)
@@ -81,7 +68,7 @@ def test_epoch_resumed_mid_way_reports_the_uninterrupted_loss_and_metrics(
 
     _, first = _trainer(make_strategy(first_replicas), str(tmp_path), checkpoint_every_steps=3)
     with pytest.raises(KeyboardInterrupt):
-        first.fit(dataset, epochs=2, verbose=0, callbacks=[_StopAtStep(11)])
+        first.fit(dataset, epochs=2, verbose=0, callbacks=[ref.CrashAtStep(11)])
     # The newest checkpoint is mid-epoch 2 (step 9: 2 of its 7 batches).
     _, second = _trainer(make_strategy(resume_replicas), str(tmp_path))
     history = second.fit(dataset, epochs=2, verbose=0).history

@@ -8,7 +8,6 @@ reference and `tfdist.attach` on 1 to 4 replicas, each on a freshly built
 dataset with the same seed, and compares the weights to 1e-5.
 """
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -92,19 +91,6 @@ def test_the_reference_sees_a_new_order_each_epoch():
     assert difference > 1e-3
 
 
-class _CrashAtStep(keras.callbacks.Callback):
-    """A crash (preemption) once ``step`` batches have trained."""
-
-    def __init__(self, step):
-        super().__init__()
-        self.step, self.seen = step, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.seen += 1
-        if self.seen >= self.step:
-            raise KeyboardInterrupt("simulated preemption")
-
-
 @pytest.mark.parametrize("crash_step", [12, 8], ids=["at an epoch's end", "mid-epoch"])
 def test_resumed_run_on_a_new_dataset_object_sees_the_uninterrupted_orders(
         crash_step, make_strategy, tmp_path):
@@ -117,7 +103,7 @@ def test_resumed_run_on_a_new_dataset_object_sees_the_uninterrupted_orders(
     first = tfdist.Trainer(compiled(first_strategy), first_strategy,
                            checkpoint_dir=str(tmp_path), checkpoint_every_steps=4)
     with pytest.raises(KeyboardInterrupt):  # 6 batches an epoch: crash in epoch 2
-        first.fit(shuffled(), epochs=EPOCHS, verbose=0, callbacks=[_CrashAtStep(crash_step)])
+        first.fit(shuffled(), epochs=EPOCHS, verbose=0, callbacks=[ref.CrashAtStep(crash_step)])
     strategy = make_strategy(3)
     model = compiled(strategy)
     tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path)).fit(
