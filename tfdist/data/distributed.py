@@ -189,6 +189,13 @@ def distribute_counted(
     loop that reads no further than that needs no end-of-data check per
     step (`tfdist.loops.runners.device_loop`'s ``check_end``).
 
+    >>> import tensorflow as tf, tfdist
+    >>> strategy = tfdist.make_strategy("one_device")
+    >>> ds = tf.data.Dataset.from_tensor_slices((tf.ones([10, 3]), tf.zeros([10]))).batch(4)
+    >>> distributed, steps = tfdist.data.distribute_counted(strategy, ds)
+    >>> steps
+    3
+
     Args:
       strategy: where the batches go.
       data: a `tf.data.Dataset` of global batches, an `EpochDataset`, a
@@ -305,6 +312,12 @@ def worker_stream(
     under asynchronous training a worker's step is scaled by its own batch.
     Every worker reads the whole stream and keeps its part (as DATA
     sharding does), which costs input CPU but needs no file layout.
+
+    >>> import tensorflow as tf, tfdist
+    >>> ds = tf.data.Dataset.from_tensor_slices((tf.range(6.0)[:, None], tf.zeros(6))).batch(2)
+    >>> stream = tfdist.data.worker_stream(ds, worker=1, num_workers=2)
+    >>> [float(b["x"][0, 0]) for b in stream.take(3)]  # batches 1, 3 (= 0), 5 (= 2)
+    [2.0, 0.0, 4.0]
     """
     stream = dataset.repeat().skip(skip_steps).shard(num_workers, worker)
     stream = apply_partial_batch_policy(
