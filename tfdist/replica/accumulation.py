@@ -75,7 +75,8 @@ class GradientAccumulator:
     ``tf.function``); `flush` from the host at the end of an epoch. (The
     update all-reduces, so it runs in its own ``strategy.run`` under a
     cross-replica condition: TensorFlow cannot synchronise replicas inside
-    a condition within a replica function.)
+    a condition within a replica function.) `accumulator_for` makes one
+    (with an example).
     """
 
     def __init__(self, strategy, optimizer, variables, steps: int):
@@ -140,7 +141,20 @@ class GradientAccumulator:
 
 def accumulator_for(model, strategy) -> Optional[GradientAccumulator]:
     """The accumulator the model's optimizer asks for (None: it does not).
-    Call under ``strategy.scope()`` once the model and optimizer are built."""
+    Call under ``strategy.scope()`` once the model and optimizer are built.
+
+    >>> import keras, tfdist
+    >>> from tfdist.replica.accumulation import accumulator_for
+    >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    >>> with strategy.scope():
+    ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    ...     optimizer = keras.optimizers.SGD(0.1, gradient_accumulation_steps=3)
+    ...     model.compile(optimizer=optimizer, loss="mse")
+    ...     optimizer.build(model.trainable_variables)
+    ...     accumulator = accumulator_for(model, strategy)
+    >>> accumulator.steps, sorted(accumulator.variables())[-2:]
+    (3, ['sum_0', 'sum_1'])
+    """
     steps = accumulation_steps(model.optimizer)
     if steps is None:
         return None
