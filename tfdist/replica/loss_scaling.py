@@ -37,13 +37,6 @@ _state = threading.local()
 _installed = []
 
 
-def is_loss_scaling(optimizer) -> bool:
-    """Whether ``optimizer`` is a Keras ``LossScaleOptimizer``."""
-    from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer  # pylint: disable=import-outside-toplevel
-
-    return isinstance(optimizer, LossScaleOptimizer)
-
-
 @contextlib.contextmanager
 def agreement():
     """While tracing a tfdist replica step: loss-scale checks agree."""
