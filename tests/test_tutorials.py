@@ -547,7 +547,6 @@ def _worker_results(output_dir, workers=2):
     return [json.loads((output_dir / f"worker-{i}.json").read_text()) for i in range(workers)]
 
 
-@pytest.mark.skip(reason="port in progress: weights 8.9e-5 from the one-device reference (see the keras.io guide port)")
 def test_multi_worker_keras_tutorial_equals_one_device(tmp_path):
     program = keras_program
     global_batch_size = program.PER_WORKER_BATCH_SIZE * 2
@@ -1007,8 +1006,7 @@ def keras_io_guide(make_mirrored, workdir, adopt, fault_tolerance=True):
     return results
 
 
-@pytest.mark.skip(reason="port in progress: weights 8.9e-5 from the one-device reference (the same figures as the multi-worker Keras port: suspect the shared reference), and plain Keras raises AddN shape errors on the uneven split instead of differing")
-def test_keras_io_guide_equals_one_device_where_plain_keras_does_not(make_strategy, tmp_path):
+def test_keras_io_guide_equals_one_device_where_plain_keras_fails(make_strategy, tmp_path):
     # Global batches of 32 on 3 replicas: every batch splits unevenly (11, 11, 10).
     expected = keras_io_guide(tf.distribute.get_strategy, str(tmp_path / "one_device"),
                               adopt=False)
@@ -1019,8 +1017,8 @@ def test_keras_io_guide_equals_one_device_where_plain_keras_does_not(make_strate
     # Stopped and restarted from the latest .keras file: the same weights.
     _assert_weights(expected["resumed"], actual["resumed"])
 
-    plain = keras_io_guide(lambda: make_strategy(3), str(tmp_path / "keras"), adopt=False,
-                           fault_tolerance=False)
-    tfdist_gap = _gap(expected["weights"], actual["weights"])
-    keras_gap = _gap(expected["weights"], plain["weights"])
-    assert keras_gap > max(100 * tfdist_gap, 1e-5), (keras_gap, tfdist_gap)
+    # The guide's code as published, on the same 3 replicas: plain Keras 3.15
+    # cannot split a batch of 32 over 3 replicas (AddN: [11,784] != [10,784]).
+    with pytest.raises(tf.errors.InvalidArgumentError, match="AddN"):
+        keras_io_guide(lambda: make_strategy(3), str(tmp_path / "keras"), adopt=False,
+                       fault_tolerance=False)
