@@ -117,6 +117,14 @@ class TrainingCheckpoint:
     >>> path = checkpoint.save_position(position)
     >>> checkpoint.restore_latest() == path, checkpoint.position()
     (True, Position(step=5, epoch=1, step_in_epoch=2))
+
+    The metrics' state of the epoch in progress is saved with it:
+
+    >>> loss_mean.update_state(2.0)
+    >>> path = checkpoint.save(step=6, epoch=1, step_in_epoch=3)  # save_position's arguments
+    >>> loss_mean.reset_state()
+    >>> checkpoint.restore_latest() == checkpoint.latest == path, float(loss_mean.result())
+    (True, 2.0)
     """
 
     def __init__(
@@ -174,7 +182,21 @@ class TrainingCheckpoint:
     def track_state(self, metric_variables, accumulator=None) -> None:
         """Adds metric state variables (``{name: variable}``) and a
         `tfdist.replica.accumulation.GradientAccumulator`'s sums to what is saved
-        (through `tfdist.checkpoint.state_snapshot` under multi-worker strategies)."""
+        (through `tfdist.checkpoint.state_snapshot` under multi-worker strategies).
+        `for_strategy` calls it with its ``metrics``' state; a second call
+        replaces what the first added.
+
+        >>> import tempfile, keras, tensorflow as tf, tfdist
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> model.compile(optimizer="sgd", loss="mse")
+        >>> model.optimizer.build(model.trainable_variables)
+        >>> checkpoint = tfdist.checkpoint.TrainingCheckpoint(model, tempfile.mkdtemp())
+        >>> seen = tf.Variable(0.0)              # e.g. a running total of a hand-written loop
+        >>> checkpoint.track_state({"seen": seen})
+        >>> _ = seen.assign(40.0); path = checkpoint.save(step=4, epoch=0, step_in_epoch=4)
+        >>> _ = seen.assign(0.0); checkpoint.restore_latest() == path, float(seen)
+        (True, 40.0)
+        """
         self._snapshots = [TotalsSnapshot(dict(metric_variables))]
         self._checkpoint.metrics = self._snapshots[0].tracked
         if accumulator is not None:

@@ -7,6 +7,10 @@ SageMaker: `tfdist.cluster.platforms`), and lost-task detection
 >>> config = cluster.build_tf_config({"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, "worker", 1)
 >>> cluster.task_name(config)
 'worker-1'
+>>> cluster.JOB_NAMES          # the jobs a TF_CONFIG may name
+('chief', 'worker', 'ps', 'evaluator')
+>>> cluster.READY_FILE_ENV     # tfdist-run sets it per task; `signal_ready` writes that file
+'TFDIST_READY_FILE'
 """
 
 from tfdist._internal import lazy

@@ -13,6 +13,13 @@ records, with an exact policy for the partial final batch
 >>> ds = tf.data.Dataset.from_tensor_slices(([[1.0]] * 5, [0] * 5)).batch(4)
 >>> [int(b["global_examples"][0]) for b in tfdist.data.distribute(strategy, ds)]
 [4, 1]
+
+The policies for a partial last batch (``partial_batch=``), by the rows
+of each batch they make:
+
+>>> {policy: [int(b["x"].shape[0]) for b in tfdist.data.apply_partial_batch_policy(ds, policy)]
+...  for policy in tfdist.data.PARTIAL_BATCH_POLICIES}
+{'exact': [4, 1], 'drop': [4], 'pad': [4, 4]}
 """
 
 from tfdist._internal import lazy

@@ -36,6 +36,21 @@ class Batch:
     >>> padded = batch.padded_to(4)            # what partial_batch="pad" does to a last batch
     >>> padded.x.shape.as_list(), padded.mask.numpy().tolist(), float(padded.real_examples())
     ([4, 2], [1.0, 1.0, 1.0, 0.0], 3.0)
+
+    In a dataset it travels as the dict of its present fields; a global
+    batch carries its real-example count on every row, which each replica
+    reads back from its rows:
+
+    >>> structure = padded.with_global_count().to_structure()
+    >>> sorted(structure), structure["global_examples"].numpy().tolist()
+    (['global_examples', 'mask', 'x', 'y'], [3.0, 3.0, 3.0, 3.0])
+    >>> replica = tfdist.Batch.from_structure(structure)
+    >>> int(replica.size()), float(replica.carried_global_examples())
+    (4, 3.0)
+    >>> weighted = batch.replace(sample_weight=tf.constant([1.0, 2.0, 1.0]))
+    >>> even = weighted.padded_to_multiple(2)    # "exact" with avoid_empty_replicas, 2 replicas
+    >>> even.sample_weight.numpy().tolist(), even.mask.numpy().tolist()
+    ([1.0, 2.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0])
     """
 
     x: Any
@@ -70,6 +85,7 @@ class Batch:
         return {name: value for name, value in values.items() if value is not None}
 
     def replace(self, **changes) -> "Batch":
+        """A copy with the fields named in ``changes`` replaced."""
         return dataclasses.replace(self, **changes)
 
     def size(self) -> tf.Tensor:

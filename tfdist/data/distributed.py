@@ -76,6 +76,13 @@ def apply_partial_batch_policy(
     with a mask, so no replica of that many gets an empty batch. Each policy
     is a single ``map`` (plus a ``filter`` for "drop"): every stage costs CPU
     per batch, and tf.data does not fuse maps by default.
+
+    >>> import tensorflow as tf, tfdist
+    >>> ds = tf.data.Dataset.from_tensor_slices(([[1.0]] * 5, [0] * 5)).batch(4)
+    >>> exact = tfdist.data.apply_partial_batch_policy(ds, "exact", add_global_count=True,
+    ...                                                pad_to_multiple_of=2)
+    >>> [(b["mask"].numpy().tolist(), float(b["global_examples"][0])) for b in exact]
+    [([1.0, 1.0, 1.0, 1.0], 4.0), ([1.0, 0.0], 1.0)]
     """
     if policy not in PARTIAL_BATCH_POLICIES:
         raise ConfigurationError(
@@ -331,7 +338,22 @@ def load_tfds(name: str, split: str, *, data_dir=None, shuffle_files=False):
     """Unbatched ``(features, label)`` of a TFDS dataset; never downloads.
 
     tfdist's own datasets (``synthetic_patterns``) are generated locally on
-    first use; see `tfdist.data.datasets.load_supervised`.
+    first use (TFDS reports it); see `tfdist.data.datasets.load_supervised`.
+    Any other dataset must already be prepared in ``data_dir``.
+
+    >>> import shutil, tempfile, tfdist
+    >>> data_dir = tempfile.mkdtemp()
+    >>> test = tfdist.data.load_tfds("synthetic_patterns", "test", data_dir=data_dir)
+    Downloading and preparing dataset ...
+    Dataset synthetic_patterns downloaded and prepared to .... Subsequent calls will reuse ...
+    >>> image, label = next(iter(test))
+    >>> int(test.cardinality()), image.shape.as_list(), image.dtype.name, label.dtype.name
+    (2000, [16, 16, 1], 'uint8', 'int64')
+    >>> tfdist.data.load_tfds("mnist", "train", data_dir=data_dir)
+    Traceback (most recent call last):
+    ...
+    tfdist.errors.ConfigurationError: TFDS dataset 'mnist' is not prepared ... does not download...
+    >>> shutil.rmtree(data_dir)
     """
     from tfdist.data.datasets import load_supervised  # pylint: disable=import-outside-toplevel
 

@@ -43,6 +43,9 @@ class LaunchConfig:
     >>> config = LaunchConfig(num_workers=2, num_ps=1)    # tfdist-run --num_workers=2 --num_ps=1
     >>> config.num_tasks                                  # and a chief: the coordinator
     4
+    >>> elastic = LaunchConfig(num_workers=4, min_workers=3)  # tfdist-run --min_workers=3
+    >>> config.fewest_workers, elastic.fewest_workers         # the size a restart may shrink to
+    (2, 3)
     """
 
     num_workers: int

@@ -64,6 +64,9 @@ class GroupResult:
     worker-1: exited (exit code 1)
     last lines of worker-1:
       ValueError: bad input
+    >>> result.exit_codes.update({"worker-0": 143, "worker-1": 1})   # as `close` fills them in
+    >>> result.codes()
+    'worker-0=143, worker-1=1'
     """
 
     exit_code: int
@@ -126,6 +129,25 @@ class ProcessGroup:
     (True, {'worker-0': 0, 'worker-1': 0})
     >>> sorted(line for line in output.getvalue().splitlines() if "hello" in line)
     ['[worker-0] hello', '[worker-1] hello']
+
+    Each task leads its own process group (``pids``); `request_stop` sends
+    SIGTERM to the tasks that run the command, not to servers, and
+    `signal_all` signals every task still running:
+
+    >>> import os, signal, threading
+    >>> sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    >>> group = ProcessGroup([TaskSpec("worker-0", {}), TaskSpec("ps-0", {}, server=True)],
+    ...                      sleep, output=io.StringIO())
+    >>> group.start()
+    >>> [os.getpgid(pid) == pid for pid in group.pids.values()]
+    [True, True]
+    >>> group.request_stop()               # what the launcher does on Ctrl-C / SIGTERM
+    >>> stopping = threading.Event(); stopping.set()
+    >>> group.wait(stop_event=stopping).stopped_by     # worker-0 has exited; ps-0 still serves
+    'SIGTERM'
+    >>> group.signal_all(signal.SIGKILL)
+    >>> group.close()                      # 128 + the signal that ended each task
+    {'worker-0': 143, 'ps-0': 137}
     """
 
     def __init__(

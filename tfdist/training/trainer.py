@@ -32,7 +32,7 @@ from tfdist.training.progress import ProgressReporter
 class Trainer:
     """Trains a compiled Keras model under any synchronous tf.distribute strategy.
 
-    >>> import keras, numpy as np, tfdist
+    >>> import keras, numpy as np, tensorflow as tf, tfdist
     >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
     >>> with strategy.scope():
     ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, "softmax")])
@@ -42,6 +42,14 @@ class Trainer:
     >>> history = trainer.fit(x, y, batch_size=4, epochs=2, verbose=0)
     >>> len(history.history["loss"]), trainer.step     # 3 global batches per epoch
     (2, 6)
+    >>> probabilities = trainer.predict(x, batch_size=4)     # every example, in order
+    >>> loss = trainer.evaluate(x, y, batch_size=4)["loss"]  # all 10 examples, each once
+    >>> probabilities.shape, bool(np.isclose(loss, -np.log(probabilities[:, 0]).mean()))
+    ((10, 2), True)
+    >>> batches = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    >>> logs = trainer.run_one_batch(batches, training=True)  # train_on_batch on the 1st batch
+    >>> bool(np.isclose(logs["loss"], loss)), trainer.step    # (its loss: before the update)
+    (True, 7)
 
     Args:
       model: a compiled ``keras.Model`` built inside ``strategy.scope()``.
@@ -68,20 +76,13 @@ class Trainer:
 
     def __init__(
         self, model: keras.Model, strategy: tf.distribute.Strategy, *,
-        checkpoint_dir: Optional[str] = None,
-        log_dir: Optional[str] = None,
-        steps_per_execution: int = 1,
-        jit_compile: bool = False,
-        partial_batch: Optional[str] = None,
-        static_shapes: Optional[bool] = None,
-        global_batch_size: Optional[int] = None,
-        shard_policy: str = "auto",
-        log_every_steps: int = 100,
-        checkpoint_every_steps: Optional[int] = None,
-        checkpoint_every_epoch: bool = True,
-        max_to_keep: int = 3,
-        seed: int = 0,
-        keras_progress_bar: bool = False,
+        checkpoint_dir: Optional[str] = None, log_dir: Optional[str] = None,
+        steps_per_execution: int = 1, jit_compile: bool = False,
+        partial_batch: Optional[str] = None, static_shapes: Optional[bool] = None,
+        global_batch_size: Optional[int] = None, shard_policy: str = "auto",
+        log_every_steps: int = 100, checkpoint_every_steps: Optional[int] = None,
+        checkpoint_every_epoch: bool = True, max_to_keep: int = 3,
+        seed: int = 0, keras_progress_bar: bool = False,
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
@@ -123,8 +124,7 @@ class Trainer:
             task_name=cluster.task_name()) if checkpoint_dir else None
         self._position = Position()
         self._batch_logs = self._one_at_a_time = False  # per fit (`_callback_list`)
-        self._built_spec = None
-        self._predictor = None
+        self._built_spec = self._predictor = None
 
     # -- set-up ------------------------------------------------------------
 
