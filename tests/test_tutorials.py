@@ -142,8 +142,12 @@ def restore_without_strategy(checkpoint_dir, test_data, global_batch_size):
     return float(eval_accuracy.result()), new_model.get_weights()
 
 
-def custom_training_as_published(strategy, data, global_batch_size, checkpoint_dir):
-    """The tutorial's training loop (Keras 3 spellings, sizes and seeds aside)."""
+def custom_training_as_published(strategy, data, global_batch_size, checkpoint_dir,
+                                 reverse_rows=False):
+    """The tutorial's training loop (Keras 3 spellings, sizes and seeds aside).
+
+    ``reverse_rows``: each training batch's rows in reverse order: the same
+    math, another float32 summation order (`_reorder_sensitivity`)."""
     (train_images, train_labels), (test_images, test_labels) = data
     BUFFER_SIZE = len(train_images)
     GLOBAL_BATCH_SIZE = global_batch_size  # test: one device gets the same global batch
@@ -152,6 +156,8 @@ def custom_training_as_published(strategy, data, global_batch_size, checkpoint_d
     keras.utils.set_random_seed(SEED)
     train_dataset = tf.data.Dataset.from_tensor_slices((train_images, train_labels)).shuffle(
         BUFFER_SIZE, seed=SHUFFLE_SEED).batch(GLOBAL_BATCH_SIZE)
+    if reverse_rows:  # test
+        train_dataset = train_dataset.map(lambda x, y: (tf.reverse(x, [0]), tf.reverse(y, [0])))
     test_dataset = tf.data.Dataset.from_tensor_slices(
         (test_images, test_labels)).batch(GLOBAL_BATCH_SIZE)
 
@@ -348,14 +354,20 @@ def custom_training_adopted(strategy, data, global_batch_size, checkpoint_dir):
     return {"history": history, "weights": model.get_weights()}
 
 
-def _custom_training_both(make_strategy, tmp_path, replicas, examples):
+def _one_device(tmp_path, replicas, examples):
     data = _fashion_mnist(examples)
     global_batch_size = CT_BATCH_SIZE_PER_REPLICA * replicas
     expected = custom_training_as_published(
         tf.distribute.get_strategy(), data, global_batch_size, str(tmp_path / "one_device"))
+    return data, global_batch_size, expected
+
+
+def _custom_training_both(make_strategy, tmp_path, replicas, examples, atol=1e-5,
+                          one_device=None):
+    data, global_batch_size, expected = one_device or _one_device(tmp_path, replicas, examples)
     strategy = make_strategy(replicas)
     actual = custom_training_adopted(strategy, data, global_batch_size, str(tmp_path / "tfdist"))
-    _assert_weights(expected["weights"], actual["weights"])
+    _assert_weights(expected["weights"], actual["weights"], atol=atol)
     np.testing.assert_allclose(actual["history"], expected["history"], rtol=1e-5, atol=1e-7)
     # The checkpoint restores into a model without a strategy, as in the tutorial.
     accuracy, weights = restore_without_strategy(str(tmp_path / "tfdist"), data[1], global_batch_size)
@@ -364,19 +376,34 @@ def _custom_training_both(make_strategy, tmp_path, replicas, examples):
     return data, global_batch_size, expected, actual, strategy
 
 
-@pytest.mark.skip(reason="port in progress: on 3 replicas the conv kernel ends 2.1e-5 from one device (5 of 288 entries over 1e-5); not yet known whether order or round-off")
+def _reorder_sensitivity(data, global_batch_size, expected, checkpoint_dir) -> float:
+    """How far the tutorial's one-device run moves when only the float32
+    summation order changes (each batch's rows reversed)."""
+    reordered = custom_training_as_published(tf.distribute.get_strategy(), data,
+                                             global_batch_size, checkpoint_dir, reverse_rows=True)
+    return _gap(expected["weights"], reordered["weights"])
+
+
 def test_custom_training_tutorial_equals_one_device_where_the_published_loop_does_not(
         make_strategy, tmp_path):
     # 82 examples in global batches of 24 on 3 replicas: each epoch ends with
     # a batch of 10, which no split over 3 replicas makes even.
+    #
+    # Adam divides by the root of its second moment, so gradient entries near
+    # its epsilon turn float32 round-off into steps of the learning rate's
+    # order: on one device, reversing each batch's rows (the same math)
+    # moves the second conv kernel by 1.0e-4 (43 of 18,432 entries over
+    # 1e-5). tfdist on 3 replicas lands 6.7e-7 from that reordered run, so
+    # the bound here is twice the one-device run's own reorder sensitivity.
+    one_device = _one_device(tmp_path, 3, 82)
+    tolerance = max(1e-5, 2 * _reorder_sensitivity(*one_device, str(tmp_path / "reordered")))
     data, global_batch_size, expected, actual, strategy = _custom_training_both(
-        make_strategy, tmp_path, 3, 82)
+        make_strategy, tmp_path, 3, 82, atol=tolerance, one_device=one_device)
     published = custom_training_as_published(strategy, data, global_batch_size,
                                              str(tmp_path / "published"))
     # compute_average_loss divides each replica's sum by its own batch size x 3.
-    tfdist_gap = _gap(expected["weights"], actual["weights"])
     published_gap = _gap(expected["weights"], published["weights"])
-    assert published_gap > max(100 * tfdist_gap, 1e-6), (published_gap, tfdist_gap)
+    assert published_gap > 10 * tolerance, (published_gap, tolerance)
 
 
 def test_custom_training_tutorial_with_empty_replicas_equals_one_device(make_strategy, tmp_path):
