@@ -62,7 +62,9 @@ def fit_dataset():
     global_batch_size = 64
 
     x = tf.random.stateless_uniform((10, 10), seed=[1, 2])  # test: was tf.random.uniform
-    y = tf.random.stateless_uniform((10,), seed=[3, 4])
+    # Keras 3: (10, 1) for (10,): Keras 2 expanded each batch's targets to
+    # (64, 1) against the (64, 10) output; Keras 3's mse refuses (64,).
+    y = tf.random.stateless_uniform((10, 1), seed=[3, 4])
 
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(10, seed=SEED).repeat()
     dataset = dataset.batch(global_batch_size)
@@ -75,6 +77,7 @@ def build_fit_model():
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     model = tf.keras.models.Sequential([tf.keras.layers.Dense(10)])
+    model.build((None, 10))  # Keras 3: BackupAndRestore refuses an unbuilt model
     # Keras 3: was tf.keras.optimizers.legacy.SGD()
     model.compile(tf.keras.optimizers.SGD(), loss="mse", steps_per_execution=10)
     return model
@@ -288,6 +291,7 @@ def custom_loop(strategy):
     print("Final loss is %f" % loss.fetch(), flush=True)
     result["final_loss"] = float(loss.fetch())
     result["weights"] = [w.tolist() for w in full_weights(model)]
+    result["iterations"] = int(optimizer.iterations.numpy())  # test
 
     # -- Inline evaluation (on the coordinator): unchanged ------------------------
     eval_examples = make_eval_examples()
@@ -309,11 +313,13 @@ def custom_loop(strategy):
     with strategy.scope():
         # Define the eval metric on parameter servers.
         eval_accuracy = tf.keras.metrics.Accuracy()
+        eval_examples_seen = tf.keras.metrics.Sum()  # test: each example once?
 
     def eval_replica_fn(batch):  # tfdist: a tfdist.Batch (was eval_step's replica_fn)
         pred = model(batch.x, training=False)
         actual_pred = tf.cast(tf.greater(pred, 0.5), tf.int64)
         eval_accuracy.update_state(batch.y, actual_pred)
+        eval_examples_seen.update_state(tf.cast(tf.shape(batch.y)[0], tf.float32))  # test
 
     def eval_dataset_fn(input_context):
         # tfdist: sharded by its InputContext, and no shuffle(16).repeat(): the
@@ -327,6 +333,7 @@ def custom_loop(strategy):
     loop.evaluate(eval_dataset_fn, eval_replica_fn)
     print("Evaluation accuracy: %f" % eval_accuracy.result(), flush=True)
     result["scheduled_eval_accuracy"] = float(eval_accuracy.result())
+    result["scheduled_eval_examples"] = float(eval_examples_seen.result())  # test
     return result
 
 

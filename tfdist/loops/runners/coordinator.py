@@ -25,6 +25,7 @@ from tfdist.cluster import peers
 from tfdist.errors import ConfigurationError
 from tfdist.loops.runners.executions import run_each
 from tfdist.loops.runners.per_worker import PerWorkerIterators, rebuilder
+from tfdist.strategies import atomic_updates
 
 
 class CoordinatorRunner:
@@ -59,8 +60,9 @@ class CoordinatorRunner:
         strategy = self._strategy
 
         def run_steps(iterator, steps):
-            for _ in tf.range(steps):
-                strategy.run(replica_step, args=(next(iterator),))
+            with atomic_updates.atomic():  # workers race on the ps: no lost counts
+                for _ in tf.range(steps):
+                    strategy.run(replica_step, args=(next(iterator),))
 
         if num_steps is None:
             return tf.function(run_steps)
@@ -70,8 +72,9 @@ class CoordinatorRunner:
     def _make_inline_loop(replica_step):
         @tf.function
         def loop(iterator):
-            for batch in iterator:
-                replica_step(batch)
+            with atomic_updates.atomic():
+                for batch in iterator:
+                    replica_step(batch)
 
         return loop
 
