@@ -46,8 +46,9 @@ has no exactly-once custom evaluation loop).
 Training is asynchronous, as under `tfdist.Trainer`: with one worker the
 schedule is sequential and the result equals one device on the same
 batches. Keras' counters on the ps (``optimizer.iterations``, metrics)
-lose no updates when workers race (`tfdist.strategies.atomic_updates`). The strategy must have one replica per worker (CPU workers, or one
-GPU each). Build the optimizer under ``strategy.scope()`` before the first
+lose no updates when workers race (`tfdist.strategies.atomic_updates`).
+The strategy must have one replica per worker (CPU workers, or one GPU
+each). Build the optimizer under ``strategy.scope()`` before the first
 ``schedule`` (``optimizer.build(model.trainable_variables)``); with
 variables sharded over several ps tasks take gradients with
 `tfdist.strategies.sharded.gradients` (``tape.gradient`` asks a Keras
