@@ -26,15 +26,17 @@ def _trainer(strategy, checkpoint_dir, **kwargs):
 # cause not found (closing note of stop 22).
 @pytest.mark.serial
 @pytest.mark.parametrize("resume_replicas", [1, 2])
+@pytest.mark.parametrize("async_checkpoint", [False, True])
 def test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device(
-    make_strategy, tmp_path, resume_replicas
+    make_strategy, tmp_path, resume_replicas, async_checkpoint
 ):
     dataset = ref.global_batches(70, BATCH)
     expected_model, expected_history = ref.keras_fit(dataset, 3, "adam")
 
-    _, first = _trainer(make_strategy(4), str(tmp_path))
+    _, first = _trainer(make_strategy(4), str(tmp_path), async_checkpoint=async_checkpoint)
     first.fit(dataset, epochs=2, verbose=0)
-    model, second = _trainer(make_strategy(resume_replicas), str(tmp_path))
+    model, second = _trainer(make_strategy(resume_replicas), str(tmp_path),
+                             async_checkpoint=async_checkpoint)
     history = second.fit(dataset, epochs=3, verbose=0).history
 
     ref.assert_weights_close(expected_model, model)
@@ -42,35 +44,44 @@ def test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device(
     ref.assert_logs_close({k: v[2:] for k, v in expected_history.items()}, history)
 
 
+@pytest.mark.parametrize("async_checkpoint", [False, True])
 def test_resume_mid_epoch_from_step_checkpoint_equals_uninterrupted(
-    make_strategy, tmp_path
+    make_strategy, tmp_path, async_checkpoint
 ):
     dataset = ref.global_batches(100, BATCH)  # 7 batches per epoch
     expected_model, _ = ref.keras_fit(dataset, 2, "adam")
 
-    _, first = _trainer(make_strategy(4), str(tmp_path), checkpoint_every_steps=3)
+    _, first = _trainer(make_strategy(4), str(tmp_path), checkpoint_every_steps=3,
+                        async_checkpoint=async_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         first.fit(dataset, epochs=2, verbose=0, callbacks=[ref.CrashAtStep(11)])
+    if async_checkpoint:  # (the crash left the last write running in this process)
+        first._checkpoint.finish_writes()
     # Saved at steps 3, 6 (epoch 1), 7 (epoch end), 9 (epoch 2, step 2).
-    model, second = _trainer(make_strategy(3), str(tmp_path))
+    model, second = _trainer(make_strategy(3), str(tmp_path), async_checkpoint=async_checkpoint)
     second.fit(dataset, epochs=2, verbose=0)
 
     ref.assert_weights_close(expected_model, model)
     assert int(second._checkpoint.step.numpy()) == 14
 
 
-@pytest.mark.parametrize("first_replicas, resume_replicas", [(4, 3), (2, 1)])
+@pytest.mark.parametrize("first_replicas, resume_replicas, async_checkpoint",
+                         [(4, 3, False), (2, 1, False), (4, 3, True)])
 def test_epoch_resumed_mid_way_reports_the_uninterrupted_loss_and_metrics(
-    make_strategy, tmp_path, first_replicas, resume_replicas
+    make_strategy, tmp_path, first_replicas, resume_replicas, async_checkpoint
 ):
     dataset = ref.global_batches(100, BATCH)  # 7 batches per epoch
     _, expected_history = ref.keras_fit(dataset, 2, "adam")
 
-    _, first = _trainer(make_strategy(first_replicas), str(tmp_path), checkpoint_every_steps=3)
+    _, first = _trainer(make_strategy(first_replicas), str(tmp_path), checkpoint_every_steps=3,
+                        async_checkpoint=async_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         first.fit(dataset, epochs=2, verbose=0, callbacks=[ref.CrashAtStep(11)])
+    if async_checkpoint:
+        first._checkpoint.finish_writes()
     # The newest checkpoint is mid-epoch 2 (step 9: 2 of its 7 batches).
-    _, second = _trainer(make_strategy(resume_replicas), str(tmp_path))
+    _, second = _trainer(make_strategy(resume_replicas), str(tmp_path),
+                         async_checkpoint=async_checkpoint)
     history = second.fit(dataset, epochs=2, verbose=0).history
 
     ref.assert_logs_close({k: v[1:] for k, v in expected_history.items()}, history)

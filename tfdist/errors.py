@@ -76,6 +76,12 @@ class CheckpointMismatchError(ValueError):
     """
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint written in the background (``async_checkpoint=True``)
+    failed; the message names its path and TensorFlow's error. Raised in the
+    training loop at the next step; the checkpoints before it are intact."""
+
+
 class ParameterServerLostError(RuntimeError):
     """A parameter server stopped answering: its variables are gone."""
 

@@ -30,6 +30,17 @@ Under a multi-worker strategy every worker takes part in each save, but only
 the chief writes to ``directory``; the others write to a temporary directory
 of their own that is removed right after. Every worker restores from
 ``directory`` (a file system all workers share).
+
+With ``async_write=True`` periodic and epoch saves are written in the
+background (`tfdist.checkpoint.background_writes`): a save returns after
+the state is copied to host memory, a checkpoint becomes the latest only
+once its files are complete, and a failed write raises
+`tfdist.errors.CheckpointWriteError` at the next `raise_write_error` (the
+Trainer asks after every step). Saves with ``synchronous=True`` (the
+preemption save) wait for the write in flight and write in the caller's
+thread. Variables on several tasks (parameter servers) are refused: their
+saves go through tfdist's one traced function, which TensorFlow's
+background writer does not use.
 """
 
 import dataclasses
@@ -44,8 +55,9 @@ import tensorflow as tf
 
 from tfdist import cluster
 from tfdist._internal import host_values
+from tfdist.checkpoint.background_writes import BackgroundWrites
 from tfdist.checkpoint.state_snapshot import TotalsSnapshot
-from tfdist.checkpoint.traced_saves import TracedSaves
+from tfdist.checkpoint.traced_saves import TracedSaves, spans_tasks
 from tfdist.errors import CheckpointMismatchError, ConfigurationError
 from tfdist.replica.metrics import state_variables
 from tfdist.strategies import sharded
@@ -135,6 +147,7 @@ class TrainingCheckpoint:
         max_to_keep: int = 3,
         is_chief: bool = True,
         task_name: str = "worker-0",
+        async_write: bool = False,
     ):
         if max_to_keep is not None and max_to_keep < 1:
             raise ConfigurationError(
@@ -161,11 +174,12 @@ class TrainingCheckpoint:
         self._model = model
         self._snapshots = []  # `track_state`
         TracedSaves.install(self._checkpoint, self._saved_variables)
+        self.writes = BackgroundWrites(self._checkpoint) if async_write else None
 
     @classmethod
     def for_strategy(cls, model: keras.Model, strategy: tf.distribute.Strategy,
                      directory: Optional[str], *, metrics=(), accumulator=None,
-                     max_to_keep: int = 3) -> "TrainingCheckpoint":
+                     max_to_keep: int = 3, async_write: bool = False) -> "TrainingCheckpoint":
         """The checkpoint of a hand-written loop: the model, its optimizer,
         the state of Keras ``metrics`` (the epoch in progress) and of an
         ``accumulator`` (`tfdist.replica.accumulation.GradientAccumulator`), and the
@@ -175,7 +189,7 @@ class TrainingCheckpoint:
         checkpoint = cls(
             model, directory, max_to_keep=max_to_keep,
             is_chief=getattr(strategy.extended, "should_checkpoint", True),
-            task_name=cluster.task_name())
+            task_name=cluster.task_name(), async_write=async_write)
         checkpoint.track_state(state_variables(list(metrics)), accumulator)
         return checkpoint
 
@@ -198,10 +212,15 @@ class TrainingCheckpoint:
         (True, 40.0)
         """
         self._snapshots = [TotalsSnapshot(dict(metric_variables))]
-        self._checkpoint.metrics = self._snapshots[0].tracked
+        added = {"metrics": self._snapshots[0].tracked}
         if accumulator is not None:
             self._snapshots.append(TotalsSnapshot(accumulator.variables()))
-            self._checkpoint.gradient_accumulation = self._snapshots[1].tracked
+            added["gradient_accumulation"] = self._snapshots[1].tracked
+        for name, tracked in added.items():
+            setattr(self._checkpoint, name, tracked)
+        # TensorFlow's background writer saves a Checkpoint made of the
+        # constructor's arguments: it must list these too.
+        self._checkpoint._kwargs.update(added)  # pylint: disable=protected-access
 
     def _saved_variables(self) -> list:
         """The model's, its optimizer's and the position counters' variables."""
@@ -212,7 +231,23 @@ class TrainingCheckpoint:
 
     def _prepare_sharded(self) -> None:
         """Sharded variables (parameter servers) save as full tensors."""
+        if self.writes is not None and spans_tasks(self._saved_variables()):
+            raise ConfigurationError(
+                "async_checkpoint=True is not supported under ParameterServerStrategy: "
+                "its saves run as one traced function (tfdist.checkpoint.traced_saves), "
+                "which TensorFlow's background writer bypasses. Use async_checkpoint=False.")
         sharded.save_as_full_tensors(self._saved_variables())
+
+    def raise_write_error(self) -> None:
+        """Raises `tfdist.errors.CheckpointWriteError` if a background write
+        failed (once); nothing without ``async_write``."""
+        if self.writes is not None:
+            self.writes.raise_error()
+
+    def finish_writes(self) -> None:
+        """Waits for the background write in flight (raising its error)."""
+        if self.writes is not None:
+            self.writes.wait_for_write()
 
     @property
     def latest(self) -> Optional[str]:
@@ -228,6 +263,7 @@ class TrainingCheckpoint:
         Raises:
           CheckpointMismatchError: its variables do not match the model.
         """
+        self.finish_writes()
         for path in reversed(self._manager.checkpoints if self._manager else []):
             if not tf.io.gfile.exists(path + ".index"):
                 print(f"skipping checkpoint {path}: its index file is missing", flush=True)
@@ -258,13 +294,16 @@ class TrainingCheckpoint:
         return Position(int(self.step.numpy()), int(self.epoch.numpy()),
                         int(self.step_in_epoch.numpy()))
 
-    def save_position(self, position: Position) -> Optional[str]:
+    def save_position(self, position: Position, *, synchronous: bool = False) -> Optional[str]:
         """`save` at ``position`` (on every worker: all take part)."""
-        return self.save(position.step, position.epoch, position.step_in_epoch)
+        return self.save(position.step, position.epoch, position.step_in_epoch,
+                         synchronous=synchronous)
 
-    def save(self, step: int, epoch: int, step_in_epoch: int) -> Optional[str]:
+    def save(self, step: int, epoch: int, step_in_epoch: int, *,
+             synchronous: bool = False) -> Optional[str]:
         """Records the position and writes a checkpoint numbered ``step``
-        (returns its path; None without a directory)."""
+        (returns its path; None without a directory). With ``async_write``
+        the write runs in the background unless ``synchronous``."""
         self.step.assign(host_values.int64(step))
         self.epoch.assign(host_values.int64(epoch))
         self.step_in_epoch.assign(host_values.int64(step_in_epoch))
@@ -273,10 +312,18 @@ class TrainingCheckpoint:
         self._prepare_sharded()
         for snapshot in self._snapshots:
             snapshot.before_save()
+        background = self.writes is not None and not synchronous
+        if self.writes is not None and synchronous:
+            self.writes.wait_for_write()
         try:
             if self._is_chief:
+                if background:
+                    return self.writes.save(self._manager, step)
                 return self._manager.save(checkpoint_number=step)
             scratch = tempfile.mkdtemp(prefix=f"tfdist-{self._task_name}-ckpt-")
+            if background:  # the scratch copy goes once written
+                return self.writes.write(os.path.join(scratch, f"ckpt-{step}"),
+                                         lambda _: shutil.rmtree(scratch, ignore_errors=True))
             try:
                 return self._checkpoint.write(os.path.join(scratch, f"ckpt-{step}"))
             finally:

@@ -69,6 +69,7 @@ class Trainer:
       checkpoint_every_steps: also save every this many steps.
       checkpoint_every_epoch: save at the end of every epoch (default).
       max_to_keep: checkpoints kept.
+      async_checkpoint: periodic and epoch saves written in the background.
       seed: seeds ``shuffle=True`` array orders (per epoch, the same on every worker).
       keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
         line per epoch (2) instead of tfdist's log lines (`tfdist.attach`).
@@ -82,7 +83,7 @@ class Trainer:
         global_batch_size: Optional[int] = None, shard_policy: str = "auto",
         log_every_steps: int = 100, checkpoint_every_steps: Optional[int] = None,
         checkpoint_every_epoch: bool = True, max_to_keep: int = 3,
-        seed: int = 0, keras_progress_bar: bool = False,
+        seed: int = 0, keras_progress_bar: bool = False, async_checkpoint: bool = False,
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
@@ -121,7 +122,7 @@ class Trainer:
                               avoid_empty_replicas=steps.avoid_empty_replicas)
         self._checkpoint = TrainingCheckpoint(
             model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
-            task_name=cluster.task_name()) if checkpoint_dir else None
+            task_name=cluster.task_name(), async_write=async_checkpoint) if checkpoint_dir else None
         self._position = Position()
         self._batch_logs = self._one_at_a_time = False  # per fit (`_callback_list`)
         self._built_spec = self._predictor = None
@@ -161,8 +162,7 @@ class Trainer:
             None if validation_data is None else self._source(validation_data, "validation_data"))
 
     def _restore(self, verbose=0, initial_epoch: int = 0) -> Optional[str]:
-        """Restores the newest checkpoint, if any, and returns its path; else
-        training starts at ``initial_epoch``."""
+        """Restores the newest checkpoint (returns its path); else starts at ``initial_epoch``."""
         path = None if self._checkpoint is None else self._checkpoint.restore_latest()
         if path is None:
             # Like Keras: each fit call counts epochs from 0 (steps go on).
@@ -174,9 +174,9 @@ class Trainer:
                   f"{position.step_in_epoch} of the epoch, {position.step} in all", flush=True)
         return path
 
-    def _save(self) -> None:
+    def _save(self, synchronous: bool = False) -> None:
         if self._checkpoint is not None:
-            self._checkpoint.save_position(self._position)
+            self._checkpoint.save_position(self._position, synchronous=synchronous)
 
     def _iterator(self, source, epoch: int, skip_steps: int):
         return self._runner.iterator(
@@ -237,6 +237,8 @@ class Trainer:
             except Preempted as stop:
                 iterator = None
                 raise free_iterators_or_exit(stop) from None
+        if self._checkpoint is not None:  # the last save is complete when fit returns
+            self._checkpoint.finish_writes()
         callback_list.on_train_end()
         return self.model.history
 
@@ -290,6 +292,8 @@ class Trainer:
         if total_steps is not None:  # a known length: no execution past the end
             cadence = dataclasses.replace(cadence, steps_per_epoch=total_steps)
         while not cadence.epoch_done(position.step_in_epoch):
+            if self._checkpoint is not None:  # a failed background write stops here
+                self._checkpoint.raise_write_error()
             quiet = 0 if self._one_at_a_time else cadence.quiet_executions(
                 position.step, position.step_in_epoch)
             if quiet:  # up to the next point, in one loop (`tfdist.loops.runners.executions`)
@@ -339,7 +343,7 @@ class Trainer:
     def _stop(self, watcher) -> None:
         """Every worker agreed to stop at this step: save, then exit."""
         self._runner.sync()
-        self._save()
+        self._save(synchronous=True)
         stop = Preempted(self._position.step, watcher.signum, saved=self._checkpoint is not None)
         print(f"{cluster.task_name()}: {stop}", flush=True)
         raise stop
@@ -385,15 +389,12 @@ class Trainer:
             self._runner.sync()
             return self._metrics.results()
 
-    @property
-    def _evaluation_policy(self) -> str:
-        # Static shapes (TPU) pad the last batch; otherwise nothing is dropped.
-        return "pad" if self.static_shapes or self._partial_batch == "pad" else "exact"
-
     def _evaluate(self, source, steps: Optional[int]) -> Dict[str, float]:
+        # Static shapes (TPU) pad the last batch; otherwise nothing is dropped.
+        policy = "pad" if self.static_shapes or self._partial_batch == "pad" else "exact"
         with self._explain_failures():
             self._metrics.reset()
-            self._runner.evaluate(source, steps=steps, partial_batch=self._evaluation_policy,
+            self._runner.evaluate(source, steps=steps, partial_batch=policy,
                                   global_batch_size=self._global_batch_size)
             self._runner.sync()
             return self._metrics.results()

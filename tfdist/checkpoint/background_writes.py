@@ -1,0 +1,118 @@
+"""Checkpoints written in the background, on what TensorFlow ships.
+
+``tf.train.CheckpointOptions(enable_async=True)`` makes a save copy the
+state to host memory (in the caller's thread) and write the files on a
+thread of TensorFlow's own (``AsyncCheckpointHelper``). Training goes on
+after the copy. What TensorFlow leaves to its caller, `BackgroundWrites`
+does:
+
+- **Latest only when complete.** ``CheckpointManager`` records a checkpoint
+  in its ``checkpoint`` file from a write-completion callback, so a
+  checkpoint becomes the latest only after its files are written (and the
+  ``checkpoint`` file is replaced atomically). A process killed mid-write
+  leaves the previous latest, which restores.
+- **Errors reach the loop.** TensorFlow keeps a failed write's error until
+  the next save; `raise_error` raises it at once (the Trainer asks after
+  every step) as `tfdist.errors.CheckpointWriteError`, naming the path.
+- **One write in flight.** A save while the previous write runs waits for
+  it (TensorFlow's queue holds one); `wait_for_write` counts those waits and
+  their seconds (``waits``, ``wait_seconds``), the cost async saves still
+  have.
+- **A graph that grew.** TensorFlow lists the variables to copy at the
+  first save; if the checkpoint reaches other objects later, the helper is
+  finished and made anew.
+
+>>> import tempfile, tensorflow as tf
+>>> from tfdist.checkpoint.background_writes import BackgroundWrites
+>>> weights = tf.Variable(tf.ones([256, 256]))
+>>> checkpoint = tf.train.Checkpoint(weights=weights)
+>>> manager = tf.train.CheckpointManager(checkpoint, tempfile.mkdtemp(), max_to_keep=2)
+>>> writes = BackgroundWrites(checkpoint)
+>>> path = writes.save(manager, 1)      # returns after the copy to host memory
+>>> _ = weights.assign(tf.zeros([256, 256]))  # training goes on; the copy is written
+>>> writes.wait_for_write()             # (before reading the files)
+>>> manager.latest_checkpoint == path, float(tf.train.load_checkpoint(path).get_tensor(
+...     "weights/.ATTRIBUTES/VARIABLE_VALUE").mean())
+(True, 1.0)
+"""
+
+import time
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from tfdist.errors import CheckpointWriteError
+
+
+class BackgroundWrites:
+    """The background writes of one ``tf.train.Checkpoint`` (module doc)."""
+
+    def __init__(self, checkpoint: tf.train.Checkpoint):
+        self._checkpoint = checkpoint
+        self._graph = None  # the objects the helper copies, at its first save
+        self.in_flight: Optional[str] = None  # the path of the last write started
+        self.waits, self.wait_seconds = 0, 0.0
+
+    def _helper(self):
+        return getattr(self._checkpoint, "_async_checkpointer_impl", None)
+
+    def writing(self) -> bool:
+        """True while a background write runs."""
+        helper = self._helper()
+        queue = getattr(helper, "_queue", None)  # TensorFlow's queue of one write
+        return queue is not None and queue.unfinished_tasks > 0
+
+    def save(self, manager: tf.train.CheckpointManager, number: int) -> str:
+        """Starts ``manager``'s checkpoint ``number``; returns its path."""
+        self._prepare()
+        self.in_flight = manager.save(checkpoint_number=number, options=self._options())
+        return self.in_flight
+
+    def write(self, prefix: str, written: Callable[[str], None]) -> str:
+        """Starts a write to ``prefix`` outside any manager (a non-chief
+        worker's scratch copy); ``written(path)`` runs once it is complete."""
+        self._prepare()
+        self.in_flight = self._checkpoint.write(prefix, options=self._options([written]))
+        return self.in_flight
+
+    def wait_for_write(self) -> None:
+        """Returns when no write runs; raises the last one's error if it failed."""
+        if self.writing():
+            start = time.monotonic()
+            self._helper().sync()
+            self.waits += 1
+            self.wait_seconds += time.monotonic() - start
+        self.raise_error()
+
+    def raise_error(self) -> None:
+        """Raises a failed background write's error (once), naming its path."""
+        helper = self._helper()
+        error = getattr(helper, "_async_error", None)
+        if error is not None:
+            helper._async_error = None  # pylint: disable=protected-access
+            raise CheckpointWriteError(
+                f"Writing checkpoint {self.in_flight} in the background failed: "
+                f"{type(error).__name__}: {str(error).strip()[:500]}. The checkpoints "
+                "before it are complete; fix the storage and restart to resume from "
+                "the newest one.") from error
+
+    def close(self) -> None:
+        """Waits for the last write and ends TensorFlow's writer thread."""
+        self.wait_for_write()
+        helper = self._helper()
+        if helper is not None:
+            helper._join_async_save_thread()  # pylint: disable=protected-access
+            self._checkpoint._async_checkpointer_impl = None  # pylint: disable=protected-access
+        self._graph = None
+
+    def _prepare(self) -> None:
+        self.wait_for_write()
+        graph = tuple(id(obj) for obj in tf.train.TrackableView(self._checkpoint).descendants())
+        if self._graph is not None and graph != self._graph:
+            self.close()  # variables added since: a new helper lists them
+        self._graph = graph
+
+    @staticmethod
+    def _options(callbacks=None) -> tf.train.CheckpointOptions:
+        return tf.train.CheckpointOptions(enable_async=True,
+                                          experimental_write_callbacks=callbacks)
