@@ -18,6 +18,10 @@ does:
   it (TensorFlow's queue holds one); `wait_for_write` counts those waits and
   their seconds (``waits``, ``wait_seconds``), the cost async saves still
   have.
+- **Keras variables.** Keras 3.15 makes a new host variable on every copy,
+  which TensorFlow's traced copy refuses from the third save on; within a
+  save, the wrapped variable's host copy is reused
+  (`tfdist._internal.keras_internals.host_copies_reused`).
 - **A graph that grew.** TensorFlow lists the variables to copy at the
   first save; if the checkpoint reaches other objects later, the helper is
   finished and made anew.
@@ -41,6 +45,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from tfdist._internal.keras_internals import host_copies_reused
 from tfdist.errors import CheckpointWriteError
 
 
@@ -65,14 +70,16 @@ class BackgroundWrites:
     def save(self, manager: tf.train.CheckpointManager, number: int) -> str:
         """Starts ``manager``'s checkpoint ``number``; returns its path."""
         self._prepare()
-        self.in_flight = manager.save(checkpoint_number=number, options=self._options())
+        with host_copies_reused():  # the copy runs in this thread
+            self.in_flight = manager.save(checkpoint_number=number, options=self._options())
         return self.in_flight
 
     def write(self, prefix: str, written: Callable[[str], None]) -> str:
         """Starts a write to ``prefix`` outside any manager (a non-chief
         worker's scratch copy); ``written(path)`` runs once it is complete."""
         self._prepare()
-        self.in_flight = self._checkpoint.write(prefix, options=self._options([written]))
+        with host_copies_reused():
+            self.in_flight = self._checkpoint.write(prefix, options=self._options([written]))
         return self.in_flight
 
     def wait_for_write(self) -> None:
