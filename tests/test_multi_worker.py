@@ -42,17 +42,28 @@ def _assert_equals_reference(result, keras_reference, check_history=True):
     ref.assert_logs_close(evaluation, result["evaluate"])
 
 
-@pytest.mark.parametrize("replicas_per_worker", [2])  # (1 per worker: the attach test)
-def test_workers_train_like_one_device(tmp_path, keras_reference, replicas_per_worker):
+@pytest.mark.parametrize("replicas_per_worker, async_checkpoint", [(2, False), (1, True)])
+def test_workers_train_like_one_device(tmp_path, keras_reference, replicas_per_worker,
+                                       async_checkpoint, monkeypatch):
+    """(1 replica per worker, synchronous saves: the attach test.) With
+    ``async_checkpoint`` worker-1 writes its copies in the background to a
+    scratch directory under TMPDIR, removed once each write completes."""
     args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
             f"--replicas_per_worker={replicas_per_worker}"]
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    if async_checkpoint:
+        args += ["--async_checkpoint", "--checkpoint_every_steps=2"]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     for result in _results(tmp_path / "out"):  # every worker has the same history
         _assert_equals_reference(result, keras_reference)
     # Only the chief wrote checkpoints and summaries; no worker temp dirs remain.
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.endswith(".index")) == [
-        "ckpt-10.index", "ckpt-15.index", "ckpt-5.index"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.endswith(".index")) == (
+        ["ckpt-12.index", "ckpt-14.index", "ckpt-15.index"] if async_checkpoint
+        else ["ckpt-10.index", "ckpt-15.index", "ckpt-5.index"])
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("tfdist-")]
     assert not list((tmp_path / "ckpt" / "logs").glob("*/events*worker-1*"))
     assert "[worker-1] train |" not in run.output and "[worker-0] train |" in run.output
 
@@ -124,14 +135,17 @@ def test_killed_worker_is_named_and_a_restart_finishes_exactly(tmp_path, keras_r
         _assert_equals_reference(result, keras_reference, check_history=False)
 
 
-@pytest.mark.parametrize("slow", ["--step_delay=0.4", "--endless_slow_data=0.4"])
+@pytest.mark.parametrize("slow", ["--step_delay=0.4", "--endless_slow_data=0.4",
+                                  "--step_delay=0.4 --async_checkpoint"])
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_reference, slow):
     """Slow steps from a batch-end callback (every execution alone), or from
     endless slow data with no batch hook (executions between log points in
-    stretches, `tfdist.loops.runners.executions`): both workers stop at one step."""
+    stretches, `tfdist.loops.runners.executions`): both workers stop at one step.
+    With async saves the epoch saves run in the background and the
+    preemption's is written before the process exits."""
     launcher = ["--num_workers=2", "--max_restarts=1", "--grace_period=20"]
     args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
-            slow]  # epoch checkpoints only: the mid-epoch one is the preemption's
+            *slow.split()]  # epoch checkpoints only: the mid-epoch one is the preemption's
     with LauncherRun(launcher, PROGRAM + args) as run:
         run.wait_for(r"\[worker-0\] train \| epoch 2 \| step 2/5", timeout=240)
         os.kill(run.pids()["worker-1"], signal.SIGTERM)

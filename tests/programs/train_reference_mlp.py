@@ -162,6 +162,8 @@ def main():
                         help="train tests/test_keras_overrides.py's model with its own "
                              "train_step or compute_loss (tfdist.attach + fit on "
                              "(x, y) batches)")
+    parser.add_argument("--async_checkpoint", action="store_true",
+                        help="Trainer(async_checkpoint=True): saves written in the background")
     parser.add_argument("--keras_fit", action="store_true",
                         help="train with tfdist.attach + model.fit on arrays, with "
                              "validation_split=0.2, and also predict; then fit a "
@@ -192,7 +194,7 @@ def main():
     trainer = tfdist.Trainer(
         model, strategy, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every_steps=args.checkpoint_every_steps,
-        log_every_steps=args.log_every_steps,
+        log_every_steps=args.log_every_steps, async_checkpoint=args.async_checkpoint,
     )
     overflow_row = 15 if args.mixed_float16 else None
     dataset = (ref.global_batches(args.examples, args.batch_size, overflow_row=overflow_row)
