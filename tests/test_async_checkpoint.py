@@ -3,7 +3,14 @@ complete before they become the latest, one write at a time, failures
 raised in the loop. Exact resumes with async saves: tests/test_checkpoint.py."""
 
 import os
+import pathlib
+import re
 import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import keras
 import numpy as np
@@ -13,6 +20,8 @@ import tensorflow as tf
 import tfdist
 from tests import reference as ref
 from tfdist.errors import CheckpointWriteError
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _wide_model(strategy):
@@ -93,3 +102,77 @@ def test_a_failed_background_write_is_raised_in_fit_naming_the_checkpoint(make_s
         trainer.fit(ref.global_batches(160, 16), epochs=1, verbose=0,
                     callbacks=[BreakTheDirectory()])
     assert trainer.step < 10  # stopped before the end of the epoch
+
+
+def _killed_mid_write(directory: pathlib.Path, lines: list, timeout: float = 120):
+    """Runs tests/programs/async_checkpoint_saves.py on ``directory`` and
+    SIGKILLs it as soon as a background write after the first has begun
+    (TensorFlow writes ``ckpt-<n>_temp/`` and renames at the end). Returns
+    ``n`` if the kill landed mid-write (the temporary directory is left),
+    else None. The process is ended by pid whatever happens."""
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "tests" / "programs" / "async_checkpoint_saves.py"),
+         f"--checkpoint_dir={directory}"], cwd=REPO, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"))
+    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+    first = None
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and process.poll() is None:
+            writing = [int(m.group(1)) for m in map(re.compile(r"ckpt-(\d+)_temp$").match,
+                                                    os.listdir(directory)) if m] \
+                if directory.exists() else []
+            if first is None and writing:
+                first = writing[0]
+            if writing and writing[0] > first:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+                left = [n for n in writing if (directory / f"ckpt-{n}_temp").exists()]
+                return left[0] if left else None
+            time.sleep(0.002)
+        raise AssertionError(f"no second background write within {timeout} s: {lines[-20:]}")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+
+def test_a_sigkill_during_a_background_write_leaves_the_previous_checkpoint_latest(
+        make_strategy, tmp_path):
+    """A real process saving 67 MB checkpoints in the background is killed
+    (SIGKILL) while TensorFlow writes one. The latest checkpoint must be a
+    complete earlier one that restores every weight to its own step; the
+    half-written one is never the latest; a restarted process resumes from
+    it and saves again."""
+    directory = tmp_path / "ckpt"
+    landed, lines = None, []
+    for _ in range(3):  # a kill can miss the write (it ended first): kill again
+        landed = _killed_mid_write(directory, lines)
+        if landed is not None:
+            break
+    assert landed is not None, lines[-20:]
+    latest = tf.train.latest_checkpoint(str(directory))
+    assert latest is not None and int(latest.rsplit("-", 1)[1]) < landed, (latest, landed)
+    step = int(latest.rsplit("-", 1)[1])
+
+    strategy = make_strategy(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4096,)), keras.layers.Dense(4096),
+                                  keras.layers.Dense(3)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.optimizer.build(model.trainable_variables)
+    checkpoint = tfdist.checkpoint.TrainingCheckpoint.for_strategy(model, strategy,
+                                                                   str(directory))
+    assert checkpoint.restore_latest() == latest
+    assert checkpoint.position().step == step
+    for weight in model.weights:
+        assert float(tf.reduce_min(weight)) == float(tf.reduce_max(weight)) == step, weight.name
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "programs" / "async_checkpoint_saves.py"),
+         f"--checkpoint_dir={directory}", "--saves=2"], cwd=REPO, timeout=300,
+        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"restored {step}" in done.stdout
+    assert tf.train.latest_checkpoint(str(directory)).endswith(f"ckpt-{step + 2}")
