@@ -104,6 +104,29 @@ def test_a_failed_background_write_is_raised_in_fit_naming_the_checkpoint(make_s
     assert trainer.step < 10  # stopped before the end of the epoch
 
 
+
+def test_attached_keras_fit_with_async_saves_resumes_like_one_device(make_strategy, tmp_path):
+    """``tfdist.attach(..., async_checkpoint=True)``: model.fit interrupted
+    mid-epoch, then fit again on other replicas, ends where single-device
+    Keras ends. Every save is complete when fit returns or raises."""
+    dataset = ref.global_batches(100, 16)  # 7 batches per epoch
+    expected, _ = ref.keras_fit(dataset, 2, "adam")
+
+    def attached(replicas):
+        strategy = make_strategy(replicas)
+        with strategy.scope():
+            model = ref.compile_model(ref.build_mlp(), "adam")
+        return tfdist.attach(model, strategy, checkpoint_dir=str(tmp_path),
+                             checkpoint_every_steps=3, async_checkpoint=True)
+
+    first = attached(4)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(dataset, epochs=2, verbose=0, callbacks=[ref.CrashAtStep(11)])
+    model = attached(3)
+    model.fit(dataset, epochs=2, verbose=0)
+    ref.assert_weights_close(expected, model)
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-14")
+
 def _killed_mid_write(directory: pathlib.Path, lines: list, timeout: float = 120):
     """Runs tests/programs/async_checkpoint_saves.py on ``directory`` and
     SIGKILLs it as soon as a background write after the first has begun

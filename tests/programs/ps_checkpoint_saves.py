@@ -29,6 +29,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--checkpoint_dir", required=True)
     parser.add_argument("--saves", type=int, default=200)
+    parser.add_argument("--async_write", action="store_true",
+                        help="TrainingCheckpoint(async_write=True): refused under ps")
     args = parser.parse_args()
 
     strategy = tfdist.make_strategy("parameter_server", timeout_seconds=60)
@@ -39,7 +41,8 @@ def main():
                                   keras.layers.Dense(3)])
         model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
         model.optimizer.build(model.trainable_variables)
-    checkpoint = tfdist.checkpoint.TrainingCheckpoint(model, args.checkpoint_dir)
+    checkpoint = tfdist.checkpoint.TrainingCheckpoint(model, args.checkpoint_dir,
+                                                      async_write=args.async_write)
     for number in range(1, args.saves + 1):
         checkpoint.save(number, 0, number)
         print(f"save {number} rss_kb {_rss_kb()}", flush=True)

@@ -43,6 +43,7 @@ saves go through tfdist's one traced function, which TensorFlow's
 background writer does not use.
 """
 
+import contextlib
 import dataclasses
 import fnmatch
 import os
@@ -58,7 +59,7 @@ from tfdist._internal import host_values
 from tfdist.checkpoint.background_writes import BackgroundWrites
 from tfdist.checkpoint.state_snapshot import TotalsSnapshot
 from tfdist.checkpoint.traced_saves import TracedSaves, spans_tasks
-from tfdist.errors import CheckpointMismatchError, ConfigurationError
+from tfdist.errors import CheckpointMismatchError, CheckpointWriteError, ConfigurationError
 from tfdist.replica.metrics import state_variables
 from tfdist.strategies import sharded
 
@@ -248,6 +249,22 @@ class TrainingCheckpoint:
         """Waits for the background write in flight (raising its error)."""
         if self.writes is not None:
             self.writes.wait_for_write()
+
+    @contextlib.contextmanager
+    def writes_finished(self):
+        """A block (a ``fit``) after which no background write runs. If the
+        block ends normally a failed write is raised; if it raises, the write
+        is still waited for (a restart in this process then sees it) and a
+        failure is printed, so the block's own error is the one raised."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self.finish_writes()
+            except CheckpointWriteError as error:
+                print(f"{self._task_name}: {error}", flush=True)
+            raise
+        self.finish_writes()
 
     @property
     def latest(self) -> Optional[str]:

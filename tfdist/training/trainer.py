@@ -217,7 +217,8 @@ class Trainer:
         watcher = PreemptionWatcher()
         initial_epoch = _keras.begin_training(self.model, callback_list, initial_epoch)
         self._restore(verbose, initial_epoch)
-        with self._explain_failures(), watcher, contextlib.closing(reporter):
+        written = self._checkpoint.writes_finished() if self._checkpoint else contextlib.nullcontext()
+        with self._explain_failures(), watcher, contextlib.closing(reporter), written:
             try:
                 for epoch, iterator, total_steps, persistent in epochs_lib.epoch_iterators(
                         source, functools.partial(self._iterator, source), self._position,
@@ -237,8 +238,6 @@ class Trainer:
             except Preempted as stop:
                 iterator = None
                 raise free_iterators_or_exit(stop) from None
-        if self._checkpoint is not None:  # the last save is complete when fit returns
-            self._checkpoint.finish_writes()
         callback_list.on_train_end()
         return self.model.history
 
