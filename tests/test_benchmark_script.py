@@ -85,3 +85,27 @@ def test_every_optional_contender_runs(tmp_path, monkeypatch):
     for name in names:
         assert "error" not in run["results"][name], (name, run["results"][name])
         assert min(run["results"][name]["rates"]) > 0, name
+
+
+def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
+    """scripts/checkpoint_benchmark.py --quick: no saves, synchronous and
+    background saves each timed (paired with no saves) and measured for
+    memory and save duration in a process of its own (no timing asserts)."""
+    command = [sys.executable, str(REPO / "scripts" / "checkpoint_benchmark.py"), "--quick",
+               f"--output_dir={tmp_path}"]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        log, _ = process.communicate(timeout=600)
+    finally:
+        kill_tree(process.pid)
+    assert process.returncode == 0, log[-5000:]
+    result = json.loads((tmp_path / "checkpoint_benchmark.json").read_text())
+    assert set(result["rates"]) == {"none", "sync", "async"}
+    assert set(result["vs_none"]) == {"sync", "async"}
+    assert all(min(rates) > 0 for rates in result["rates"].values())
+    for form in ("sync", "async"):
+        memory = result["memory"][form]
+        assert memory["checkpoint_mb"] > 0 and memory["complete_ms"] > 0, memory
+    assert "| async |" in (tmp_path / "checkpoint_benchmark.md").read_text()

@@ -1,0 +1,244 @@
+"""Benchmark: what checkpoints every N steps cost, synchronous against background.
+
+    python scripts/checkpoint_benchmark.py            # 25.6M weights, ~10 min here
+    python scripts/checkpoint_benchmark.py --quick    # every path, tiny model, ~1 min
+
+A 25.6M-parameter embedding classifier (a 400,000 x 64 table, ~100 MB of
+weights, SGD) trains under MirroredStrategy(2) (logical CPUs) with
+`tfdist.Trainer` in three forms, each its own model and Trainer:
+
+- ``none``: no checkpoints (the reference);
+- ``sync``: a checkpoint every ``--every`` steps, written in the training thread;
+- ``async``: the same, ``async_checkpoint=True`` (written in the background).
+
+Windows of ``--window_steps`` steps (one ``fit`` of one epoch each, on a
+fresh checkpoint directory, so nothing is restored) alternate
+``none sync none async none`` with a rotating order (`bench.timing`); the
+figure is each form's PAIRED throughput ratio to its neighbouring ``none``
+windows (1.0: saves cost nothing). A window ends when ``fit`` returns, so
+an async window includes waiting for its last write.
+
+Then, for each form, a fresh process trains ``3 * --every`` steps and
+reports its host memory peak over its RSS before training, and the time a
+save holds the training thread (``blocking``) and until its files are
+complete (``complete``), as medians over its saves.
+
+Outputs in ``--output_dir``: checkpoint_benchmark.json and .md (the docs'
+table).
+"""
+
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from absl import app, flags, logging
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from bench import teardown, timing  # noqa: E402
+
+flags.DEFINE_string("output_dir", "/tmp/tfdist_checkpoint_benchmark", "Where results go.")
+flags.DEFINE_integer("vocabulary", 400_000, "Rows of the embedding table.")
+flags.DEFINE_integer("dimension", 64, "Columns of the embedding table.")
+flags.DEFINE_integer("every", 20, "Steps between checkpoints.")
+flags.DEFINE_integer("window_steps", 240, "Steps per timed window (one fit).")
+flags.DEFINE_integer("rounds", 5, "Timed rounds.")
+flags.DEFINE_integer("global_batch_size", 256, "Global batch size.")
+flags.DEFINE_bool("quick", False, "A check that every path works, not a measurement: "
+                  "a 1,000-row table, 1 round of 40-step windows.")
+flags.DEFINE_string("memory_of", None, "(internal) measure one form in this process.")
+FLAGS = flags.FLAGS
+
+FORMS = ("none", "sync", "async")
+SEQUENCE, CLASSES = 32, 10
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm", encoding="utf-8") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _setup():
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    tfdist.strategies.configure_logical_cpus(2)
+    teardown.remove_iterator_teardown_stall()
+    return tfdist, tfdist.make_strategy("mirrored", num_replicas=2)
+
+
+def _dataset(tf):
+    """One in-memory global batch, repeated (the input costs nothing)."""
+    tokens = tf.random.stateless_uniform([FLAGS.global_batch_size, SEQUENCE], [1, 2],
+                                         maxval=FLAGS.vocabulary, dtype=tf.int32)
+    labels = tf.random.stateless_uniform([FLAGS.global_batch_size], [3, 4],
+                                         maxval=CLASSES, dtype=tf.int32)
+    batch = tf.data.Dataset.from_tensors((tokens, labels))
+    return teardown.without_autotune(batch.repeat())
+
+
+class _Form:
+    """One form's model, Trainer and fresh checkpoint directory per fit."""
+
+    def __init__(self, tfdist, strategy, form: str, root: str):
+        import keras  # pylint: disable=import-outside-toplevel
+
+        with strategy.scope():
+            model = tfdist.data.recipes.build_embedding_model(
+                FLAGS.vocabulary, SEQUENCE, CLASSES, dimension=FLAGS.dimension)
+            model.compile(optimizer=keras.optimizers.SGD(0.1),
+                          loss="sparse_categorical_crossentropy")
+        self.form, self.root, self.saves = form, root, []
+        self.directory = os.path.join(root, form)
+        self.trainer = tfdist.Trainer(
+            model, strategy, checkpoint_dir=None if form == "none" else self.directory,
+            checkpoint_every_steps=FLAGS.every, checkpoint_every_epoch=False,
+            async_checkpoint=form == "async", log_every_steps=10**9)
+        checkpoint = self.trainer._checkpoint  # pylint: disable=protected-access
+        if checkpoint is not None:  # time each save in the training thread
+            save = checkpoint.save
+
+            def timed_save(*args, **kwargs):
+                start = time.perf_counter()
+                path = save(*args, **kwargs)
+                self.saves.append(time.perf_counter() - start)
+                return path
+
+            checkpoint.save = timed_save
+
+    def run(self, dataset, steps: int) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)  # nothing to restore
+        self.trainer.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+
+
+def _measure_memory(form: str) -> dict:
+    """Peak RSS over the RSS before training, and save durations (this process)."""
+    tfdist, strategy = _setup()
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    root = tempfile.mkdtemp(prefix="tfdist-ckpt-bench-")
+    try:
+        runner = _Form(tfdist, strategy, form, root)
+        dataset = _dataset(tf)
+        runner.run(dataset, 2)  # traced and built
+        runner.saves.clear()
+        before, peak, running = _rss_bytes(), [0], [True]
+
+        def sample():  # the lifetime peak (ru_maxrss) may predate training
+            while running[0]:
+                peak[0] = max(peak[0], _rss_bytes())
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        runner.run(dataset, 3 * FLAGS.every)
+        running[0] = False
+        sampler.join()
+        peak = peak[0]
+        result = {"form": form, "rss_before_mb": before / 2**20,
+                  "peak_over_before_mb": max(0, peak - before) / 2**20}
+        if form != "none":
+            checkpoint = runner.trainer._checkpoint  # pylint: disable=protected-access
+            complete = []
+            for step in range(1, 6):  # a save, then its files complete
+                start = time.perf_counter()
+                checkpoint.save(10**6 + step, 0, 0)
+                checkpoint.finish_writes()
+                complete.append(time.perf_counter() - start)
+            result.update(blocking_ms=1e3 * statistics.median(runner.saves[:3]),
+                          complete_ms=1e3 * statistics.median(complete),
+                          checkpoint_mb=sum(os.path.getsize(os.path.join(runner.directory, f))
+                                            for f in os.listdir(runner.directory)
+                                            if f.startswith(f"ckpt-{10**6 + 5}.")) / 2**20)
+        return result
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _memory_in_subprocess(form: str) -> dict:
+    argv = [sys.executable, __file__, f"--memory_of={form}"] + [
+        f"--{name}={getattr(FLAGS, name)}"
+        for name in ("vocabulary", "dimension", "every", "global_batch_size", "quick")]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        out, _ = process.communicate(timeout=900)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    if process.returncode != 0:
+        raise RuntimeError(f"the memory run of {form!r} failed (exit {process.returncode})")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _markdown(result: dict) -> str:
+    rows = ["| form | throughput vs no saves (median, p25-p75) | save blocks training "
+            "| save complete | host memory peak over start |",
+            "|---|---|---|---|---|"]
+    for form in FORMS:
+        ratio = result["vs_none"].get(form)
+        memory = result["memory"][form]
+        cell = (f"{ratio['median']:.2f} ({ratio['p25']:.2f}-{ratio['p75']:.2f})"
+                if ratio else "1.00 (reference)")
+        rows.append(f"| {form} | {cell} | {memory.get('blocking_ms', 0):.0f} ms | "
+                    f"{memory.get('complete_ms', 0):.0f} ms | "
+                    f"{memory['peak_over_before_mb']:.0f} MB |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)  # TensorFlow's async writer logs each save
+    if FLAGS.quick:
+        FLAGS.vocabulary, FLAGS.rounds, FLAGS.window_steps = 1000, 1, 40
+    if FLAGS.memory_of:
+        print(json.dumps(_measure_memory(FLAGS.memory_of)), flush=True)
+        return
+    tfdist, strategy = _setup()
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    root = tempfile.mkdtemp(prefix="tfdist-ckpt-bench-")
+    try:
+        dataset = _dataset(tf)
+        forms = {form: _Form(tfdist, strategy, form, root) for form in FORMS}
+        for runner in forms.values():  # traced, built, a save or two warmed up
+            runner.run(dataset, 2 * FLAGS.every)
+        runners = {form: (lambda steps, runner=forms[form]: runner.run(dataset, steps))
+                   for form in FORMS}
+        timeline = timing.alternate(runners, FLAGS.rounds, FLAGS.window_steps, FLAGS.global_batch_size,
+                                    reference="none")
+        waits = forms["async"].trainer._checkpoint.writes.waits  # pylint: disable=protected-access
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    parameters = FLAGS.vocabulary * FLAGS.dimension + FLAGS.dimension * CLASSES + CLASSES
+    result = {
+        "config": {"parameters": parameters, "every": FLAGS.every,
+                   "window_steps": FLAGS.window_steps, "rounds": FLAGS.rounds,
+                   "global_batch_size": FLAGS.global_batch_size, "strategy": "mirrored:2"},
+        "rates": timing.rates_by_name(timeline),
+        "vs_none": timing.paired_ratios(timeline, "none"),
+        "async_waits_for_previous_write": waits,
+        "memory": {form: _memory_in_subprocess(form) for form in FORMS},
+    }
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    with open(os.path.join(FLAGS.output_dir, "checkpoint_benchmark.json"), "w",
+              encoding="utf-8") as out:
+        json.dump(result, out, indent=2)
+    table = _markdown(result)
+    with open(os.path.join(FLAGS.output_dir, "checkpoint_benchmark.md"), "w",
+              encoding="utf-8") as out:
+        out.write(table)
+    print(f"{parameters / 1e6:.1f}M parameters, a checkpoint every {FLAGS.every} steps, "
+          f"MirroredStrategy(2):\n{table}", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
