@@ -68,6 +68,41 @@ def test_workers_train_like_one_device(tmp_path, keras_reference, replicas_per_w
     assert "[worker-1] train |" not in run.output and "[worker-0] train |" in run.output
 
 
+def test_two_workers_read_through_a_data_service_worker_like_one_device(tmp_path,
+                                                                       keras_reference):
+    """``tfdist-run --data_service_workers=1``: a dispatcher and a service
+    worker run beside the 2 training workers, whose global batches come from
+    the service (data_service="auto"); training equals one device."""
+    args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            "--data_service=auto"]
+    with LauncherRun(["--num_workers=2", "--data_service_workers=1"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for result in _results(tmp_path / "out"):
+        _assert_equals_reference(result, keras_reference)
+    assert "[data-worker-0] tfdist.server: tf.data service data_worker serving" in run.output
+    cluster = next(line for line in run.output.splitlines() if "[launcher] cluster:" in line)
+    assert '"data-dispatcher@' in cluster and '"data-worker-0@' in cluster
+
+
+def test_a_killed_data_service_worker_is_named_and_a_restart_finishes_exactly(
+        tmp_path, keras_reference):
+    """SIGKILL to the service worker mid-epoch: the launcher names it at once
+    (no training task hangs on the lost stream), starts the group again, and
+    training resumes from the checkpoint to the weights of one device."""
+    launcher = ["--num_workers=2", "--data_service_workers=1", "--max_restarts=1",
+                "--grace_period=5"]
+    with LauncherRun(launcher, PROGRAM + _slow_run_args(tmp_path) + ["--data_service=auto"]) as run:
+        run.wait_for(r"\[worker-0\] train \| epoch 2 \| step 2/5", timeout=240)
+        killed = time.monotonic()
+        os.kill(run.pids()["data-worker-0"], signal.SIGKILL)
+        run.wait_for(r"restart 1/1", timeout=90)
+        assert time.monotonic() - killed < 60
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    assert "data-worker-0: exited (exit code 137)" in run.output, run.output[-3000:]
+    for result in _results(tmp_path / "out"):
+        _assert_equals_reference(result, keras_reference, check_history=False)
+
+
 def _assert_weights_equal(expected, weights):
     for index, (want, got) in enumerate(zip(expected, weights)):
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0,

@@ -162,6 +162,9 @@ def main():
                         help="train tests/test_keras_overrides.py's model with its own "
                              "train_step or compute_loss (tfdist.attach + fit on "
                              "(x, y) batches)")
+    parser.add_argument("--data_service", default=None,
+                        help="Trainer(data_service=...): 'auto' reads tfdist-run's "
+                             "TFDIST_DATA_SERVICE")
     parser.add_argument("--async_checkpoint", action="store_true",
                         help="Trainer(async_checkpoint=True): saves written in the background")
     parser.add_argument("--keras_fit", action="store_true",
@@ -195,6 +198,7 @@ def main():
         model, strategy, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every_steps=args.checkpoint_every_steps,
         log_every_steps=args.log_every_steps, async_checkpoint=args.async_checkpoint,
+        data_service=args.data_service,
     )
     overflow_row = 15 if args.mixed_float16 else None
     dataset = (ref.global_batches(args.examples, args.batch_size, overflow_row=overflow_row)

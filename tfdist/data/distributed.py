@@ -35,7 +35,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tfdist.data import epochs, options as options_lib
+from tfdist.data import epochs, options as options_lib, service
 from tfdist.data.batch import Batch, validate_element_spec
 from tfdist.replica import collectives
 from tfdist.data.epochs import EpochDataset, epoch_seed  # noqa: F401  (public names)
@@ -159,7 +159,7 @@ def _needs_padding(dataset: tf.data.Dataset, replicas: int) -> int:
 def distribute(strategy: tf.distribute.Strategy, data, **options):
     """Returns a distributed dataset of `Batch` structures.
 
-    Arguments (``epoch``, ``skip_steps``, ``partial_batch``,
+    Arguments (``epoch``, ``skip_steps``, ``partial_batch``, ``data_service``,
     ``global_batch_size``, ``shard_policy``, ``avoid_empty_replicas``) as
     `distribute_counted`, which also says how many steps the dataset
     certainly has.
@@ -187,6 +187,7 @@ def distribute_counted(
     global_batch_size: Optional[int] = None,
     shard_policy: str = "auto",
     avoid_empty_replicas: bool = False,
+    data_service: Optional[str] = None,
 ):
     """``(distributed dataset, guaranteed steps)`` for ``epoch``.
 
@@ -223,6 +224,9 @@ def distribute_counted(
         split evenly over the replicas up to a multiple of their number,
         with a ``mask`` (0.0 on padding), so no replica gets a 0-row batch
         (the Trainer does; a hand-written loop must then weight by the mask).
+      data_service: a tf.data service dispatcher's address, or ``"auto"``
+        (``TFDIST_DATA_SERVICE``): the global batches are produced there
+        (`tfdist.data.service`), in order, so results do not change.
     """
     if shard_policy not in options_lib.SHARD_POLICIES:
         raise ConfigurationError(
@@ -231,6 +235,14 @@ def distribute_counted(
         )
     source = epochs.as_source(data)
     replicas = strategy.num_replicas_in_sync
+    address = service.resolve(data_service)
+    if address:
+        service.check_synchronous(type(strategy).__name__)
+        if source.per_replica:
+            raise ConfigurationError(
+                "data_service takes a dataset of global batches (or an EpochDataset); "
+                "a dataset_fn builds per-replica pipelines on the training workers. "
+                "Pass the global-batch dataset, or data_service=None.")
     if source.per_replica:  # its length is the dataset_fn's: unknown here
         return _distribute_dataset_fn(
             strategy, source, skip_steps, partial_batch, global_batch_size, shard_policy
@@ -244,8 +256,11 @@ def distribute_counted(
     # batches together: the global count is all-reduced, not carried.
     policy = options_lib.shard_policy(shard_policy, data)
     carried = policy not in ("file", "off")
+    remaining = data.skip(skip_steps)
+    if address:  # produced on the service, in order (one job per iterator)
+        remaining = service.read_through(remaining, address)
     dataset = apply_partial_batch_policy(
-        data.skip(skip_steps), partial_batch, global_batch_size,
+        remaining, partial_batch, global_batch_size,
         add_global_count=carried,
         pad_to_multiple_of=(_needs_padding(data, replicas)
                             if avoid_empty_replicas and carried else 1),

@@ -37,6 +37,11 @@ programs that do not use tfdist.
 Options:
   --num_workers N       worker tasks (required)
   --num_ps N            parameter-server tasks (default 0: no ps)
+  --data_service_workers K
+                        also run a tf.data service dispatcher and K service
+                        workers (tasks data-dispatcher, data-worker-0..); every
+                        training task gets TFDIST_DATA_SERVICE=grpc://<dispatcher>,
+                        which data_service="auto" reads (default 0: none)
   --max_restarts K      restarts of the group after a failure (default 0)
   --min_workers M       elastic shrink: a worker that dies before joining on
                         a restart is lost, and the group restarts with one
@@ -101,6 +106,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     parser = argparse.ArgumentParser(prog="tfdist-run", description=__doc__.split("\n")[0])
     parser.add_argument("--num_workers", type=int, required=True)
     parser.add_argument("--num_ps", type=int, default=0)
+    parser.add_argument("--data_service_workers", type=int, default=0)
     parser.add_argument("--max_restarts", type=int, default=0)
     parser.add_argument("--min_workers", type=int, default=None)
     parser.add_argument("--log_dir", default=None)
@@ -115,7 +121,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     ports = tuple(int(p) for p in args.ports.split(",")) if args.ports else None
     config = LaunchConfig(
         num_workers=args.num_workers, num_ps=args.num_ps, max_restarts=args.max_restarts,
-        min_workers=args.min_workers,
+        min_workers=args.min_workers, data_service_workers=args.data_service_workers,
         log_dir=args.log_dir, start_timeout=args.start_timeout,
         grace_period=args.grace_period, hang_timeout=args.hang_timeout, ports=ports,
     )

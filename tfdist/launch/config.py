@@ -15,6 +15,11 @@ class LaunchConfig:
         (MultiWorkerMirroredStrategy); with them, each runs a server.
       num_ps: parameter-server tasks (servers); when set, the command runs
         once, as the chief (the coordinator).
+      data_service_workers: tf.data service workers to run beside the
+        training tasks, with a dispatcher (0: none). Every training task gets
+        the dispatcher's address in ``TFDIST_DATA_SERVICE``
+        (`tfdist.data.service`). They are servers: one that exits fails the
+        group (a restart starts them all again).
       max_worker_respawns: with ps tasks and 2+ workers, how often a dead
         or hung worker server is started again (the coordinator moves its
         steps to the other workers). With one worker a lost worker fails the
@@ -50,6 +55,7 @@ class LaunchConfig:
 
     num_workers: int
     num_ps: int = 0
+    data_service_workers: int = 0
     max_worker_respawns: int = 3
     max_restarts: int = 0
     min_workers: Optional[int] = None
@@ -67,6 +73,11 @@ class LaunchConfig:
             )
         if not isinstance(self.num_ps, int) or self.num_ps < 0:
             raise ConfigurationError(f"`num_ps` ({self.num_ps!r}) must be 0 or more.")
+        if (not isinstance(self.data_service_workers, int) or isinstance(self.data_service_workers, bool)
+                or self.data_service_workers < 0):
+            raise ConfigurationError(
+                f"`data_service_workers` ({self.data_service_workers!r}) must be 0 (no "
+                "tf.data service) or a number of service workers, e.g. --data_service_workers=1.")
         if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
             raise ConfigurationError(
                 f"`max_restarts` ({self.max_restarts!r}) must be 0 or more."
@@ -111,5 +122,7 @@ class LaunchConfig:
 
     @property
     def num_tasks(self) -> int:
-        """Workers, plus a chief and the ps tasks in parameter-server mode."""
-        return self.num_workers + (1 + self.num_ps if self.num_ps else 0)
+        """Workers, plus a chief and the ps tasks in parameter-server mode,
+        plus a dispatcher and the tf.data service workers."""
+        return (self.num_workers + (1 + self.num_ps if self.num_ps else 0)
+                + (1 + self.data_service_workers if self.data_service_workers else 0))

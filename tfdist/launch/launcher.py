@@ -11,6 +11,7 @@ import threading
 from typing import Optional, Sequence
 
 from tfdist import cluster
+from tfdist.data import service
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.group import GroupResult, ProcessGroup, TaskSpec
 from tfdist.launch.ports import check_ports_free, free_ports
@@ -32,12 +33,37 @@ def _cluster_layout(config: LaunchConfig, ports: Sequence[int]):
     }
 
 
+def _data_service_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
+    """A dispatcher and the tf.data service workers (servers, no respawns:
+    a respawned worker would produce its jobs' data again), on the last ports."""
+    if not config.data_service_workers:
+        return [], {}
+    dispatcher, *workers = ports[-(1 + config.data_service_workers):]
+    tasks = []
+    for name, arguments in [("data-dispatcher", ["dispatcher"])] + [
+            (f"data-worker-{index}", ["data_worker", f"--dispatcher={config.host}:{dispatcher}",
+                                      f"--host={config.host}"])
+            for index in range(len(workers))]:
+        port = dispatcher if name == "data-dispatcher" else workers[int(name.rsplit("-", 1)[1])]
+        ready = os.path.join(ready_dir, f"{name}.ready")
+        tasks.append(TaskSpec(
+            name=name, env={cluster.READY_FILE_ENV: ready},
+            ready_file=ready if config.start_timeout else None,
+            command=SERVER_COMMAND + (arguments[0], f"--port={port}", *arguments[1:]),
+            server=True))
+    return tasks, {service.ADDRESS_ENV: f"grpc://{config.host}:{dispatcher}",
+                   service.WORKERS_ENV: str(config.data_service_workers)}
+
+
 def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
     """One `TaskSpec` per task, with its TF_CONFIG and ready file.
 
     Without ps tasks every worker runs the command. With them the command
-    runs as the chief, and workers and ps tasks run `tfdist.server`.
+    runs as the chief, and workers and ps tasks run `tfdist.server`. With
+    ``data_service_workers`` a dispatcher and its workers come last, and
+    every training task learns the dispatcher's address.
     """
+    data_tasks, data_env = _data_service_tasks(config, ports, ready_dir)
     layout = _cluster_layout(config, ports)
     tasks = []
     for job, addresses in layout.items():
@@ -48,7 +74,7 @@ def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
             server = bool(config.num_ps) and job in ("worker", "ps")
             tasks.append(TaskSpec(
                 name=name,
-                env={"TF_CONFIG": tf_config.to_json(), cluster.READY_FILE_ENV: ready},
+                env={"TF_CONFIG": tf_config.to_json(), cluster.READY_FILE_ENV: ready, **data_env},
                 ready_file=ready if config.start_timeout else None,
                 command=SERVER_COMMAND if server else None,
                 server=server,
@@ -57,7 +83,7 @@ def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
                 max_respawns=(config.max_worker_respawns
                               if job == "worker" and server and config.num_workers > 1 else 0),
             ))
-    return tasks
+    return tasks + data_tasks
 
 
 def _lost_worker(result: GroupResult, tasks, restarts: int) -> Optional[str]:

@@ -67,9 +67,9 @@ class Trainer:
       shard_policy: how workers split global-batch datasets (`tfdist.data`).
       log_every_steps: steps between progress lines and batch summaries.
       checkpoint_every_steps: also save every this many steps.
-      checkpoint_every_epoch: save at the end of every epoch (default).
-      max_to_keep: checkpoints kept.
+      checkpoint_every_epoch, max_to_keep: save at each epoch's end (default); checkpoints kept.
       async_checkpoint: periodic and epoch saves written in the background.
+      data_service: a tf.data service address, or "auto" (`tfdist.data.service`).
       seed: seeds ``shuffle=True`` array orders (per epoch, the same on every worker).
       keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
         line per epoch (2) instead of tfdist's log lines (`tfdist.attach`).
@@ -84,6 +84,7 @@ class Trainer:
         log_every_steps: int = 100, checkpoint_every_steps: Optional[int] = None,
         checkpoint_every_epoch: bool = True, max_to_keep: int = 3,
         seed: int = 0, keras_progress_bar: bool = False, async_checkpoint: bool = False,
+        data_service: Optional[str] = None,
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
@@ -118,7 +119,7 @@ class Trainer:
         self._steps, self._targets = steps, not keras_steps.overridden(model)
         runner = runners.for_strategy(strategy)
         self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy,
-                              after_train_step=steps.after_train_step,
+                              after_train_step=steps.after_train_step, data_service=data_service,
                               avoid_empty_replicas=steps.avoid_empty_replicas)
         self._checkpoint = TrainingCheckpoint(
             model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,

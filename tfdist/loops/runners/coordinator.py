@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdist import data as data_lib
+from tfdist.data import service
 from tfdist.cluster import peers
 from tfdist.errors import ConfigurationError
 from tfdist.loops.runners.executions import run_each
@@ -36,11 +37,16 @@ class CoordinatorRunner:
 
     def __init__(self, strategy, train_step: Callable, eval_step: Callable, *,
                  shard_policy: str = "auto", after_train_step: Optional[Callable] = None,
-                 avoid_empty_replicas: bool = True):
+                 avoid_empty_replicas: bool = True, data_service: Optional[str] = None):
         # Workers deal out batches (or a dataset_fn shards); nothing runs
         # after a step (no gradient accumulation: `tfdist.replica.accumulation`);
         # a worker's replica always has its whole batch.
         del shard_policy, after_train_step, avoid_empty_replicas
+        if service.resolve(data_service):
+            raise ConfigurationError(
+                f"data_service={data_service!r} is not supported under "
+                "ParameterServerStrategy yet (its workers would need dynamic sharding); "
+                "use data_service=None.")
         self._strategy = strategy
         self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         self._train_step = train_step

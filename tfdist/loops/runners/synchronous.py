@@ -84,9 +84,11 @@ class SynchronousRunner:
         shard_policy: str = "auto",
         after_train_step: Optional[Callable] = None,
         avoid_empty_replicas: bool = True,
+        data_service: Optional[str] = None,
     ):
         self._strategy = strategy
         self._shard_policy = shard_policy
+        self._data_service = data_service
         self._avoid_empty_replicas = avoid_empty_replicas
         self._multi_worker = collectives.spans_workers(strategy)
         self._train_loops = CountedLoops(strategy, train_step, after_step=after_train_step)
@@ -107,6 +109,7 @@ class SynchronousRunner:
                 self._strategy, source, epoch=epoch, skip_steps=skip_steps,
                 partial_batch=partial_batch, global_batch_size=global_batch_size,
                 shard_policy=self._shard_policy, avoid_empty_replicas=self._avoid_empty_replicas,
+                data_service=self._data_service,
             )
         return self._distributed[key]
 
