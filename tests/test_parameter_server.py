@@ -306,3 +306,11 @@ def test_a_models_own_compute_loss_on_one_worker_equals_one_device(tmp_path):
     result = _result(tmp_path)
     _assert_weights_equal_reference(result, (expected.get_weights(),))
     ref.assert_logs_close(history, result["history"])
+
+
+def test_a_data_service_under_parameter_servers_is_a_clear_error(tmp_path):
+    with LauncherRun(["--num_workers=1", "--num_ps=1", "--data_service_workers=1"],
+                     PROGRAM + [f"--output_dir={tmp_path}", "--data_service=auto"]) as run:
+        assert run.wait(timeout=300) != 0
+    assert "is not supported under ParameterServerStrategy yet" in run.output, run.output[-3000:]
+    assert "use data_service=None" in run.output

@@ -40,6 +40,7 @@ def main():
     parser.add_argument("--input", default="dataset", choices=["dataset", "dataset_fn"],
                         help="mlp: pass a dataset, or a dataset_fn(input_context) sharding it")
     parser.add_argument("--log_every_steps", type=int, default=5)
+    parser.add_argument("--data_service", default=None, help="Trainer(data_service=...): refused")
     parser.add_argument("--validation_examples", type=int, default=0,
                         help="also validate on this many examples each epoch (0: no)")
     args = parser.parse_args()
@@ -78,6 +79,7 @@ def main():
             time.sleep(args.step_delay)
 
     trainer = tfdist.Trainer(model, strategy, checkpoint_dir=args.checkpoint_dir, log_every_steps=args.log_every_steps,
+                             data_service=args.data_service,
                              checkpoint_every_steps=args.checkpoint_every_steps)
     try:  # Without steps_per_epoch: a clear error, and nothing trained.
         trainer.fit(train, epochs=1)
