@@ -43,6 +43,9 @@ Options:
                         training task gets TFDIST_DATA_SERVICE=grpc://<dispatcher>,
                         which data_service="auto" reads (default 0: none)
   --max_restarts K      restarts of the group after a failure (default 0)
+  --bandwidth RATE      run every task in a network namespace whose loopback
+                        is limited to RATE (a tc rate: 1gbit, 10gbit, 500mbit),
+                        one link all tasks share; Linux and root only
   --min_workers M       elastic shrink: a worker that dies before joining on
                         a restart is lost, and the group restarts with one
                         worker fewer, never fewer than M (default: num_workers)
@@ -82,6 +85,7 @@ from tfdist._internal import tf_logs
 from tfdist.errors import ConfigurationError
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.emit import emit, EMIT_KINDS, JobSpec
+from tfdist.launch.network import exec_limited, inside
 from tfdist.launch.launcher import launch
 
 
@@ -107,6 +111,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     parser.add_argument("--num_workers", type=int, required=True)
     parser.add_argument("--num_ps", type=int, default=0)
     parser.add_argument("--data_service_workers", type=int, default=0)
+    parser.add_argument("--bandwidth", default=None)
     parser.add_argument("--max_restarts", type=int, default=0)
     parser.add_argument("--min_workers", type=int, default=None)
     parser.add_argument("--log_dir", default=None)
@@ -122,6 +127,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     config = LaunchConfig(
         num_workers=args.num_workers, num_ps=args.num_ps, max_restarts=args.max_restarts,
         min_workers=args.min_workers, data_service_workers=args.data_service_workers,
+        bandwidth=args.bandwidth,
         log_dir=args.log_dir, start_timeout=args.start_timeout,
         grace_period=args.grace_period, hang_timeout=args.hang_timeout, ports=ports,
     )
@@ -176,6 +182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stdout.write(emit(kind, spec))
             return 0
         config, command = parse_args(argv)
+        if config.bandwidth and not inside(config.bandwidth):
+            exec_limited(config.bandwidth, [sys.executable, "-m", "tfdist.launch", *argv])
         result = launch(config, command)
     except ConfigurationError as error:
         print(f"tfdist-run: {error}", file=sys.stderr)

@@ -4,6 +4,7 @@ import dataclasses
 from typing import Optional, Tuple
 
 from tfdist.errors import ConfigurationError
+from tfdist.launch.network import bits_per_second
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,9 @@ class LaunchConfig:
       ports: fixed ports (one per task); default: free ports, new each start.
       host: address the tasks bind to; loopback, since TensorFlow's gRPC
         servers have no authentication.
+      bandwidth: a tc rate (``"1gbit"``): every task runs in a network
+        namespace whose loopback is limited to it (`tfdist.launch.network`;
+        ``tfdist-run --bandwidth`` makes the namespace). None: no limit.
 
     >>> from tfdist.launch import LaunchConfig
     >>> config = LaunchConfig(num_workers=2, num_ps=1)    # tfdist-run --num_workers=2 --num_ps=1
@@ -65,6 +69,7 @@ class LaunchConfig:
     hang_timeout: float = 20.0
     ports: Optional[Tuple[int, ...]] = None
     host: str = "127.0.0.1"
+    bandwidth: Optional[str] = None
 
     def __post_init__(self):
         if not isinstance(self.num_workers, int) or self.num_workers < 1:
@@ -83,6 +88,8 @@ class LaunchConfig:
                 f"`max_restarts` ({self.max_restarts!r}) must be 0 or more."
             )
         self._check_min_workers()
+        if self.bandwidth is not None:
+            bits_per_second(self.bandwidth)  # a clear error for a bad rate
         for name in ("start_timeout", "grace_period", "hang_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(

@@ -12,6 +12,8 @@ from typing import Optional, Sequence
 
 from tfdist import cluster
 from tfdist.data import service
+from tfdist.errors import ConfigurationError
+from tfdist.launch.network import inside
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.group import GroupResult, ProcessGroup, TaskSpec
 from tfdist.launch.ports import check_ports_free, free_ports
@@ -165,6 +167,13 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
     """
     output = output or sys.stdout
     emit = lambda line: (output.write(line + "\n"), output.flush())  # noqa: E731
+    if config.bandwidth:
+        if not inside(config.bandwidth):
+            raise ConfigurationError(
+                f"bandwidth={config.bandwidth!r} needs the launcher to run in a limited network "
+                "namespace: use `tfdist-run --bandwidth=...`, which makes it.")
+        emit(f"[launcher] network: every task shares one loopback limited to "
+             f"{config.bandwidth} (tc tbf, in a network namespace of its own)")
     if config.ports:
         check_ports_free(config.ports, config.host)
     ready_dir = tempfile.mkdtemp(prefix="tfdist-launch-")
