@@ -54,7 +54,8 @@ _NAMES = {
     "register_strategy": "tfdist.strategies.registry",
 }
 _PACKAGES = (
-    "checkpoint", "cluster", "data", "errors", "integrations", "launch", "loops", "replica",
+    "checkpoint", "cluster", "communication", "data", "errors", "integrations", "launch", "loops",
+    "replica",
     "strategies", "tpu", "training",
 )
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tfdist import cluster, data as data_lib
 from tfdist._internal import keras_internals as _keras, validation
 from tfdist.checkpoint import Position, TrainingCheckpoint
+from tfdist.communication import compression
 from tfdist.data import epochs as epochs_lib, keras_inputs
 from tfdist.loops import runners
 from tfdist.loops.cadence import Cadence
@@ -70,6 +71,7 @@ class Trainer:
       checkpoint_every_epoch, max_to_keep: save at each epoch's end (default); checkpoints kept.
       async_checkpoint: periodic and epoch saves written in the background.
       data_service: a tf.data service address, or "auto" (`tfdist.data.service`).
+      communication: `tfdist.communication.Compression` for the gradient all-reduce.
       seed: seeds ``shuffle=True`` array orders (per epoch, the same on every worker).
       keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
         line per epoch (2) instead of tfdist's log lines (`tfdist.attach`).
@@ -84,7 +86,7 @@ class Trainer:
         log_every_steps: int = 100, checkpoint_every_steps: Optional[int] = None,
         checkpoint_every_epoch: bool = True, max_to_keep: int = 3,
         seed: int = 0, keras_progress_bar: bool = False, async_checkpoint: bool = False,
-        data_service: Optional[str] = None,
+        data_service: Optional[str] = None, communication=None,
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
@@ -97,16 +99,16 @@ class Trainer:
             jit_compile=jit_compile,
         )
         partial_batch = options.partial_batch
+        compression.attach(communication, model.optimizer, strategy)
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
         self._partial_batch = partial_batch
         self.static_shapes = options.static_shapes
         self._global_batch_size = global_batch_size
-        self._log_every_steps = log_every_steps
-        self._checkpoint_every_steps = checkpoint_every_steps
-        self._checkpoint_every_epoch = checkpoint_every_epoch
-        self._seed, self._keras_progress_bar = seed, keras_progress_bar
+        self._log_every_steps, self._checkpoint_every_steps = log_every_steps, checkpoint_every_steps
+        self._checkpoint_every_epoch, self._seed = checkpoint_every_epoch, seed
+        self._keras_progress_bar, self._built_spec = keras_progress_bar, None
         # Under multi-worker strategies only the chief writes summaries and
         # prints progress; every worker computes the same history.
         self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
@@ -125,8 +127,7 @@ class Trainer:
             model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
             task_name=cluster.task_name(), async_write=async_checkpoint) if checkpoint_dir else None
         self._position = Position()
-        self._batch_logs = self._one_at_a_time = False  # per fit (`_callback_list`)
-        self._built_spec = self._predictor = None
+        self._batch_logs = self._one_at_a_time = self._predictor = None  # per fit; predict
 
     # -- set-up ------------------------------------------------------------
 
@@ -264,8 +265,7 @@ class Trainer:
             self.model.stop_training = True
 
     def _epoch_logs(self, validation_source, validation_steps, callbacks) -> Dict[str, float]:
-        """The epoch's training results, plus ``val_`` results when validating
-        (between ``on_test_begin`` / ``on_test_end``, as Keras' fit)."""
+        """The epoch's results, plus ``val_`` ones (between ``on_test_begin`` / ``_end``)."""
         self._runner.sync()
         logs = self._metrics.results()
         if validation_source is not None:

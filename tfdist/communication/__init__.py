@@ -1,0 +1,16 @@
+"""What crosses the network between replicas, and how much of it.
+
+`Compression` halves the bytes of the gradient all-reduce by casting
+gradients to bfloat16 or float16 for the exchange (`tfdist.communication.compression`).
+Pass it as ``communication=`` to `tfdist.Trainer` or `tfdist.attach`.
+
+>>> import tfdist
+>>> tfdist.communication.Compression("bf16")
+Compression('bf16')
+"""
+
+from tfdist._internal import lazy
+
+_NAMES = {"Compression": "tfdist.communication.compression"}
+__all__ = sorted(_NAMES)
+__getattr__ = lazy.attributes(__name__, _NAMES)
