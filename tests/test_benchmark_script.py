@@ -109,3 +109,52 @@ def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
         memory = result["memory"][form]
         assert memory["checkpoint_mb"] > 0 and memory["complete_ms"] > 0, memory
     assert "| async |" in (tmp_path / "checkpoint_benchmark.md").read_text()
+
+
+def _run_script(script, output_dir, timeout, *flags):
+    command = [sys.executable, str(REPO / "scripts" / script), "--quick",
+               f"--output_dir={output_dir}", *flags]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        log, _ = process.communicate(timeout=timeout)
+    finally:
+        kill_tree(process.pid)
+    assert process.returncode == 0, log[-5000:]
+
+
+def test_data_service_benchmark_quick_runs_both_configurations(tmp_path):
+    """2 training workers with 0 and with 1 tf.data service worker (real
+    tfdist-run clusters); CPU figures recorded, no timing asserts."""
+    _run_script("data_service_benchmark.py", tmp_path, 600)
+    result = json.loads((tmp_path / "data_service_benchmark.json").read_text())
+    medians = result["medians"]
+    assert set(medians) == {"0 service workers", "1 service worker"}
+    assert all(m["steps_per_s"] > 0 and m["trainer_cpu_ms_per_step"] > 0
+               for m in medians.values())
+    assert medians["0 service workers"]["service_cpu_ms_per_step"] == 0
+    assert medians["1 service worker"]["service_cpu_ms_per_step"] > 0
+
+
+def _why_no_namespaces() -> str:
+    from tfdist.errors import ConfigurationError  # pylint: disable=import-outside-toplevel
+    from tfdist.launch import network  # pylint: disable=import-outside-toplevel
+
+    try:
+        network.check_can_limit()
+    except ConfigurationError as error:
+        return str(error)
+    return ""
+
+
+@pytest.mark.skipif(bool(_why_no_namespaces()), reason=_why_no_namespaces() or "-")
+def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
+    """Under tfdist-run --bandwidth=1gbit: every configuration timed, its
+    link bytes counted, its accuracy measured (no timing asserts)."""
+    _run_script("compression_benchmark.py", tmp_path, 900,
+                f"--data_dir={tmp_path / 'tensorflow_datasets'}")
+    result = json.loads((tmp_path / "compression_benchmark.json").read_text())
+    assert set(result["medians"]) == {"none", "bf16", "fp16"}
+    assert all(m["bytes_per_step"] > 0 for m in result["medians"].values())
+    assert all(0 <= a <= 1 for a in result["accuracy"].values())
