@@ -69,13 +69,14 @@ def draw(rng: random.Random, mode: str = "mwms"):
 class Cluster:
     """tfdist-run as a real process; output collected; everything ended by pid."""
 
-    def __init__(self, workdir: str, mode: str = "mwms"):
+    def __init__(self, workdir: str, mode: str = "mwms", bandwidth: str = ""):
         tasks, program = (
             (["--num_workers=2"], "tests/programs/train_reference_mlp.py") if mode == "mwms"
             else (["--num_workers=1", "--num_ps=1"], "tests/programs/train_ps.py")
         )
         command = [
             sys.executable, "-m", "tfdist.launch", *tasks, "--max_restarts=2",
+            *([f"--bandwidth={bandwidth}"] if bandwidth else []),
             "--hang_timeout=10", "--grace_period=10", "--",
             sys.executable, program,
             f"--output_dir={workdir}/out", f"--checkpoint_dir={workdir}/ckpt",
@@ -217,6 +218,8 @@ def main(argv=None):
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--trial_timeout", type=float, default=400.0)
+    parser.add_argument("--bandwidth", default="",
+                        help="run every trial under tfdist-run --bandwidth (e.g. 1gbit)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     reference = keras_reference()
@@ -225,7 +228,7 @@ def main(argv=None):
     for trial in range(args.trials):
         fault = draw(rng, args.mode)
         with tempfile.TemporaryDirectory(prefix="tfdist-chaos-") as workdir:
-            cluster = Cluster(workdir, args.mode)
+            cluster = Cluster(workdir, args.mode, args.bandwidth)
             started = time.monotonic()
             try:
                 injected = inject(cluster, fault)
@@ -241,6 +244,8 @@ def main(argv=None):
                 cluster.close()
         restarts = sum("[launcher] restart" in line for line in cluster.lines)
         row = dict(fault, trial=trial + 1, injected=injected, exit_code=code,
+                   limited_network=any("shares one loopback limited to" in line
+                                       for line in cluster.lines),
                    restarts=restarts, seconds=round(took, 1), outcome=outcome,
                    last_line=(cluster.lines[-1] if cluster.lines else "")[:160])
         rows.append(row)

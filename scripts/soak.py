@@ -71,7 +71,7 @@ def read_proc(pid: int):
 
 def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: int = 1,
                      checkpoint_every_steps: int = 500, epoch_steps: int = 0,
-                     endless_data: bool = False):
+                     endless_data: bool = False, bandwidth: str = ""):
     train = [sys.executable, os.path.join(REPO, "scripts", "soak_train.py"),
              f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
              f"--steps_per_execution={steps_per_execution}",
@@ -80,6 +80,8 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
     cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
     if mode == "ps":
         train.append("--strategy=parameter_server")
+    if bandwidth:  # tfdist-run --bandwidth: every task on one limited loopback
+        cluster.append(f"--bandwidth={bandwidth}")
     return [sys.executable, "-m", "tfdist.launch", *cluster, "--grace_period=30", "--", *train]
 
 
@@ -137,13 +139,13 @@ class Soak:
 
     def __init__(self, mode: str, minutes: float, interval: float, workdir: str, steps: int,
                  steps_per_execution: int = 1, checkpoint_every_steps: int = 500,
-                 epoch_steps: int = 0, endless_data: bool = False):
+                 epoch_steps: int = 0, endless_data: bool = False, bandwidth: str = ""):
         self.mode, self.seconds, self.interval = mode, minutes * 60, interval
         self.epoch_steps = epoch_steps
         self.lines, self.samples = [], []
         self.process = subprocess.Popen(
             launcher_command(mode, workdir, steps, steps_per_execution, checkpoint_every_steps,
-                             epoch_steps, endless_data),
+                             epoch_steps, endless_data, bandwidth),
             cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
@@ -194,6 +196,8 @@ class Soak:
         stop_seconds = time.monotonic() - stop_started
         self.close()
         return {"ended_early": ended_early, "exit_code": code,
+                "limited_network": any("shares one loopback limited to" in line
+                                       for line in self.lines),
                 "stop_seconds": round(stop_seconds, 1), "last_step": self.step(),
                 "minutes": round((stop_started - started) / 60, 2)}
 
@@ -229,6 +233,8 @@ def main(argv=None):
                         help="default: 1 for mwms, 8 for ps (see the module docstring)")
     parser.add_argument("--max_stop_seconds", type=float, default=15.0,
                         help="SIGTERM to the launcher must end every task within this")
+    parser.add_argument("--bandwidth", default="",
+                        help="run the cluster under tfdist-run --bandwidth (e.g. 1gbit)")
     parser.add_argument("--json", default=None, help="write samples and verdict here")
     args = parser.parse_args(argv)
     if args.max_rss_kb_per_step is None:
@@ -236,7 +242,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="tfdist-soak-") as workdir:
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
                     args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,
-                    args.endless_data)
+                    args.endless_data, args.bandwidth)
         try:
             run = soak.run()
         finally:

@@ -11,22 +11,9 @@ import sys
 import pytest
 
 from tests.launcher_harness import REPO, LauncherRun
+from tests.network_limits import needs_namespaces
 from tfdist.errors import ConfigurationError
 from tfdist.launch import LaunchConfig, launch, network
-
-
-def _can_limit() -> str:
-    """Why this machine cannot run these tests ('' if it can)."""
-    try:
-        network.check_can_limit()
-    except ConfigurationError as error:
-        return str(error)
-    probe = subprocess.run(network.limited_command("1gbit", ["true"]), capture_output=True,
-                           text=True, timeout=60)
-    return "" if probe.returncode == 0 else f"tc could not limit a namespace: {probe.stderr}"
-
-
-needs_namespaces = pytest.mark.skipif(bool(_can_limit()), reason=_can_limit() or "-")
 
 
 def _loopback_qdisc() -> str:

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from tests.engine_harness import kill_tree
+from tests.network_limits import needs_namespaces
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -137,18 +138,7 @@ def test_data_service_benchmark_quick_runs_both_configurations(tmp_path):
     assert medians["1 service worker"]["service_cpu_ms_per_step"] > 0
 
 
-def _why_no_namespaces() -> str:
-    from tfdist.errors import ConfigurationError  # pylint: disable=import-outside-toplevel
-    from tfdist.launch import network  # pylint: disable=import-outside-toplevel
-
-    try:
-        network.check_can_limit()
-    except ConfigurationError as error:
-        return str(error)
-    return ""
-
-
-@pytest.mark.skipif(bool(_why_no_namespaces()), reason=_why_no_namespaces() or "-")
+@needs_namespaces
 def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
     """Under tfdist-run --bandwidth=1gbit: every configuration timed, its
     link bytes counted, its accuracy measured (no timing asserts)."""

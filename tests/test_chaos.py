@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from tests.network_limits import needs_namespaces
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("chaos", REPO / "scripts" / "chaos.py")
 chaos = importlib.util.module_from_spec(_spec)
@@ -59,3 +61,20 @@ def test_one_seeded_fault_on_a_parameter_server_cluster(tmp_path):
     result = json.loads(report.read_text())
     assert result["ok"], done.stdout[-6000:]
     assert [t["injected"] for t in result["trials"]] == ["sent"], done.stdout
+
+
+@pytest.mark.chaos
+@needs_namespaces
+def test_the_seeded_fault_on_a_1_gbit_network(tmp_path):
+    """The short form's fault (seed 7) with every task on one loopback
+    limited to 1 Gbit/s (tfdist-run --bandwidth): the same bounds hold."""
+    report = tmp_path / "chaos.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "chaos.py"), "--trials=1", "--seed=7",
+         "--bandwidth=1gbit", f"--json={report}"], cwd=REPO, timeout=1500, capture_output=True,
+        text=True,
+    )
+    result = json.loads(report.read_text())
+    assert result["ok"], done.stdout[-6000:]
+    assert [t["injected"] for t in result["trials"]] == ["sent"], done.stdout
+    assert result["trials"][0]["limited_network"], done.stdout[-3000:]

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from tests.network_limits import needs_namespaces
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("soak", REPO / "scripts" / "soak.py")
 soak = importlib.util.module_from_spec(_spec)
@@ -56,19 +58,22 @@ def test_judge_tells_a_bounded_spike_of_threads_from_a_leak():
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("mode", ["mwms", "ps"])
+@pytest.mark.parametrize("mode", ["mwms", "ps", pytest.param("mwms-1gbit", marks=needs_namespaces)])
 def test_short_soak_keeps_every_task_flat_and_stops_on_sigterm(tmp_path, mode):
     """MWMS in epochs of 512 steps: per-step and per-epoch work (a fresh
     iterator each epoch, the old one freed on `tfdist.data.iterator_release`'s
     thread) both run ~20 times a minute."""
     report = tmp_path / "soak.json"
+    mode, _, bandwidth = mode.partition("-")  # "mwms-1gbit": under tfdist-run --bandwidth=1gbit
     epochs = ["--epoch_steps=512"] if mode == "mwms" else []
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "soak.py"), f"--mode={mode}", "--minutes=1",
-         f"--json={report}", *epochs], cwd=REPO, timeout=420, capture_output=True, text=True,
+         f"--json={report}", *epochs, *([f"--bandwidth={bandwidth}"] if bandwidth else [])],
+        cwd=REPO, timeout=420, capture_output=True, text=True,
     )
     result = json.loads(report.read_text())
     assert result["ok"], done.stdout[-6000:]
     assert result["run"]["last_step"] > (2048 if epochs else 500)  # fast steps really ran
+    assert result["run"]["limited_network"] == bool(bandwidth)
     tasks = set(result["verdicts"])
     assert tasks == ({"worker-0", "worker-1"} if mode == "mwms" else {"chief-0", "worker-0", "ps-0"})
