@@ -22,10 +22,10 @@ from tests.network_limits import needs_namespaces
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _run_benchmark(output_dir, flags, timeout):
-    """Runs scripts/benchmark.py with ``flags`` into ``output_dir``; it and
+def _run_benchmark(output_dir, flags, timeout, script="benchmark.py"):
+    """Runs scripts/``script`` with ``flags`` into ``output_dir``; it and
     every process under it are killed by pid when it ends or times out."""
-    command = [sys.executable, str(REPO / "scripts" / "benchmark.py"),
+    command = [sys.executable, str(REPO / "scripts" / script),
                f"--output_dir={output_dir}"] + flags
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -92,16 +92,7 @@ def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
     """scripts/checkpoint_benchmark.py --quick: no saves, synchronous and
     background saves each timed (paired with no saves) and measured for
     memory and save duration in a process of its own (no timing asserts)."""
-    command = [sys.executable, str(REPO / "scripts" / "checkpoint_benchmark.py"), "--quick",
-               f"--output_dir={tmp_path}"]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    try:
-        log, _ = process.communicate(timeout=600)
-    finally:
-        kill_tree(process.pid)
-    assert process.returncode == 0, log[-5000:]
+    _run_benchmark(tmp_path, ["--quick"], 600, "checkpoint_benchmark.py")
     result = json.loads((tmp_path / "checkpoint_benchmark.json").read_text())
     assert set(result["rates"]) == {"none", "sync", "async"}
     assert set(result["vs_none"]) == {"sync", "async"}
@@ -112,23 +103,10 @@ def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
     assert "| async |" in (tmp_path / "checkpoint_benchmark.md").read_text()
 
 
-def _run_script(script, output_dir, timeout, *flags):
-    command = [sys.executable, str(REPO / "scripts" / script), "--quick",
-               f"--output_dir={output_dir}", *flags]
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    try:
-        log, _ = process.communicate(timeout=timeout)
-    finally:
-        kill_tree(process.pid)
-    assert process.returncode == 0, log[-5000:]
-
-
 def test_data_service_benchmark_quick_runs_both_configurations(tmp_path):
     """2 training workers with 0 and with 1 tf.data service worker (real
     tfdist-run clusters); CPU figures recorded, no timing asserts."""
-    _run_script("data_service_benchmark.py", tmp_path, 600)
+    _run_benchmark(tmp_path, ["--quick"], 600, "data_service_benchmark.py")
     result = json.loads((tmp_path / "data_service_benchmark.json").read_text())
     medians = result["medians"]
     assert set(medians) == {"0 service workers", "1 service worker"}
@@ -142,8 +120,8 @@ def test_data_service_benchmark_quick_runs_both_configurations(tmp_path):
 def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
     """Under tfdist-run --bandwidth=1gbit: every configuration timed, its
     link bytes counted, its accuracy measured (no timing asserts)."""
-    _run_script("compression_benchmark.py", tmp_path, 900,
-                f"--data_dir={tmp_path / 'tensorflow_datasets'}")
+    _run_benchmark(tmp_path, ["--quick", f"--data_dir={tmp_path / 'tensorflow_datasets'}"],
+                   900, "compression_benchmark.py")
     result = json.loads((tmp_path / "compression_benchmark.json").read_text())
     assert set(result["medians"]) == {"none", "bf16", "fp16"}
     assert all(m["bytes_per_step"] > 0 for m in result["medians"].values())
