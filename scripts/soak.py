@@ -71,17 +71,22 @@ def read_proc(pid: int):
 
 def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: int = 1,
                      checkpoint_every_steps: int = 500, epoch_steps: int = 0,
-                     endless_data: bool = False, bandwidth: str = ""):
+                     endless_data: bool = False, bandwidth: str = "",
+                     async_checkpoint: bool = False, data_service_workers: int = 0):
     train = [sys.executable, os.path.join(REPO, "scripts", "soak_train.py"),
              f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
              f"--steps_per_execution={steps_per_execution}",
              f"--checkpoint_every_steps={checkpoint_every_steps}",
-             f"--epoch_steps={epoch_steps}"] + (["--endless_data"] if endless_data else [])
+             f"--epoch_steps={epoch_steps}"] + (["--endless_data"] if endless_data else []) + (
+                 ["--async_checkpoint"] if async_checkpoint else []) + (
+                 ["--data_service=auto"] if data_service_workers else [])
     cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
     if mode == "ps":
         train.append("--strategy=parameter_server")
     if bandwidth:  # tfdist-run --bandwidth: every task on one limited loopback
         cluster.append(f"--bandwidth={bandwidth}")
+    if data_service_workers:  # a dispatcher and service workers, sampled like the others
+        cluster.append(f"--data_service_workers={data_service_workers}")
     return [sys.executable, "-m", "tfdist.launch", *cluster, "--grace_period=30", "--", *train]
 
 
@@ -139,13 +144,15 @@ class Soak:
 
     def __init__(self, mode: str, minutes: float, interval: float, workdir: str, steps: int,
                  steps_per_execution: int = 1, checkpoint_every_steps: int = 500,
-                 epoch_steps: int = 0, endless_data: bool = False, bandwidth: str = ""):
+                 epoch_steps: int = 0, endless_data: bool = False, bandwidth: str = "",
+                 async_checkpoint: bool = False, data_service_workers: int = 0):
         self.mode, self.seconds, self.interval = mode, minutes * 60, interval
         self.epoch_steps = epoch_steps
         self.lines, self.samples = [], []
         self.process = subprocess.Popen(
             launcher_command(mode, workdir, steps, steps_per_execution, checkpoint_every_steps,
-                             epoch_steps, endless_data, bandwidth),
+                             epoch_steps, endless_data, bandwidth, async_checkpoint,
+                             data_service_workers),
             cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
@@ -235,6 +242,10 @@ def main(argv=None):
                         help="SIGTERM to the launcher must end every task within this")
     parser.add_argument("--bandwidth", default="",
                         help="run the cluster under tfdist-run --bandwidth (e.g. 1gbit)")
+    parser.add_argument("--async_checkpoint", action="store_true",
+                        help="checkpoints written in the background (Trainer(async_checkpoint=True))")
+    parser.add_argument("--data_service_workers", type=int, default=0,
+                        help="read the data through a tf.data service with this many workers")
     parser.add_argument("--json", default=None, help="write samples and verdict here")
     args = parser.parse_args(argv)
     if args.max_rss_kb_per_step is None:
@@ -242,7 +253,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="tfdist-soak-") as workdir:
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
                     args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,
-                    args.endless_data, args.bandwidth)
+                    args.endless_data, args.bandwidth, args.async_checkpoint,
+                    args.data_service_workers)
         try:
             run = soak.run()
         finally:

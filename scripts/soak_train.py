@@ -30,6 +30,10 @@ def main():
     parser.add_argument("--steps_per_execution", type=int, default=1)
     parser.add_argument("--epoch_steps", type=int, default=0,
                         help="steps per epoch, each epoch a fresh pass (0: one epoch)")
+    parser.add_argument("--async_checkpoint", action="store_true",
+                        help="Trainer(async_checkpoint=True): saves written in the background")
+    parser.add_argument("--data_service", default=None,
+                        help="Trainer(data_service=...): 'auto' under --data_service_workers")
     parser.add_argument("--endless_data", action="store_true",
                         help="one epoch over endless data (repeat()): the loop without "
                              "an end-of-data check, also under MWMS")
@@ -65,6 +69,7 @@ def main():
     trainer = tfdist.Trainer(
         model, strategy, checkpoint_dir=args.checkpoint_dir, max_to_keep=2,
         checkpoint_every_steps=args.checkpoint_every_steps,
+        async_checkpoint=args.async_checkpoint, data_service=args.data_service,
         log_every_steps=args.log_every_steps, steps_per_execution=args.steps_per_execution,
     )
     trainer.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=1)
