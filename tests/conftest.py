@@ -75,3 +75,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in SERIAL_MODULES:
             item.add_marker(pytest.mark.serial)
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_test_process_after_a_stop(monkeypatch):
+    """A `tfdist.Preempted` stop frees its data iterators and, if that takes
+    over `tfdist.loops.preemption.RELEASE_SECONDS` (5 s), exits the process
+    (the checkpoint is saved; a cluster manager's grace period is short).
+    Inside a pytest process that exit kills the test worker: under CI's
+    parallel load a release took longer once, the worker died and xdist
+    hung. In-process tests get 120 s; programs run as subprocesses keep 5 s."""
+    from tfdist.loops import preemption  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(preemption, "RELEASE_SECONDS", 120.0)
