@@ -1,26 +1,29 @@
 """Benchmark: an input-bound job on 2 workers, with and without the tf.data service.
 
-    python scripts/data_service_benchmark.py            # 3 rounds, ~5 min here
-    python scripts/data_service_benchmark.py --quick    # every path, ~1 min
+    python scripts/data_service_benchmark.py            # 3 rounds, ~10 min here
+    python scripts/data_service_benchmark.py --quick    # mwms 1 and ps 2 only, ~1 min
 
 Each example's preprocessing is CPU-heavy (``--work`` chained 64x64
 matmuls, ~0.5 MFLOP each), the model small, so the input pipeline decides
-the speed. Per round, two clusters run one after the other (order
-alternating), each ``tfdist-run --num_workers=2`` training a
-MultiWorkerMirroredStrategy MLP for ``--steps`` timed steps after one
-warm-up epoch:
+the speed. Per round, five clusters run one after the other (order
+alternating between rounds), each training an MLP on 2 training workers
+for ``--steps`` timed steps after a warm-up epoch:
 
-- ``0 service workers``: each training worker runs the pipeline itself;
-- ``1 service worker``: ``--data_service_workers=1``, ``data_service="auto"``:
-  the pipeline runs in the service worker's process.
+- ``mwms, 0`` / ``mwms, 1``: ``tfdist-run --num_workers=2`` under
+  MultiWorkerMirroredStrategy, without and with one service worker
+  (``--data_service_workers=1``, ``data_service="auto"``). Both training
+  workers read every global batch (tfdist's exact sharding), so the
+  pipeline's work is done twice either way. Several service workers are
+  not run: under a synchronous strategy tfdist refuses them.
+- ``ps, 0`` / ``ps, 1`` / ``ps, 2``: ``tfdist-run --num_workers=2
+  --num_ps=1`` under ParameterServerStrategy with 0, 1 and 2 service
+  workers. Without the service each worker reads the whole stream and
+  keeps its batches; with it the workers share one pass (dynamic sharding).
 
 Reported per configuration (medians over rounds): steps/s, the training
-processes' CPU time per step (user + system, the mean of the two workers),
-and the service worker's CPU time per step. Both training workers read
-every global batch (tfdist's exact sharding), so the work is done twice
-either way; on this 2-core machine the point is where the CPU goes, not
-speed. Several service workers are not run: under a synchronous strategy
-tfdist refuses them (`tfdist.data.service`).
+workers' CPU time per step (user + system, the mean of the two workers)
+and the service workers' CPU time per step (their sum). On this 2-core
+machine the point is where the CPU goes, not speed.
 
 Outputs in ``--output_dir``: data_service_benchmark.json and .md.
 """
@@ -36,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 
 from absl import app, flags
 
@@ -47,11 +51,18 @@ flags.DEFINE_integer("rounds", 3, "Rounds (each runs both configurations).")
 flags.DEFINE_integer("steps", 100, "Timed steps per run.")
 flags.DEFINE_integer("work", 64, "Chained matmuls per example (the preprocessing's cost).")
 flags.DEFINE_integer("global_batch_size", 32, "Global batch size.")
-flags.DEFINE_bool("quick", False, "A check that every path works: 1 round of 6 steps.")
-flags.DEFINE_string("worker_output", None, "(internal) run as a training worker, write here.")
+flags.DEFINE_bool("quick", False, "A check that every path works: 1 round of 6 steps, "
+                  "mwms with 1 and ps with 2 service workers.")
+flags.DEFINE_string("worker_output", None, "(internal) run as a training task, write here.")
+flags.DEFINE_enum("strategy", "multi_worker_mirrored",
+                  ["multi_worker_mirrored", "parameter_server"], "(internal) the training task's.")
 FLAGS = flags.FLAGS
 
-CONFIGS = {"0 service workers": 0, "1 service worker": 1}
+# name -> (strategy, service workers)
+CONFIGS = {"mwms, 0": ("multi_worker_mirrored", 0), "mwms, 1": ("multi_worker_mirrored", 1),
+           "ps, 0": ("parameter_server", 0), "ps, 1": ("parameter_server", 1),
+           "ps, 2": ("parameter_server", 2)}
+QUICK_CONFIGS = ("mwms, 1", "ps, 2")
 
 
 def _cpu_seconds() -> float:
@@ -74,10 +85,13 @@ def _pipeline(tf, steps: int):
 
 
 def _train_worker() -> None:
-    """One training task (under tfdist-run): a warm-up epoch, then a timed one."""
+    """One training task (under tfdist-run): a warm-up epoch, then a timed
+    one. Under parameter servers this is the chief; it marks the timed
+    window with files (``.start``, ``.end``) for the harness, which reads
+    the worker servers' CPU."""
     import tfdist  # pylint: disable=import-outside-toplevel
 
-    strategy = tfdist.make_strategy("multi_worker_mirrored")
+    strategy = tfdist.make_strategy(FLAGS.strategy)
     import keras  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
@@ -87,11 +101,16 @@ def _train_worker() -> None:
         model.compile(optimizer="sgd",
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     trainer = tfdist.Trainer(model, strategy, data_service="auto", log_every_steps=10**9)
-    trainer.fit(_pipeline(tf, 4), epochs=1, verbose=0)  # traced, built, service job warmed
-    dataset = _pipeline(tf, FLAGS.steps)
-    cpu, start = _cpu_seconds(), time.perf_counter()
-    trainer.fit(dataset, epochs=1, verbose=0)
-    result = {"seconds": time.perf_counter() - start, "cpu_seconds": _cpu_seconds() - cpu}
+    ps = FLAGS.strategy == "parameter_server"
+    with warnings.catch_warnings():  # ps: a partial batch per service worker, steps to spare
+        warnings.simplefilter("ignore")
+        trainer.fit(_pipeline(tf, 4), epochs=1, verbose=0, steps_per_epoch=4 if ps else None)
+        dataset = _pipeline(tf, FLAGS.steps)
+        pathlib.Path(f"{FLAGS.worker_output}.start").touch()
+        cpu, start = _cpu_seconds(), time.perf_counter()
+        trainer.fit(dataset, epochs=1, verbose=0, steps_per_epoch=FLAGS.steps if ps else None)
+        result = {"seconds": time.perf_counter() - start, "cpu_seconds": _cpu_seconds() - cpu}
+        pathlib.Path(f"{FLAGS.worker_output}.end").touch()
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     with open(f"{FLAGS.worker_output}.{index}", "w", encoding="utf-8") as out:
         json.dump(result, out)
@@ -103,17 +122,33 @@ def _process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _run_cluster(service_workers: int, workdir: str) -> dict:
-    """One tfdist-run cluster; the training workers' and service worker's figures."""
-    output = os.path.join(workdir, f"k{service_workers}")
+def _task_cpu(lines, prefix: str) -> dict:
+    """CPU seconds so far of each task whose name starts with ``prefix``."""
+    pids = {m.group(1): int(m.group(2)) for m in (
+        re.search(rf"started ({prefix}[-\w]*) \(pid (\d+)\)", line) for line in list(lines)) if m}
+    cpu = {}
+    for name, pid in pids.items():
+        try:
+            cpu[name] = _process_cpu_seconds(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return cpu
+
+
+def _run_cluster(strategy: str, service_workers: int, workdir: str) -> dict:
+    """One tfdist-run cluster; the training workers' and service workers'
+    CPU in the timed window (the chief's ``.start`` / ``.end`` files,
+    sampled every 0.1 s)."""
+    output = os.path.join(tempfile.mkdtemp(dir=workdir), f"{strategy}-{service_workers}")
+    ps = strategy == "parameter_server"
     command = [sys.executable, "-m", "tfdist.launch", "--num_workers=2",
-               f"--data_service_workers={service_workers}", "--",
-               sys.executable, __file__, f"--worker_output={output}"] + [
+               f"--num_ps={int(ps)}", f"--data_service_workers={service_workers}", "--",
+               sys.executable, __file__, f"--worker_output={output}", f"--strategy={strategy}"] + [
         f"--{name}={getattr(FLAGS, name)}" for name in ("steps", "work", "global_batch_size")]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    lines, service_cpu = [], [0.0]
+    lines, window = [], {}
 
     def follow():
         for line in process.stdout:
@@ -121,15 +156,11 @@ def _run_cluster(service_workers: int, workdir: str) -> dict:
 
     threading.Thread(target=follow, daemon=True).start()
     try:
-        while process.poll() is None:  # the service worker's CPU, until it ends
-            pids = [int(m.group(1)) for m in (re.search(r"started data-worker-0 \(pid (\d+)\)", l)
-                                              for l in list(lines)) if m]
-            if pids:
-                try:
-                    service_cpu[0] = _process_cpu_seconds(pids[-1])
-                except (FileNotFoundError, ProcessLookupError):
-                    pass
-            time.sleep(0.2)
+        while process.poll() is None:
+            for mark in ("start", "end"):
+                if mark not in window and os.path.exists(f"{output}.{mark}"):
+                    window[mark] = {**_task_cpu(lines, "data-worker"), **_task_cpu(lines, "worker")}
+            time.sleep(0.1)
         process.wait(timeout=900)
     finally:
         if process.poll() is None:
@@ -137,13 +168,14 @@ def _run_cluster(service_workers: int, workdir: str) -> dict:
             process.wait()
     if process.returncode != 0:
         raise RuntimeError("the cluster failed:\n" + "".join(lines[-40:]))
-    workers = [json.load(open(f"{output}.{i}", encoding="utf-8")) for i in range(2)]
-    seconds = max(w["seconds"] for w in workers)
-    return {"steps_per_s": FLAGS.steps / seconds,
-            "trainer_cpu_ms_per_step": 1e3 * statistics.mean(
-                w["cpu_seconds"] for w in workers) / FLAGS.steps,
-            # The whole run's service CPU (warm-up included), per timed step.
-            "service_cpu_ms_per_step": 1e3 * service_cpu[0] / (FLAGS.steps + 4)}
+    used = {name: window["end"][name] - window["start"].get(name, 0.0) for name in window["end"]}
+    results = [json.load(open(f"{output}.{i}", encoding="utf-8")) for i in range(1 if ps else 2)]
+    trainer_cpu = ([used[f"worker-{i}"] for i in range(2)] if ps
+                   else [r["cpu_seconds"] for r in results])  # mwms: measured in the worker
+    return {"steps_per_s": FLAGS.steps / max(r["seconds"] for r in results),
+            "trainer_cpu_ms_per_step": 1e3 * statistics.mean(trainer_cpu) / FLAGS.steps,
+            "service_cpu_ms_per_step": 1e3 * sum(
+                v for name, v in used.items() if name.startswith("data-worker")) / FLAGS.steps}
 
 
 def main(argv):
@@ -153,17 +185,19 @@ def main(argv):
     if FLAGS.worker_output:
         _train_worker()
         return
-    runs = {name: [] for name in CONFIGS}
+    configs = [name for name in CONFIGS if not FLAGS.quick or name in QUICK_CONFIGS]
+    runs = {name: [] for name in configs}
     with tempfile.TemporaryDirectory(prefix="tfdist-ds-bench-") as workdir:
         for round_index in range(FLAGS.rounds):
-            order = list(CONFIGS) if round_index % 2 == 0 else list(CONFIGS)[::-1]
+            order = configs if round_index % 2 == 0 else configs[::-1]
             for name in order:
-                runs[name].append(_run_cluster(CONFIGS[name], workdir))
+                runs[name].append(_run_cluster(*CONFIGS[name], workdir))
                 print(f"round {round_index + 1}/{FLAGS.rounds}: {name}: {runs[name][-1]}",
                       flush=True)
     medians = {name: {key: statistics.median(run[key] for run in values) for key in values[0]}
                for name, values in runs.items()}
-    rows = ["| configuration | steps/s | training worker CPU per step | service worker CPU per step |",
+    rows = ["| strategy, service workers | steps/s | training worker CPU per step | "
+            "service workers' CPU per step |",
             "|---|---|---|---|"]
     for name, figures in medians.items():
         rows.append(f"| {name} | {figures['steps_per_s']:.2f} | "

@@ -57,6 +57,23 @@ def test_a_save_returns_after_the_copy_and_the_file_holds_the_saved_step(make_st
         np.testing.assert_array_equal(want, got.numpy())
 
 
+def test_finished_fits_leave_no_writer_thread_behind(make_strategy, tmp_path):
+    """TensorFlow's writer thread (and the atexit entry that would keep it
+    and the model's host copies until exit) ends with each fit."""
+    def writer_threads():
+        return [t for t in threading.enumerate() if "_async_save" in t.name]
+
+    strategy = make_strategy(2)
+    for run in range(3):
+        with strategy.scope():
+            model = ref.compile_model(ref.build_mlp(), "sgd")
+        trainer = tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path / f"run{run}"),
+                                 async_checkpoint=True, checkpoint_every_steps=2)
+        trainer.fit(ref.global_batches(70, 16), epochs=2, verbose=0)
+        assert trainer._checkpoint.latest.endswith("ckpt-10")  # pylint: disable=protected-access
+        assert writer_threads() == [], writer_threads()
+
+
 def test_every_background_save_of_a_keras_model_holds_the_weights_of_its_step(
         make_strategy, tmp_path):
     # Keras 3.15 makes a new host variable per copy, which TensorFlow's traced

@@ -103,17 +103,16 @@ def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
     assert "| async |" in (tmp_path / "checkpoint_benchmark.md").read_text()
 
 
-def test_data_service_benchmark_quick_runs_both_configurations(tmp_path):
-    """2 training workers with 0 and with 1 tf.data service worker (real
-    tfdist-run clusters); CPU figures recorded, no timing asserts."""
+def test_data_service_benchmark_quick_runs_both_strategies(tmp_path):
+    """2 training workers with 1 tf.data service worker (mwms) and with 2
+    (parameter servers, dynamic sharding), real tfdist-run clusters; CPU
+    figures recorded, no timing asserts."""
     _run_benchmark(tmp_path, ["--quick"], 600, "data_service_benchmark.py")
     result = json.loads((tmp_path / "data_service_benchmark.json").read_text())
     medians = result["medians"]
-    assert set(medians) == {"0 service workers", "1 service worker"}
+    assert set(medians) == {"mwms, 1", "ps, 2"}
     assert all(m["steps_per_s"] > 0 and m["trainer_cpu_ms_per_step"] > 0
-               for m in medians.values())
-    assert medians["0 service workers"]["service_cpu_ms_per_step"] == 0
-    assert medians["1 service worker"]["service_cpu_ms_per_step"] > 0
+               and m["service_cpu_ms_per_step"] > 0 for m in medians.values())
 
 
 @needs_namespaces
@@ -126,3 +125,4 @@ def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
     assert set(result["medians"]) == {"none", "bf16", "fp16"}
     assert all(m["bytes_per_step"] > 0 for m in result["medians"].values())
     assert all(0 <= a <= 1 for a in result["accuracy"].values())
+

@@ -308,9 +308,28 @@ def test_a_models_own_compute_loss_on_one_worker_equals_one_device(tmp_path):
     ref.assert_logs_close(history, result["history"])
 
 
-def test_a_data_service_under_parameter_servers_is_a_clear_error(tmp_path):
-    with LauncherRun(["--num_workers=1", "--num_ps=1", "--data_service_workers=1"],
-                     PROGRAM + [f"--output_dir={tmp_path}", "--data_service=auto"]) as run:
-        assert run.wait(timeout=300) != 0
-    assert "is not supported under ParameterServerStrategy yet" in run.output, run.output[-3000:]
-    assert "use data_service=None" in run.output
+def test_workers_share_a_data_service_pass_each_example_at_most_once_per_epoch(tmp_path):
+    """2 workers, 1 ps, 2 tf.data service workers, dynamic sharding: the
+    model counts (on the ps) how often each of the 70 example ids is
+    trained on. Every epoch visits each example once; SIGKILL to a service
+    worker mid-epoch 2: it is started again at its address, no example of
+    that epoch is visited twice (its unfinished splits are lost), and
+    epoch 3 visits every example once again."""
+    args = [f"--output_dir={tmp_path}", "--model=count_ids", "--steps_per_epoch=12",
+            "--data_service=auto", "--step_delay=0.3", "--log_every_steps=2"]
+    with LauncherRun(["--num_workers=2", "--num_ps=1", "--data_service_workers=2"],
+                     PROGRAM + args) as run:
+        run.wait_for(r"\[chief-0\] train \| epoch 2 \| step 2/12", timeout=240)
+        os.kill(run.pids()["data-worker-0"], signal.SIGKILL)
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    assert "[launcher] data-worker-0 exited (exit code 137); starting it again" in run.output
+    result = _result(tmp_path)
+    counts = np.asarray(result["id_counts"])
+    assert counts.shape == (3, 70)
+    assert counts.max() == 1, counts  # at most once per epoch, also across the kill
+    assert (counts[0] == 1).all() and (counts[2] == 1).all(), counts
+    # 12 steps per epoch, 9-10 batches of 8 (one partial per service worker):
+    # the steps after each epoch's pass did nothing, and the user is told.
+    batches = result["optimizer_iterations"]
+    assert 2 * 9 <= batches <= 3 * 10 and result["trainer_steps"] == 36, result
+    assert "found the epoch's data on the tf.data service used up" in run.output

@@ -3,6 +3,9 @@
 --model=mlp: tests/reference.py's MLP on its data (exactness with 1 worker).
 --model=embedding: tfdist.data.recipes' embedding model on synthetic_patterns
 (built in --data_dir), its table sharded when there are 2+ ps tasks.
+--model=count_ids: 70 examples whose first feature is their id, and a layer
+that counts (on the ps) how often each id is trained on; the counts of
+every epoch go to chief.json as "id_counts" (for the tf.data service).
 
 Writes ``<output_dir>/chief.json``: history, evaluation, the Trainer's and
 the optimizer's step counts, weights (mlp), predictions on the first test
@@ -29,7 +32,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--checkpoint_dir", default=None)
-    parser.add_argument("--model", default="mlp", choices=["mlp", "embedding", "penalty_loss"],
+    parser.add_argument("--model", default="mlp", choices=["mlp", "embedding", "penalty_loss", "count_ids"],
                         help="penalty_loss: tests/test_keras_overrides.py's compute_loss "
                              "override (a model's own step) on (x, y) batches")
     parser.add_argument("--epochs", type=int, default=3)
@@ -40,7 +43,7 @@ def main():
     parser.add_argument("--input", default="dataset", choices=["dataset", "dataset_fn"],
                         help="mlp: pass a dataset, or a dataset_fn(input_context) sharding it")
     parser.add_argument("--log_every_steps", type=int, default=5)
-    parser.add_argument("--data_service", default=None, help="Trainer(data_service=...): refused")
+    parser.add_argument("--data_service", default=None, help="Trainer(data_service=...)")
     parser.add_argument("--validation_examples", type=int, default=0,
                         help="also validate on this many examples each epoch (0: no)")
     args = parser.parse_args()
@@ -50,7 +53,17 @@ def main():
 
     from tests import reference as ref  # pylint: disable=import-outside-toplevel
 
-    if args.model == "penalty_loss":
+    counts_per_epoch, extra_callbacks = [], []
+    if args.model == "count_ids":
+        train, test, model, counts = _id_counting(strategy, keras, ref)
+
+        class ReadCounts(keras.callbacks.Callback):
+            def on_epoch_end(self, epoch, logs=None):
+                counts_per_epoch.append(counts.numpy().round().astype(int).tolist())
+                counts.assign(np.zeros(70, "float32"))
+
+        extra_callbacks.append(ReadCounts())
+    elif args.model == "penalty_loss":
         from tests import test_keras_overrides as overrides  # pylint: disable=import-outside-toplevel
 
         train = test = ref.global_batches(70, 16, weighted=False)
@@ -88,9 +101,9 @@ def main():
         missing_steps_error = str(error)
     validation = (ref.global_batches(args.validation_examples, 16)
                   if args.validation_examples else None)
+    callbacks = ([Slow()] if args.step_delay else []) + extra_callbacks
     history = trainer.fit(train, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-                          verbose=1, callbacks=[Slow()] if args.step_delay else None,
-                          validation_data=validation)
+                          verbose=1, callbacks=callbacks, validation_data=validation)
     first_batch = next(iter(test))[0]
     result = {
         "missing_steps_error": missing_steps_error,
@@ -101,6 +114,8 @@ def main():
         "predictions": model(first_batch, training=False).numpy().tolist(),
         "trainer_predict": np.asarray(trainer.predict(test)).tolist(),
     }
+    if counts_per_epoch:
+        result["id_counts"] = counts_per_epoch
     if args.model != "embedding":
         result["weights"] = [w.tolist() for w in model.get_weights()]
     else:
@@ -110,6 +125,38 @@ def main():
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "chief.json"), "w", encoding="utf-8") as out:
         json.dump(result, out)
+
+
+def _id_counting(strategy, keras, ref):
+    """``(train, test, model, counts)`` for --model=count_ids."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    ids = np.arange(70, dtype="float32")
+    x = np.stack([ids, np.sin(ids), np.cos(ids), ids % 5], axis=1).astype("float32")
+    y = (np.arange(70) % 3).astype("int64")
+    train = test = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+    class CountIds(keras.layers.Layer):
+        """Adds 1 to ``counts[id]`` for each example trained on."""
+
+        def build(self, input_shape):
+            self.counts = self.add_weight(shape=(70,), initializer="zeros", trainable=False,
+                                          name="counts")
+
+        def call(self, inputs, training=False):
+            if training:
+                ids_seen = tf.cast(tf.round(inputs[:, 0]), tf.int32)
+                self.counts.assign_add(tf.math.bincount(
+                    ids_seen, minlength=70, maxlength=70, dtype=tf.float32))
+            return inputs
+
+    with strategy.scope():
+        counter = CountIds()
+        model = keras.Sequential([keras.Input((4,)), counter, keras.layers.Dense(3)])
+        model.compile(optimizer=keras.optimizers.SGD(0.01),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    del ref
+    return train, test, model, counter.counts
 
 
 if __name__ == "__main__":

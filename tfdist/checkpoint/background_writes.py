@@ -40,6 +40,7 @@ does:
 (True, 1.0)
 """
 
+import atexit
 import time
 from typing import Callable, Optional
 
@@ -104,11 +105,17 @@ class BackgroundWrites:
                 "the newest one.") from error
 
     def close(self) -> None:
-        """Waits for the last write and ends TensorFlow's writer thread."""
+        """Waits for the last write and ends TensorFlow's writer thread.
+
+        TensorFlow's helper registers itself with ``atexit``, which keeps it,
+        its thread and every variable it copies alive until the process
+        ends; closing unregisters it, so a finished Trainer's model can go.
+        The next save makes a new helper."""
         self.wait_for_write()
         helper = self._helper()
         if helper is not None:
             helper._join_async_save_thread()  # pylint: disable=protected-access
+            atexit.unregister(helper._join_async_save_thread)  # pylint: disable=protected-access
             self._checkpoint._async_checkpointer_impl = None  # pylint: disable=protected-access
         self._graph = None
 

@@ -246,9 +246,10 @@ class TrainingCheckpoint:
             self.writes.raise_error()
 
     def finish_writes(self) -> None:
-        """Waits for the background write in flight (raising its error)."""
+        """Waits for the background write in flight (raising its error) and
+        ends the writer thread (a later save starts a new one)."""
         if self.writes is not None:
-            self.writes.wait_for_write()
+            self.writes.close()
 
     @contextlib.contextmanager
     def writes_finished(self):
@@ -331,7 +332,7 @@ class TrainingCheckpoint:
             snapshot.before_save()
         background = self.writes is not None and not synchronous
         if self.writes is not None and synchronous:
-            self.writes.wait_for_write()
+            self.writes.close()
         try:
             if self._is_chief:
                 if background:

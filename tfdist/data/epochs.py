@@ -135,6 +135,7 @@ def epoch_iterators(
     epochs: int,
     steps_per_epoch: Optional[int],
     first_epoch: int = 0,
+    fresh_each_epoch: bool = False,
 ) -> Iterator[Tuple[int, Iterator, Optional[int], bool]]:
     """Yields ``(epoch, iterator, total_steps, persistent)`` until ``epochs``.
 
@@ -143,8 +144,9 @@ def epoch_iterators(
     skip_steps)`` builds an iterator past the batches already trained on.
     With ``steps_per_epoch`` and a fixed dataset, one iterator runs on
     across epochs (``persistent``, as in Keras) from its start at
-    ``first_epoch`` (Keras' ``initial_epoch``); otherwise every epoch is a
-    fresh pass. A finished iterator is released (see `_release`) when the
+    ``first_epoch`` (Keras' ``initial_epoch``); otherwise, or with
+    ``fresh_each_epoch`` (the tf.data service's per-epoch jobs under
+    parameter servers), every epoch is a fresh pass. A finished iterator is released (see `_release`) when the
     next one is made and when the generator ends.
 
     A shuffled dataset (``shuffle(..., reshuffle_each_iteration=True)``,
@@ -154,7 +156,7 @@ def epoch_iterators(
     after a resume, so a seeded shuffle gives Keras' order on any number
     of replicas and workers.
     """
-    persistent = steps_per_epoch is not None and not source.per_epoch
+    persistent = steps_per_epoch is not None and not source.per_epoch and not fresh_each_epoch
     spare = 0 if persistent else spare_iterators(source)
     iterator = None
     try:

@@ -26,7 +26,20 @@ With several, OFF would have every service worker produce the whole
 dataset (each batch several times), and the service's other modes change
 which examples form a batch and their order; tfdist refuses several
 service workers under a synchronous strategy rather than train silently
-on other data. Parameter servers are refused too (not built yet).
+on other data.
+
+Under parameter servers (asynchronous: no step waits for another, so
+there is no one-device order to keep) the workers share one job per
+epoch with dynamic sharding (`shared_epoch_job`): the dispatcher hands the
+dataset's source out in splits, each service worker runs the pipeline on
+the splits it gets, and each training worker takes whatever batch is
+ready next. Every example is visited at most once per epoch (exactly once
+when no service worker fails; a killed service worker's unfinished
+splits are lost for that epoch, TensorFlow's dynamic-sharding guarantee),
+and K service workers can serve it. The pipeline's source must be
+splittable (``range``, ``from_tensor_slices``, file-based readers);
+batches form from each service worker's examples, so the last batches of
+an epoch may be partial (up to one per service worker).
 
 >>> import tensorflow as tf
 >>> from tfdist.data import service
@@ -85,6 +98,41 @@ def check_synchronous(strategy_name: str) -> None:
             "Start one (tfdist-run --data_service_workers=1): with several, each batch "
             "would be produced several times (sharding OFF) or batches would change "
             "(dynamic sharding).")
+
+
+def shared_epoch_job(dataset, address: str, job_name: str):
+    """A function making, wherever it runs (a parameter-server worker),
+    ``dataset`` read from the service's job ``job_name`` with dynamic
+    sharding: every reader of that name shares one pass over the dataset.
+
+    ``dataset`` is registered with the dispatcher here (on the
+    coordinator); the readers only name it.
+
+    >>> import tensorflow as tf
+    >>> from tfdist.data import service
+    >>> dispatcher = tf.data.experimental.service.DispatchServer()
+    >>> workers = [tf.data.experimental.service.WorkerServer(
+    ...     tf.data.experimental.service.WorkerConfig(dispatcher.target.split("://")[1]))
+    ...     for _ in range(2)]
+    >>> read = service.shared_epoch_job(tf.data.Dataset.range(10), dispatcher.target, "epoch-0")
+    >>> first, second = iter(read()), iter(read())   # two readers, one pass
+    >>> seen = [int(v) for v in first] + [int(v) for v in second]
+    >>> sorted(seen)
+    [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    """
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel  (tfdist-run imports this module)
+
+    data_service = tf.data.experimental.service
+    dataset_id = data_service.register_dataset(address, dataset).numpy()
+    element_spec = dataset.element_spec
+
+    def read():
+        return data_service.from_dataset_id(
+            processing_mode=data_service.ShardingPolicy.DYNAMIC, service=address,
+            dataset_id=dataset_id, element_spec=element_spec, job_name=job_name,
+            max_outstanding_requests=1)
+
+    return read
 
 
 def read_through(dataset, address: str):

@@ -36,8 +36,12 @@ def _cluster_layout(config: LaunchConfig, ports: Sequence[int]):
 
 
 def _data_service_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
-    """A dispatcher and the tf.data service workers (servers, no respawns:
-    a respawned worker would produce its jobs' data again), on the last ports."""
+    """A dispatcher and the tf.data service workers (servers), on the last
+    ports. Under parameter servers a dead service worker is started again
+    at its address, as a worker server is (dynamic sharding hands it new
+    splits only); under synchronous strategies it is not (a respawned
+    worker would produce its jobs' data again), nor is the dispatcher
+    (it holds the jobs)."""
     if not config.data_service_workers:
         return [], {}
     dispatcher, *workers = ports[-(1 + config.data_service_workers):]
@@ -52,7 +56,9 @@ def _data_service_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: s
             name=name, env={cluster.READY_FILE_ENV: ready},
             ready_file=ready if config.start_timeout else None,
             command=SERVER_COMMAND + (arguments[0], f"--port={port}", *arguments[1:]),
-            server=True))
+            server=True,
+            max_respawns=(config.max_worker_respawns
+                          if config.num_ps and name != "data-dispatcher" else 0)))
     return tasks, {service.ADDRESS_ENV: f"grpc://{config.host}:{dispatcher}",
                    service.WORKERS_ENV: str(config.data_service_workers)}
 

@@ -224,7 +224,7 @@ class Trainer:
             try:
                 for epoch, iterator, total_steps, persistent in epochs_lib.epoch_iterators(
                         source, functools.partial(self._iterator, source), self._position,
-                        epochs, steps_per_epoch, initial_epoch):
+                        epochs, steps_per_epoch, initial_epoch, self._runner.epoch_jobs):
                     callback_list.on_epoch_begin(epoch)
                     exhausted = self._train_epoch(iterator, cadence, reporter, callback_list,
                                                   total_steps, watcher)

@@ -12,10 +12,20 @@ asynchronous; `sync` joins all closures and runs before metrics are read or
 a checkpoint is written (log points, epoch ends). A worker that dies has its
 closures retried on the others by the coordinator.
 
+With ``data_service`` the global batches are made on the tf.data service
+instead: one job per epoch, shared by the workers with dynamic sharding
+(`tfdist.data.service.shared_epoch_job`), so each example is visited at
+most once per epoch. Such an epoch ends after ``steps_per_epoch`` steps or
+with its pass over the data, whichever comes first: a step scheduled after
+the pass finds no batch and does nothing (the optimizer does not count
+it), and `sync` warns how many did so.
+
 Evaluation runs inline on the coordinator over the whole dataset, in order,
 so every evaluation example counts exactly once.
 """
 
+import uuid
+import warnings
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -42,14 +52,17 @@ class CoordinatorRunner:
         # after a step (no gradient accumulation: `tfdist.replica.accumulation`);
         # a worker's replica always has its whole batch.
         del shard_policy, after_train_step, avoid_empty_replicas
-        if service.resolve(data_service):
-            raise ConfigurationError(
-                f"data_service={data_service!r} is not supported under "
-                "ParameterServerStrategy yet (its workers would need dynamic sharding); "
-                "use data_service=None.")
         self._strategy = strategy
         self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         self._train_step = train_step
+        self._service = service.resolve(data_service)
+        # One job per epoch, named for this run: the workers' readers meet in it.
+        self._job_prefix = f"tfdist-{uuid.uuid4().hex[:12]}-epoch-"
+        self.epoch_jobs = self._service is not None  # a fresh iterator each epoch
+        if self._service:
+            with strategy.scope():  # on a ps: steps that found the epoch's data used up
+                self._empty_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self._empty_steps_seen = 0
         self._train_execution = self._make_execution(train_step)
         # Full-size executions (the largest size seen: steps_per_execution)
         # take no step-count argument, as TensorFlow's own loop: scheduling
@@ -68,7 +81,14 @@ class CoordinatorRunner:
         def run_steps(iterator, steps):
             with atomic_updates.atomic():  # workers race on the ps: no lost counts
                 for _ in tf.range(steps):
-                    strategy.run(replica_step, args=(next(iterator),))
+                    if self._service is None:
+                        strategy.run(replica_step, args=(next(iterator),))
+                        continue
+                    batch = iterator.get_next_as_optional()  # the epoch's pass may be used up
+                    if batch.has_value():
+                        strategy.run(replica_step, args=(batch.get_value(),))
+                    else:
+                        self._empty_steps.assign_add(1)
 
         if num_steps is None:
             return tf.function(run_steps)
@@ -95,8 +115,8 @@ class CoordinatorRunner:
         ``create_per_worker_dataset``: without this cache, tfdist measured
         0.87-0.96 of that loop in scripts/benchmark.py, whose windows are
         one ``fit`` call of ~1.5 s each; with it 0.92-1.06."""
-        key = (source.original, epoch if source.per_epoch else None, skip_steps,
-               partial_batch, global_batch_size)
+        key = (source.original, epoch if source.per_epoch or self._service else None,
+               skip_steps, partial_batch, global_batch_size)
         if key not in self._iterator_makers:
             if len(self._iterator_makers) >= 4:
                 self._iterator_makers.clear()
@@ -108,6 +128,10 @@ class CoordinatorRunner:
 
     def _dataset_maker(self, source, *, epoch, skip_steps, partial_batch, global_batch_size):
         """``make_dataset(worker, num_workers)`` for `PerWorkerIterators`."""
+        if self._service:
+            return self._service_dataset_maker(source, epoch=epoch, skip_steps=skip_steps,
+                                               partial_batch=partial_batch,
+                                               global_batch_size=global_batch_size)
         if not source.per_replica:
             rebuild = rebuilder(source.global_batches(epoch))
 
@@ -132,6 +156,26 @@ class CoordinatorRunner:
                     dataset, partial_batch, global_batch_size, add_global_count=True,
                 ).prefetch(tf.data.AUTOTUNE)
         return make_dataset
+
+    def _service_dataset_maker(self, source, *, epoch, skip_steps, partial_batch,
+                               global_batch_size):
+        """Every worker reads the epoch's shared job (module docstring)."""
+        if source.per_replica:
+            raise ConfigurationError(
+                "data_service takes a dataset of global batches (or an EpochDataset); "
+                "a dataset_fn builds per-worker pipelines on the training workers. "
+                "Pass the global-batch dataset, or data_service=None.")
+        if skip_steps:
+            warnings.warn(
+                f"Resuming epoch {epoch + 1} after {skip_steps} steps on the tf.data "
+                "service: its dynamic sharding keeps no position, so the epoch's data "
+                "is read again from its start (the examples of those steps are "
+                "trained on again).")
+        dataset = data_lib.apply_partial_batch_policy(
+            source.global_batches(epoch), partial_batch, global_batch_size,
+            add_global_count=True)
+        read = service.shared_epoch_job(dataset, self._service, f"{self._job_prefix}{epoch}")
+        return lambda worker, num_workers: read()
 
     def train(self, iterator, num_steps: int, stop_requested: bool = False, *,
               ends_epoch: bool = False):
@@ -165,6 +209,15 @@ class CoordinatorRunner:
     def sync(self) -> None:
         """Waits for every scheduled closure (raises a worker's error)."""
         self._coordinator.join()
+        if self._service:
+            empty = int(self._empty_steps.numpy())
+            if empty > self._empty_steps_seen:
+                warnings.warn(
+                    f"{empty - self._empty_steps_seen} scheduled steps ({empty} in this run) "
+                    "found the epoch's data on the tf.data service used up and did nothing "
+                    "(each example is read at most once per epoch). Lower steps_per_epoch "
+                    "to the number of batches an epoch has.")
+                self._empty_steps_seen = empty
 
     @staticmethod
     def explain_failures(checkpoint_dir=None):

@@ -74,6 +74,7 @@ class SynchronousRunner:
 
     needs_steps_per_epoch = False
     predicts_on_coordinator = False  # see tfdist.training.predict
+    epoch_jobs = False  # an iterator may run on across epochs (see CoordinatorRunner)
 
     def __init__(
         self,
