@@ -103,6 +103,21 @@ def test_a_killed_data_service_worker_is_named_and_a_restart_finishes_exactly(
         _assert_equals_reference(result, keras_reference, check_history=False)
 
 
+def test_local_sgd_on_two_workers_equals_a_hand_written_local_sgd(tmp_path):
+    """LocalSGD(every_steps=3, DiLoCo's Nesterov outer optimizer), saves
+    every 2 steps: each worker steps on its half of every global batch; both
+    end with the weights of tests/test_local_sgd.py's plain loop."""
+    from tests import test_local_sgd
+
+    args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            "--checkpoint_every_steps=2", "--local_sgd=3"]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    expected = test_local_sgd._reference(2, 3, outer=True, save_every=2)  # pylint: disable=protected-access
+    for result in _results(tmp_path / "out"):
+        _assert_weights_equal(expected, result["weights"])
+
+
 def _assert_weights_equal(expected, weights):
     for index, (want, got) in enumerate(zip(expected, weights)):
         np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=0,

@@ -55,6 +55,7 @@ def test_one_worker_trains_like_one_device(tmp_path, keras_reference, given):
                                atol=1e-5, rtol=0)
     assert result["trainer_steps"] == result["optimizer_iterations"] == EPOCHS * STEPS
     assert "needs `steps_per_epoch`" in result["missing_steps_error"]
+    assert "under ParameterServerStrategy the weights live on the ps" in result["local_sgd_error"]
     # Progress comes from the chief; the servers only serve.
     assert "[chief-0] train | epoch 3 | step 5/5" in run.output
     assert "[worker-0] tfdist.server: worker-0 serving at 127.0.0.1:" in run.output

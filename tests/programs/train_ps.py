@@ -94,6 +94,11 @@ def main():
     trainer = tfdist.Trainer(model, strategy, checkpoint_dir=args.checkpoint_dir, log_every_steps=args.log_every_steps,
                              data_service=args.data_service,
                              checkpoint_every_steps=args.checkpoint_every_steps)
+    try:  # Local SGD has no replicas to average here: a clear error.
+        tfdist.Trainer(model, strategy, communication=tfdist.communication.LocalSGD(2))
+        local_sgd_error = None
+    except tfdist.errors.ConfigurationError as error:
+        local_sgd_error = str(error)
     try:  # Without steps_per_epoch: a clear error, and nothing trained.
         trainer.fit(train, epochs=1)
         missing_steps_error = None
@@ -107,6 +112,7 @@ def main():
     first_batch = next(iter(test))[0]
     result = {
         "missing_steps_error": missing_steps_error,
+        "local_sgd_error": local_sgd_error,
         "history": history.history,
         "evaluate": trainer.evaluate(test),
         "trainer_steps": trainer.step,

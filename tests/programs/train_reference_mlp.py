@@ -171,6 +171,9 @@ def main():
                         help="train with tfdist.attach + model.fit on arrays, with "
                              "validation_split=0.2, and also predict; then fit a "
                              "second model with gradient_accumulation_steps=2")
+    parser.add_argument("--local_sgd", type=int, default=None,
+                        help="Trainer(communication=LocalSGD(every_steps=N, outer_optimizer="
+                             "tests/test_local_sgd.py's)) on its SGD-with-momentum model")
     args = parser.parse_args()
     broken = _broken_host(args)
 
@@ -186,8 +189,16 @@ def main():
         def on_train_batch_end(self, batch, logs=None):
             time.sleep(args.step_delay)
 
+    communication = None
     with strategy.scope():
-        model = ref.compile_model(ref.build_mlp(mixed_float16=args.mixed_float16), "adam")
+        if args.local_sgd:
+            from tests import test_local_sgd as local  # pylint: disable=import-outside-toplevel
+
+            model = local._model()  # pylint: disable=protected-access
+            communication = tfdist.communication.LocalSGD(
+                args.local_sgd, outer_optimizer=local._outer())  # pylint: disable=protected-access
+        else:
+            model = ref.compile_model(ref.build_mlp(mixed_float16=args.mixed_float16), "adam")
     if args.keras_fit:
         _keras_fit(args, model, strategy, ref)
         return
@@ -198,7 +209,7 @@ def main():
         model, strategy, checkpoint_dir=args.checkpoint_dir,
         checkpoint_every_steps=args.checkpoint_every_steps,
         log_every_steps=args.log_every_steps, async_checkpoint=args.async_checkpoint,
-        data_service=args.data_service,
+        data_service=args.data_service, communication=communication,
     )
     overflow_row = 15 if args.mixed_float16 else None
     dataset = (ref.global_batches(args.examples, args.batch_size, overflow_row=overflow_row)

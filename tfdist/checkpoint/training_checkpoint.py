@@ -194,10 +194,12 @@ class TrainingCheckpoint:
         checkpoint.track_state(state_variables(list(metrics)), accumulator)
         return checkpoint
 
-    def track_state(self, metric_variables, accumulator=None) -> None:
-        """Adds metric state variables (``{name: variable}``) and a
-        `tfdist.replica.accumulation.GradientAccumulator`'s sums to what is saved
-        (through `tfdist.checkpoint.state_snapshot` under multi-worker strategies).
+    def track_state(self, metric_variables, accumulator=None, extra=None) -> None:
+        """Adds metric state variables (``{name: variable}``), a
+        `tfdist.replica.accumulation.GradientAccumulator`'s sums (through
+        `tfdist.checkpoint.state_snapshot` under multi-worker strategies) and
+        ``extra`` trackables (``{name: trackable}``, e.g.
+        `tfdist.communication.LocalSGD`'s outer optimizer) to what is saved.
         `for_strategy` calls it with its ``metrics``' state; a second call
         replaces what the first added.
 
@@ -217,6 +219,9 @@ class TrainingCheckpoint:
         if accumulator is not None:
             self._snapshots.append(TotalsSnapshot(accumulator.variables()))
             added["gradient_accumulation"] = self._snapshots[1].tracked
+        for name, trackable in (extra or {}).items():
+            added[name] = (tf.train.Checkpoint(**trackable) if isinstance(trackable, dict)
+                           else trackable)
         for name, tracked in added.items():
             setattr(self._checkpoint, name, tracked)
         # TensorFlow's background writer saves a Checkpoint made of the

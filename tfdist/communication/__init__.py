@@ -2,7 +2,9 @@
 
 `Compression` halves the bytes of the gradient all-reduce by casting
 gradients to bfloat16 or float16 for the exchange (`tfdist.communication.compression`).
-Pass it as ``communication=`` to `tfdist.Trainer` or `tfdist.attach`.
+`LocalSGD` all-reduces the weights every H steps instead of the gradients
+every step (`tfdist.communication.local_sgd`). Pass one (or a tuple) as
+``communication=`` to `tfdist.Trainer` or `tfdist.attach`.
 
 >>> import tfdist
 >>> tfdist.communication.Compression("bf16")
@@ -11,6 +13,7 @@ Compression('bf16')
 
 from tfdist._internal import lazy
 
-_NAMES = {"Compression": "tfdist.communication.compression"}
+_NAMES = {"Compression": "tfdist.communication.compression",
+          "LocalSGD": "tfdist.communication.local_sgd"}
 __all__ = sorted(_NAMES)
 __getattr__ = lazy.attributes(__name__, _NAMES)

@@ -89,6 +89,11 @@ class Compression:
             raise ConfigurationError(
                 f"communication={self!r} needs a Keras 3 TensorFlow optimizer; got "
                 f"{type(target).__name__}.")
+        if getattr(target, "_tfdist_local_sgd", None) is not None:
+            raise ConfigurationError(
+                f"communication=({target._tfdist_local_sgd!r}, {self!r}): under local SGD no "
+                "gradient all-reduce is left to compress (the weights are averaged in their "
+                "own dtype). Use one of the two.")
         previous = getattr(target, _WRAPPED, None)
         if previous is not None and previous.dtype != self.dtype:
             raise ConfigurationError(
@@ -100,17 +105,26 @@ class Compression:
                                types.MethodType(_compressed_all_reduce, target))
 
 
-def attach(communication, optimizer, strategy: tf.distribute.Strategy) -> None:
+def attach(communication, model, strategy: tf.distribute.Strategy):
     """Applies ``communication`` (None, one object or a tuple of them; the
-    ``communication=`` argument of `tfdist.Trainer`) to ``optimizer``."""
+    ``communication=`` argument of `tfdist.Trainer`) to ``model``'s
+    optimizer; returns the `tfdist.communication.LocalSGD` among them, or None."""
+    from tfdist.communication.local_sgd import LocalSGD  # pylint: disable=import-outside-toplevel
+
     if communication is None:
-        return
+        return None
+    local = None
     for item in communication if isinstance(communication, (tuple, list)) else (communication,):
-        if not isinstance(item, Compression):
+        if isinstance(item, Compression):
+            item.attach_to(model.optimizer, strategy)
+        elif isinstance(item, LocalSGD):
+            item.attach_to(model, strategy)
+            local = item
+        else:
             raise ConfigurationError(
                 f"`communication` ({item!r}) must be a tfdist.communication.Compression, "
-                "a tuple of them, or None.")
-        item.attach_to(optimizer, strategy)
+                "a tfdist.communication.LocalSGD, a tuple of them, or None.")
+    return local
 
 
 def _map_values(gradient, function):

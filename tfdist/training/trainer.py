@@ -20,7 +20,7 @@ import tensorflow as tf
 from tfdist import cluster, data as data_lib
 from tfdist._internal import keras_internals as _keras, validation
 from tfdist.checkpoint import Position, TrainingCheckpoint
-from tfdist.communication import compression
+from tfdist.communication import compression, local_sgd
 from tfdist.data import epochs as epochs_lib, keras_inputs
 from tfdist.loops import runners
 from tfdist.loops.cadence import Cadence
@@ -71,7 +71,7 @@ class Trainer:
       checkpoint_every_epoch, max_to_keep: save at each epoch's end (default); checkpoints kept.
       async_checkpoint: periodic and epoch saves written in the background.
       data_service: a tf.data service address, or "auto" (`tfdist.data.service`).
-      communication: `tfdist.communication.Compression` for the gradient all-reduce.
+      communication: `Compression` or `LocalSGD` (`tfdist.communication`), or a tuple.
       seed: seeds ``shuffle=True`` array orders (per epoch, the same on every worker).
       keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
         line per epoch (2) instead of tfdist's log lines (`tfdist.attach`).
@@ -99,7 +99,7 @@ class Trainer:
             jit_compile=jit_compile,
         )
         partial_batch = options.partial_batch
-        compression.attach(communication, model.optimizer, strategy)
+        self._local_sgd = compression.attach(communication, model, strategy)
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
@@ -109,8 +109,7 @@ class Trainer:
         self._log_every_steps, self._checkpoint_every_steps = log_every_steps, checkpoint_every_steps
         self._checkpoint_every_epoch, self._seed = checkpoint_every_epoch, seed
         self._keras_progress_bar, self._built_spec = keras_progress_bar, None
-        # Under multi-worker strategies only the chief writes summaries and
-        # prints progress; every worker computes the same history.
+        # Only the chief writes summaries and prints progress (all compute the history).
         self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
         self._log_dir = (log_dir or (
             f"{checkpoint_dir}/logs" if checkpoint_dir else None
@@ -121,7 +120,8 @@ class Trainer:
         self._steps, self._targets = steps, not keras_steps.overridden(model)
         runner = runners.for_strategy(strategy)
         self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy,
-                              after_train_step=steps.after_train_step, data_service=data_service,
+                              after_train_step=local_sgd.chain(steps.after_train_step, self._local_sgd),
+                              data_service=data_service,
                               avoid_empty_replicas=steps.avoid_empty_replicas)
         self._checkpoint = TrainingCheckpoint(
             model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
@@ -133,8 +133,7 @@ class Trainer:
 
     def _explain_failures(self):
         """A lost peer or parameter server becomes an error naming it."""
-        directory = self._checkpoint.directory if self._checkpoint else None
-        return self._runner.explain_failures(directory)
+        return self._runner.explain_failures(self._checkpoint.directory if self._checkpoint else None)
 
     @property
     def step(self) -> int:
@@ -151,9 +150,10 @@ class Trainer:
                 _keras.build_model_state(self.model, spec)
                 accumulator = self._steps.accumulator = accumulation.accumulator_for(
                     self.model, self.strategy)
+                extra = local_sgd.prepare(self._local_sgd, self.model)
             self._built_spec = spec
             if self._checkpoint is not None:
-                self._checkpoint.track_state(self._metrics.variables(), accumulator)
+                self._checkpoint.track_state(self._metrics.variables(), accumulator, extra)
         return source
 
     def _fit_sources(self, x, y, sample_weight, **options):
@@ -164,10 +164,10 @@ class Trainer:
             None if validation_data is None else self._source(validation_data, "validation_data"))
 
     def _restore(self, verbose=0, initial_epoch: int = 0) -> Optional[str]:
-        """Restores the newest checkpoint (returns its path); else starts at ``initial_epoch``."""
+        """Restores the newest checkpoint (returns its path); else starts at
+        ``initial_epoch`` (as Keras: each fit counts epochs from 0, steps go on)."""
         path = None if self._checkpoint is None else self._checkpoint.restore_latest()
         if path is None:
-            # Like Keras: each fit call counts epochs from 0 (steps go on).
             self._position = Position(step=self._position.step, epoch=initial_epoch)
             return None
         position = self._position = self._checkpoint.position()
@@ -177,6 +177,7 @@ class Trainer:
         return path
 
     def _save(self, synchronous: bool = False) -> None:
+        local_sgd.average_now(self._local_sgd)  # (also at epoch ends: identical weights)
         if self._checkpoint is not None:
             self._checkpoint.save_position(self._position, synchronous=synchronous)
 
@@ -247,15 +248,15 @@ class Trainer:
         callback_list = _keras.callback_list(
             callbacks, self.model, add_progbar=self._keras_progress_bar and verbose != 0,
             verbose=verbose, epochs=epochs, steps=steps)
-        # Metrics are read at every batch only when a callback reads them there
-        # (on any worker: reading them is a collective every worker joins).
+        # Metrics are read at every batch only if a callback reads them (on any worker).
         self._batch_logs = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
         # One at a time for a batch hook here or batch logs anywhere (reads: collectives).
         self._one_at_a_time = self._batch_logs or _keras.has_train_batch_hooks(callback_list)
         return callback_list
 
     def _end_epoch_steps(self, ran_out: bool) -> None:
-        """Applies a partial gradient accumulation; stops if out of data."""
+        """Applies a partial accumulation, averages local SGD; stops if out of data."""
+        local_sgd.average_now(self._local_sgd)
         if self._steps.accumulator is not None:
             self._steps.accumulator.flush()
         if ran_out:  # as Keras: a warning, and training stops
@@ -318,10 +319,8 @@ class Trainer:
             save_point = cadence.is_save_point(step_before, position.step)
             if log_point or save_point or stop or self._batch_logs:
                 self._runner.sync()
-            if log_point:
-                logs = self._log(reporter, total_steps)
-            else:
-                logs = self._metrics.results() if self._batch_logs else {}
+            logs = (self._log(reporter, total_steps) if log_point
+                    else self._metrics.results() if self._batch_logs else {})
             callbacks.on_train_batch_end(position.step_in_epoch - 1, logs)
             if save_point:
                 self._save()
