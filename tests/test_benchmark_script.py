@@ -126,3 +126,17 @@ def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
     assert all(m["bytes_per_step"] > 0 for m in result["medians"].values())
     assert all(0 <= a <= 1 for a in result["accuracy"].values())
 
+
+@needs_namespaces
+def test_allreduce_benchmark_quick_measures_against_the_ring_bound(tmp_path):
+    """Under tfdist-run --bandwidth=1gbit, 2 workers: compute and all-reduce
+    timed for each packing, the shared-link ring bound computed, the plot
+    drawn (no timing asserts)."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "allreduce_benchmark.py")
+    result = json.loads((tmp_path / "allreduce_benchmark.json").read_text())
+    (row,) = result["results"]["2 workers, 1gbit"]
+    # 2 (N - 1) x bytes over 1 Gbit/s, every task on one link.
+    assert row["bound_seconds"] == pytest.approx(2 * row["bytes"] * 8 / 1e9)
+    assert set(row["all_reduce_seconds"]) == {"0", "4194304"}
+    assert all(s > 0 for s in row["all_reduce_seconds"].values()) and row["compute_seconds"] > 0
+    assert (tmp_path / "allreduce_benchmark.png").stat().st_size > 0
