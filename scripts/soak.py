@@ -72,14 +72,16 @@ def read_proc(pid: int):
 def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: int = 1,
                      checkpoint_every_steps: int = 500, epoch_steps: int = 0,
                      endless_data: bool = False, bandwidth: str = "",
-                     async_checkpoint: bool = False, data_service_workers: int = 0):
+                     async_checkpoint: bool = False, data_service_workers: int = 0,
+                     local_sgd: int = 0):
     train = [sys.executable, os.path.join(REPO, "scripts", "soak_train.py"),
              f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
              f"--steps_per_execution={steps_per_execution}",
              f"--checkpoint_every_steps={checkpoint_every_steps}",
              f"--epoch_steps={epoch_steps}"] + (["--endless_data"] if endless_data else []) + (
                  ["--async_checkpoint"] if async_checkpoint else []) + (
-                 ["--data_service=auto"] if data_service_workers else [])
+                 ["--data_service=auto"] if data_service_workers else []) + (
+                 [f"--local_sgd={local_sgd}"] if local_sgd else [])
     cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
     if mode == "ps":
         train.append("--strategy=parameter_server")
@@ -145,14 +147,15 @@ class Soak:
     def __init__(self, mode: str, minutes: float, interval: float, workdir: str, steps: int,
                  steps_per_execution: int = 1, checkpoint_every_steps: int = 500,
                  epoch_steps: int = 0, endless_data: bool = False, bandwidth: str = "",
-                 async_checkpoint: bool = False, data_service_workers: int = 0):
+                 async_checkpoint: bool = False, data_service_workers: int = 0,
+                 local_sgd: int = 0):
         self.mode, self.seconds, self.interval = mode, minutes * 60, interval
         self.epoch_steps = epoch_steps
         self.lines, self.samples = [], []
         self.process = subprocess.Popen(
             launcher_command(mode, workdir, steps, steps_per_execution, checkpoint_every_steps,
                              epoch_steps, endless_data, bandwidth, async_checkpoint,
-                             data_service_workers),
+                             data_service_workers, local_sgd),
             cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
@@ -246,6 +249,8 @@ def main(argv=None):
                         help="checkpoints written in the background (Trainer(async_checkpoint=True))")
     parser.add_argument("--data_service_workers", type=int, default=0,
                         help="read the data through a tf.data service with this many workers")
+    parser.add_argument("--local_sgd", type=int, default=0,
+                        help="train with LocalSGD(every_steps=N) (0: synchronous)")
     parser.add_argument("--json", default=None, help="write samples and verdict here")
     args = parser.parse_args(argv)
     if args.max_rss_kb_per_step is None:
@@ -254,7 +259,7 @@ def main(argv=None):
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
                     args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,
                     args.endless_data, args.bandwidth, args.async_checkpoint,
-                    args.data_service_workers)
+                    args.data_service_workers, args.local_sgd)
         try:
             run = soak.run()
         finally:

@@ -34,6 +34,8 @@ def main():
                         help="Trainer(async_checkpoint=True): saves written in the background")
     parser.add_argument("--data_service", default=None,
                         help="Trainer(data_service=...): 'auto' under --data_service_workers")
+    parser.add_argument("--local_sgd", type=int, default=0,
+                        help="Trainer(communication=LocalSGD(every_steps=N)) (0: synchronous)")
     parser.add_argument("--endless_data", action="store_true",
                         help="one epoch over endless data (repeat()): the loop without "
                              "an end-of-data check, also under MWMS")
@@ -70,6 +72,7 @@ def main():
         model, strategy, checkpoint_dir=args.checkpoint_dir, max_to_keep=2,
         checkpoint_every_steps=args.checkpoint_every_steps,
         async_checkpoint=args.async_checkpoint, data_service=args.data_service,
+        communication=tfdist.communication.LocalSGD(args.local_sgd) if args.local_sgd else None,
         log_every_steps=args.log_every_steps, steps_per_execution=args.steps_per_execution,
     )
     trainer.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=1)

@@ -24,6 +24,7 @@ Evaluation runs inline on the coordinator over the whole dataset, in order,
 so every evaluation example counts exactly once.
 """
 
+import itertools
 import uuid
 import warnings
 from typing import Callable, Optional
@@ -56,8 +57,8 @@ class CoordinatorRunner:
         self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         self._train_step = train_step
         self._service = service.resolve(data_service)
-        # One job per epoch, named for this run: the workers' readers meet in it.
-        self._job_prefix = f"tfdist-{uuid.uuid4().hex[:12]}-epoch-"
+        # One job per iterator (an epoch), named for this run: the workers' readers meet in it.
+        self._job_names = (f"tfdist-{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
         self.epoch_jobs = self._service is not None  # a fresh iterator each epoch
         if self._service:
             with strategy.scope():  # on a ps: steps that found the epoch's data used up
@@ -114,9 +115,15 @@ class CoordinatorRunner:
         (e.g. one ``fit`` per epoch), as TensorFlow's own loop reuses its
         ``create_per_worker_dataset``: without this cache, tfdist measured
         0.87-0.96 of that loop in scripts/benchmark.py, whose windows are
-        one ``fit`` call of ~1.5 s each; with it 0.92-1.06."""
-        key = (source.original, epoch if source.per_epoch or self._service else None,
-               skip_steps, partial_batch, global_batch_size)
+        one ``fit`` call of ~1.5 s each; with it 0.92-1.06. On the tf.data
+        service every call makes a job of its own (a new pass), so nothing
+        is reused."""
+        if self._service:
+            return PerWorkerIterators(self._coordinator, self._service_dataset_maker(
+                source, epoch=epoch, skip_steps=skip_steps, partial_batch=partial_batch,
+                global_batch_size=global_batch_size))()
+        key = (source.original, epoch if source.per_epoch else None, skip_steps,
+               partial_batch, global_batch_size)
         if key not in self._iterator_makers:
             if len(self._iterator_makers) >= 4:
                 self._iterator_makers.clear()
@@ -128,10 +135,6 @@ class CoordinatorRunner:
 
     def _dataset_maker(self, source, *, epoch, skip_steps, partial_batch, global_batch_size):
         """``make_dataset(worker, num_workers)`` for `PerWorkerIterators`."""
-        if self._service:
-            return self._service_dataset_maker(source, epoch=epoch, skip_steps=skip_steps,
-                                               partial_batch=partial_batch,
-                                               global_batch_size=global_batch_size)
         if not source.per_replica:
             rebuild = rebuilder(source.global_batches(epoch))
 
@@ -159,7 +162,7 @@ class CoordinatorRunner:
 
     def _service_dataset_maker(self, source, *, epoch, skip_steps, partial_batch,
                                global_batch_size):
-        """Every worker reads the epoch's shared job (module docstring)."""
+        """Every worker reads one new shared job: one pass (module docstring)."""
         if source.per_replica:
             raise ConfigurationError(
                 "data_service takes a dataset of global batches (or an EpochDataset); "
@@ -174,7 +177,7 @@ class CoordinatorRunner:
         dataset = data_lib.apply_partial_batch_policy(
             source.global_batches(epoch), partial_batch, global_batch_size,
             add_global_count=True)
-        read = service.shared_epoch_job(dataset, self._service, f"{self._job_prefix}{epoch}")
+        read = service.shared_epoch_job(dataset, self._service, next(self._job_names))
         return lambda worker, num_workers: read()
 
     def train(self, iterator, num_steps: int, stop_requested: bool = False, *,
