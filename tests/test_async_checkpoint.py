@@ -40,10 +40,12 @@ def test_a_save_returns_after_the_copy_and_the_file_holds_the_saved_step(make_st
         model, strategy, str(tmp_path), async_write=True)
     saved = [w.numpy().copy() for w in model.weights]
     path = checkpoint.save(step=1, epoch=0, step_in_epoch=1)
-    busy = checkpoint.writes.writing()
+    # Read together (latest first): a write still running was not complete
+    # when latest was read, so it must not be the latest yet.
+    latest, busy = checkpoint.latest, checkpoint.writes.writing()
     for weight in model.weights:  # training goes on while the copy is written
         weight.assign(weight + 1.0)
-    assert busy and checkpoint.latest is None  # not the latest until complete
+    assert busy and latest is None  # not the latest until complete
     checkpoint.save(step=2, epoch=0, step_in_epoch=2)  # waits for the first write
     assert checkpoint.writes.waits == 1 and checkpoint.writes.wait_seconds > 0
     checkpoint.finish_writes()
@@ -60,9 +62,11 @@ def test_a_save_returns_after_the_copy_and_the_file_holds_the_saved_step(make_st
 def test_finished_fits_leave_no_writer_thread_behind(make_strategy, tmp_path):
     """TensorFlow's writer thread (and the atexit entry that would keep it
     and the model's host copies until exit) ends with each fit."""
-    def writer_threads():
-        return [t for t in threading.enumerate() if "_async_save" in t.name]
+    def writer_threads():  # (other tests in this process may have left theirs)
+        return {t for t in threading.enumerate() if "_async_save" in t.name} - before
 
+    before = set()
+    before = writer_threads()
     strategy = make_strategy(2)
     for run in range(3):
         with strategy.scope():
@@ -71,7 +75,7 @@ def test_finished_fits_leave_no_writer_thread_behind(make_strategy, tmp_path):
                                  async_checkpoint=True, checkpoint_every_steps=2)
         trainer.fit(ref.global_batches(70, 16), epochs=2, verbose=0)
         assert trainer._checkpoint.latest.endswith("ckpt-10")  # pylint: disable=protected-access
-        assert writer_threads() == [], writer_threads()
+        assert writer_threads() == set(), writer_threads()
 
 
 def test_every_background_save_of_a_keras_model_holds_the_weights_of_its_step(

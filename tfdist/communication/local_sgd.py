@@ -96,7 +96,7 @@ class LocalSGD:
         self._strategy = self._optimizer = self._variables = self._averagings = None
         self._slots = []
         self._anchors, self._since = [], None  # made by `prepare`
-        self._average_now = self._after_step_fn = None
+        self._average_now = None
 
     def __repr__(self) -> str:
         return (f"LocalSGD(every_steps={self.every_steps}, warmup_steps={self.warmup_steps}, "
@@ -165,7 +165,8 @@ class LocalSGD:
         return 0 if self._averagings is None else int(self._averagings.numpy())
 
     def state(self) -> dict:
-        """``{name: trackable}`` to checkpoint (the outer optimizer and anchors)."""
+        """``{name: trackable}`` to checkpoint (the outer optimizer and anchors;
+        the weights and optimizer are the model's, saved already)."""
         if self.outer_optimizer is None:
             return {}
         return {"outer_optimizer": self.outer_optimizer,
@@ -193,9 +194,7 @@ class LocalSGD:
     def _average(self) -> None:
         """All-reduces the replicas' weights and sets every replica to the
         average (or to the outer optimizer's new anchor)."""
-        strategy = self._strategy
-
-        averaged = self._variables + self._slots
+        strategy, averaged = self._strategy, self._variables + self._slots
 
         def replica_mean():
             context = tf.distribute.get_replica_context()
