@@ -41,6 +41,9 @@ from absl import app, flags, logging
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench import outputs  # noqa: E402
 
 flags.DEFINE_string("output_dir", "/tmp/tfdist_allreduce_benchmark", "Where results go.")
 flags.DEFINE_list("bandwidths", ["1gbit", "10gbit"],
@@ -236,13 +239,9 @@ def main(argv):
                                 f" ({100 * row['share_of_bound'][p]:.0f}%)" if bound else "")
                             for p in FLAGS.packings) + " |")
     table = "\n".join(rows) + "\n"
-    with open(os.path.join(FLAGS.output_dir, "allreduce_benchmark.json"), "w",
-              encoding="utf-8") as out:
-        json.dump({"config": {"reps": FLAGS.reps, "batch_per_worker": BATCH,
-                              "packings": FLAGS.packings}, "results": results}, out, indent=2)
-    with open(os.path.join(FLAGS.output_dir, "allreduce_benchmark.md"), "w",
-              encoding="utf-8") as out:
-        out.write(table)
+    outputs.write_results(FLAGS.output_dir, "allreduce_benchmark", {
+        "config": {"reps": FLAGS.reps, "batch_per_worker": BATCH, "packings": FLAGS.packings},
+        "results": results}, table)
     if any(r["bound_seconds"] for rows in results.values() for r in rows):
         _plot(results, os.path.join(FLAGS.output_dir, "allreduce_benchmark.png"))
     print(table, flush=True)

@@ -43,7 +43,7 @@ from absl import app, flags, logging
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench import teardown, timing  # noqa: E402
+from bench import outputs, teardown, timing  # noqa: E402
 
 flags.DEFINE_string("output_dir", "/tmp/tfdist_checkpoint_benchmark", "Where results go.")
 flags.DEFINE_integer("vocabulary", 400_000, "Rows of the embedding table.")
@@ -228,14 +228,8 @@ def main(argv):
         "async_waits_for_previous_write": waits,
         "memory": {form: _memory_in_subprocess(form) for form in FORMS},
     }
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    with open(os.path.join(FLAGS.output_dir, "checkpoint_benchmark.json"), "w",
-              encoding="utf-8") as out:
-        json.dump(result, out, indent=2)
     table = _markdown(result)
-    with open(os.path.join(FLAGS.output_dir, "checkpoint_benchmark.md"), "w",
-              encoding="utf-8") as out:
-        out.write(table)
+    outputs.write_results(FLAGS.output_dir, "checkpoint_benchmark", result, table)
     print(f"{parameters / 1e6:.1f}M parameters, a checkpoint every {FLAGS.every} steps, "
           f"MirroredStrategy(2):\n{table}", flush=True)
 

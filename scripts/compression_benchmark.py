@@ -34,6 +34,9 @@ from absl import app, flags, logging
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench import outputs  # noqa: E402
 
 flags.DEFINE_string("output_dir", "/tmp/tfdist_compression_benchmark", "Where results go.")
 flags.DEFINE_string("bandwidth", "1gbit", "The simulated network (a tc rate).")
@@ -155,12 +158,7 @@ def main(argv):
         "bandwidth", "width", "rounds", "window_steps", "epochs", "global_batch_size")},
         "parameters": result["parameters"], "medians": medians, "accuracy": result["accuracy"],
         "windows": result["windows"]}
-    with open(os.path.join(FLAGS.output_dir, "compression_benchmark.json"), "w",
-              encoding="utf-8") as out:
-        json.dump(summary, out, indent=2)
-    with open(os.path.join(FLAGS.output_dir, "compression_benchmark.md"), "w",
-              encoding="utf-8") as out:
-        out.write(table)
+    outputs.write_results(FLAGS.output_dir, "compression_benchmark", summary, table)
     print(f"{result['parameters'] / 1e6:.1f}M parameters, 2 workers, --bandwidth="
           f"{FLAGS.bandwidth}:\n{table}", flush=True)
 

@@ -45,6 +45,9 @@ from absl import app, flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench import outputs  # noqa: E402
 
 flags.DEFINE_string("output_dir", "/tmp/tfdist_data_service_benchmark", "Where results go.")
 flags.DEFINE_integer("rounds", 3, "Rounds (each runs both configurations).")
@@ -204,15 +207,10 @@ def main(argv):
                     f"{figures['trainer_cpu_ms_per_step']:.0f} ms | "
                     f"{figures['service_cpu_ms_per_step']:.0f} ms |")
     table = "\n".join(rows) + "\n"
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    with open(os.path.join(FLAGS.output_dir, "data_service_benchmark.json"), "w",
-              encoding="utf-8") as out:
-        json.dump({"config": {"steps": FLAGS.steps, "work": FLAGS.work, "rounds": FLAGS.rounds,
-                              "global_batch_size": FLAGS.global_batch_size},
-                   "runs": runs, "medians": medians}, out, indent=2)
-    with open(os.path.join(FLAGS.output_dir, "data_service_benchmark.md"), "w",
-              encoding="utf-8") as out:
-        out.write(table)
+    outputs.write_results(FLAGS.output_dir, "data_service_benchmark", {
+        "config": {"steps": FLAGS.steps, "work": FLAGS.work, "rounds": FLAGS.rounds,
+                   "global_batch_size": FLAGS.global_batch_size},
+        "runs": runs, "medians": medians}, table)
     print(table, flush=True)
 
 
