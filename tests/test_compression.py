@@ -11,6 +11,7 @@ import tensorflow as tf
 
 import tfdist
 from tests import reference as ref
+from tests.test_keras_overrides import GuideTrainStep
 from tfdist.communication import Compression
 from tfdist.errors import ConfigurationError
 
@@ -31,13 +32,15 @@ def _one_device(dataset, epochs: int, dtype=None, replicas: int = 2):
     model = _model()
     loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction="sum")
     for _ in range(epochs):
-        for x, y, w in dataset:
+        for batch in dataset:
+            x, y, w = batch if len(batch) == 3 else (*batch, None)
             size = int(x.shape[0])
             shares = []
             for r in range(replicas):
                 rows = slice(r * size // replicas, (r + 1) * size // replicas)
                 with tf.GradientTape() as tape:
-                    loss = loss_fn(y[rows], model(x[rows], training=True), w[rows]) / size
+                    loss = loss_fn(y[rows], model(x[rows], training=True),
+                                   None if w is None else w[rows]) / size
                 shares.append(tape.gradient(loss, model.trainable_variables))
             for index, variable in enumerate(model.trainable_variables):
                 parts = [share[index] for share in shares]
@@ -70,6 +73,24 @@ def test_compressed_training_on_2_replicas_equals_16_bit_shares_on_one_device(
     rounding = _largest_difference(exact, compressed)
     assert rounding > 1e-5, rounding  # the 16-bit rounding is visible...
     assert to_reference < 1e-5, (to_reference, rounding)  # ...and tfdist does exactly it
+
+
+def test_a_models_own_train_step_is_compressed_exactly_too(make_strategy):
+    """keras.io's train_step (compute_loss, optimizer.apply) under attach:
+    the same 16-bit shares (its loss carries Keras' replica factor, which
+    the all-reduce takes off)."""
+    dataset = ref.global_batches(64, 16, weighted=False)
+    strategy = make_strategy(2)
+    with strategy.scope():
+        base = _model()
+        model = GuideTrainStep(base.inputs, base.outputs)
+        model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5),
+                      loss="sparse_categorical_crossentropy")
+    tfdist.attach(model, strategy, communication=Compression("fp16"))
+    model.fit(dataset, epochs=2, verbose=0)
+    compressed, exact = _one_device(dataset, 2, "fp16"), _one_device(dataset, 2)
+    assert _largest_difference(exact, compressed) > 1e-5
+    assert _largest_difference(model.get_weights(), compressed) < 1e-5
 
 
 def test_attach_takes_compression_and_one_replica_casts_nothing(make_strategy):

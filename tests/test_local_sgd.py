@@ -12,6 +12,11 @@ import tensorflow as tf
 
 import tfdist
 from tests import reference as ref
+from tests.test_keras_overrides import GuideTrainStep
+from tests.test_mixed_precision import EPOCHS as MIXED_EPOCHS
+from tests.test_mixed_precision import (OwnStep, dense_model, features_with_an_overflow,
+                                        max_difference, one_device, references,
+                                        sequence_model, tokens)
 from tfdist.communication import Compression, LocalSGD
 from tfdist.errors import ConfigurationError
 
@@ -30,10 +35,11 @@ def _outer():
     return keras.optimizers.SGD(0.7, momentum=0.9, nesterov=True)
 
 
-def _reference(replicas, every, warmup=0, outer=False, save_every=None, epochs=EPOCHS):
+def _reference(replicas, every, warmup=0, outer=False, save_every=None, epochs=EPOCHS,
+               weighted=True):
     """Local SGD by hand: per-replica weights and momentum, SGD as Keras
     writes it (m = 0.9 m - lr g; w += m), weights and momenta averaged when
-    tfdist's schedule says.
+    tfdist's schedule says. ``weighted``: the batches' sample weights used.
     (A replica's gradient: its rows' summed loss over the global count,
     times the replicas.)"""
     init = _model().get_weights()
@@ -78,7 +84,8 @@ def _reference(replicas, every, warmup=0, outer=False, save_every=None, epochs=E
                 rows = slice(min(r * chunk, size), min((r + 1) * chunk, size))
                 shape_model.set_weights([v.numpy() for v in weights[r]])
                 with tf.GradientTape() as tape:
-                    loss = loss_fn(y[rows], shape_model(x[rows], training=True), w[rows]) / size
+                    loss = loss_fn(y[rows], shape_model(x[rows], training=True),
+                                   w[rows] if weighted else None) / size
                 gradients = tape.gradient(loss, shape_model.trainable_variables)
                 for variable, m, g in zip(weights[r], momenta[r], gradients):
                     m.assign(MOMENTUM * m - LR * replicas * g)
@@ -153,6 +160,64 @@ def test_local_steps_and_averaging_equal_a_hand_written_local_sgd(
         assert watch.after_step_2 > 1e-4  # the replicas stepped on their own batches
     synchronous = _reference(replicas, 1)
     assert _largest_difference(expected, synchronous) > 1e-4  # not synchronous training
+
+
+def test_a_models_own_train_step_steps_locally_and_averages(make_strategy):
+    """keras.io's train_step (compute_loss, optimizer.apply) under tfdist.attach
+    and local SGD: the hand-written local SGD's weights, not synchronous ones."""
+    strategy = make_strategy(2)
+    with strategy.scope():
+        base = ref.build_mlp(l2=0.0)
+        model = GuideTrainStep(base.inputs, base.outputs)
+        model.compile(optimizer=keras.optimizers.SGD(LR, momentum=MOMENTUM),
+                      loss="sparse_categorical_crossentropy")
+    local = LocalSGD(every_steps=2)
+    tfdist.attach(model, strategy, communication=local)
+    model.fit(ref.global_batches(EXAMPLES, BATCH, weighted=False), epochs=EPOCHS, verbose=0)
+    expected = _reference(2, 2, weighted=False)
+    assert _largest_difference(model.get_weights(), expected) < 1e-5
+    assert _largest_difference(expected, _reference(2, 1, weighted=False)) > 1e-4
+    assert local.averagings == EPOCHS * 3  # steps 2, 4 and the epoch's 5th
+
+
+def _mixed_precision_local_sgd(build, data, strategy):
+    with strategy.scope():
+        model = build()
+    tfdist.attach(model, strategy, communication=LocalSGD(every_steps=1))
+    model.fit(data, epochs=MIXED_EPOCHS, verbose=0)
+    return model
+
+
+def test_mixed_precision_every_step_equals_one_device(make_strategy):
+    """mixed_float16 (a LossScaleOptimizer around SGD with momentum), an
+    embedding's sparse gradients: every_steps=1 is one device's run within
+    float16's tolerance (tests/test_mixed_precision.py); every_steps=3
+    really steps locally."""
+    expected, tolerance = references("mixed_float16", "sgd")
+    strategy = make_strategy(2)
+    actual = _mixed_precision_local_sgd(lambda: sequence_model("mixed_float16", "sgd"),
+                                        tokens(), strategy)
+    assert max_difference(expected, actual) <= tolerance
+    # Local steps through the LossScaleOptimizer: the replicas part between averagings.
+    with strategy.scope():
+        model = sequence_model("mixed_float16", "sgd")
+    watch = _Replicas(strategy)
+    tfdist.attach(model, strategy, communication=LocalSGD(every_steps=3))
+    model.fit(tokens(), epochs=MIXED_EPOCHS, verbose=0, callbacks=[watch])
+    assert watch.after_step_2 > 1e-4 and watch.epoch_ends == [0.0] * MIXED_EPOCHS
+
+
+@pytest.mark.parametrize("cls", [keras.Sequential, OwnStep], ids=["tfdist step", "own step"])
+def test_an_overflow_on_one_replica_skips_the_local_step_on_all(make_strategy, cls):
+    """One replica's local gradient overflows: every replica skips that step
+    and halves the scale, as one device does (the replicas agree)."""
+    expected = one_device(lambda: dense_model(cls), features_with_an_overflow())
+    actual = _mixed_precision_local_sgd(lambda: dense_model(cls), features_with_an_overflow(),
+                                        make_strategy(2))
+    scale = float(expected.optimizer.dynamic_scale.numpy())
+    assert scale < 32768.0
+    assert float(actual.optimizer.dynamic_scale.numpy()) == scale
+    assert max_difference(expected, actual) < 2e-4
 
 
 def test_a_resume_mid_epoch_continues_the_outer_optimizer_exactly(make_strategy, tmp_path):

@@ -90,16 +90,28 @@ def _by_share(original, operation):
     return by_share
 
 
+def gradient_scale() -> float:
+    """What a replica's gradient is multiplied by before the optimizers sum
+    them: ``1 / N`` while a user's step is traced in `replica_share` (its
+    loss carries the factor ``N``), else 1 (tfdist's own step: its loss is
+    already divided by the global count). Local SGD, which applies a
+    replica's gradient without the sum, uses it too."""
+    if _active["traces"] and _active["replicas"] > 1:
+        return 1.0 / _active["replicas"]
+    return 1.0
+
+
 def _averaging(original):
     def all_reduce_gradients(self, grads_and_vars):
-        if _active["traces"] and _active["replicas"] > 1:
-            scale = 1.0 / _active["replicas"]
-            grads_and_vars = [(_scaled_gradient(g, scale), v) for g, v in grads_and_vars]
+        scale = gradient_scale()
+        if scale != 1.0:
+            grads_and_vars = [(scaled_gradient(g, scale), v) for g, v in grads_and_vars]
         return original(self, grads_and_vars)
     return all_reduce_gradients
 
 
-def _scaled_gradient(gradient, scale: float):
+def scaled_gradient(gradient, scale: float):
+    """``gradient * scale`` (dense or IndexedSlices; None stays None)."""
     if gradient is None:
         return None
     if isinstance(gradient, tf.IndexedSlices):

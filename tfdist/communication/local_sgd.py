@@ -62,6 +62,7 @@ import types
 
 import tensorflow as tf
 
+from tfdist._internal import replica_share
 from tfdist.errors import ConfigurationError
 from tfdist.replica import accumulation, collectives
 
@@ -256,18 +257,12 @@ def prepare(local, model) -> dict:
 
 def _local_gradients(optimizer, grads_and_vars):
     """In place of the optimizer's all-reduce: this replica's own gradient,
-    scaled from the global example count to its share (times the replicas)."""
+    scaled from the global example count to its share (times the replicas;
+    a user's own step's loss carries that factor already:
+    `tfdist._internal.replica_share`)."""
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync if context else 1
-    if replicas == 1:
+    scale = replicas * replica_share.gradient_scale()
+    if scale == 1:
         return list(grads_and_vars)
-    def scaled(gradient):
-        if gradient is None:
-            return None
-        if isinstance(gradient, tf.IndexedSlices):
-            return tf.IndexedSlices(gradient.values * tf.cast(replicas, gradient.dtype),
-                                    gradient.indices, gradient.dense_shape)
-        return gradient * tf.cast(replicas, gradient.dtype)
-
-    return [(scaled(g), v) for g, v in grads_and_vars]
-
+    return [(replica_share.scaled_gradient(g, scale), v) for g, v in grads_and_vars]
