@@ -140,3 +140,48 @@ def test_allreduce_benchmark_quick_measures_against_the_ring_bound(tmp_path):
     assert set(row["all_reduce_seconds"]) == {"0", "4194304"}
     assert all(s > 0 for s in row["all_reduce_seconds"].values()) and row["compute_seconds"] > 0
     assert (tmp_path / "allreduce_benchmark.png").stat().st_size > 0
+
+
+@needs_namespaces
+def test_time_to_accuracy_quick_times_every_configuration_to_its_target(tmp_path):
+    """Under tfdist-run --bandwidth=1gbit, 2 workers: synchronous, bf16 and
+    local SGD (H = 4, 16) runs, each evaluated off the clock at every copy;
+    the table's times and steps are read from those curves (no timing
+    asserts)."""
+    _run_benchmark(tmp_path, ["--quick", f"--data_dir={tmp_path / 'tensorflow_datasets'}"],
+                   900, "time_to_accuracy.py")
+    result = json.loads((tmp_path / "time_to_accuracy.json").read_text())
+    curves = result["curves"]
+    assert list(curves) == ["synchronous", "bf16", "LocalSGD(H=4)", "LocalSGD(H=16)"]
+    for name, curve in curves.items():
+        assert [point["steps"] for point in curve] == [16, 32], name  # 39 steps: 2 copies
+        assert 0 < curve[0]["seconds"] < curve[1]["seconds"], name
+        assert all(0 <= point["accuracy"] <= 1 for point in curve), name
+        first = next((p for p in curve if p["accuracy"] >= 0.1), None)
+        assert result["time_to_target"][name] == first, name
+    table = (tmp_path / "time_to_accuracy.md").read_text()
+    assert table.count("\n") == 2 + len(curves)
+    assert "| synchronous |" in table and "| LocalSGD(H=16) |" in table
+
+
+def test_time_to_accuracy_table_reads_the_first_evaluation_at_the_target(monkeypatch):
+    """Hand-made curves: the first evaluation at or above the target is
+    taken (not the best), a run that never reaches it says so, and the
+    speed-up divides the baseline's time by the run's."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from bench import accuracy_curves  # pylint: disable=import-outside-toplevel
+
+    point = lambda steps, seconds, accuracy: {  # noqa: E731
+        "steps": steps, "seconds": seconds, "accuracy": accuracy}
+    curves = {"synchronous": [point(16, 12.0, 0.80), point(32, 24.0, 0.91), point(48, 36.0, 0.93)],
+              "fast": [point(16, 3.0, 0.905), point(32, 6.0, 0.89), point(48, 9.0, 0.92)],
+              "never": [point(16, 1.0, 0.5), point(32, 2.0, 0.6)]}
+    assert accuracy_curves.time_to(curves["fast"], 0.9) == curves["fast"][0]
+    assert accuracy_curves.time_to(curves["never"], 0.9) is None
+    rows = accuracy_curves.table(curves, 0.9, passes=3).splitlines()
+    # The second target: the synchronous run's last accuracy (93%) less half a point.
+    assert rows[0].startswith("| training | seconds to 90% | steps | speed-up | seconds to "
+                              "92.50% | steps | speed-up | s per step | accuracy after 3 epochs |")
+    assert rows[2] == "| synchronous | 24 | 32 | 1.00x | 36 | 48 | 1.00x | 0.750 | 93.00% |"
+    assert rows[3] == "| fast | 3 | 16 | 8.00x | not reached | - | - | 0.188 | 92.00% |"
+    assert rows[4] == "| never | not reached | - | - | not reached | - | - | 0.062 | 60.00% |"
