@@ -33,9 +33,7 @@ time_to_accuracy.md (the table).
 """
 
 import json
-import os
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -45,7 +43,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import accuracy_curves, outputs  # noqa: E402
+from bench import accuracy_curves, limited_cluster, outputs  # noqa: E402
 
 flags.DEFINE_string("output_dir", "/tmp/tfdist_time_to_accuracy", "Where results go.")
 flags.DEFINE_string("bandwidth", "1gbit", "The simulated network (a tc rate).")
@@ -159,22 +157,11 @@ def main(argv):
     if FLAGS.worker_output:
         _worker()
         return
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
-    raw = os.path.join(FLAGS.output_dir, "worker_result.json")
-    subprocess.run([sys.executable, "-m", "tfdist.data.datasets.prepare",
-                    f"--data_dir={FLAGS.data_dir}"], cwd=REPO, check=True, timeout=600,
-                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    command = [sys.executable, "-m", "tfdist.launch", f"--bandwidth={FLAGS.bandwidth}",
-               "--num_workers=2", "--", sys.executable, __file__, f"--worker_output={raw}"] + [
-        f"--{name}={getattr(FLAGS, name)}"
-        for name in ("width", "epochs", "eval_every", "learning_rate", "global_batch_size",
-                     "data_dir")]
-    done = subprocess.run(command, cwd=REPO, timeout=7200, check=False,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    if done.returncode != 0:
-        raise SystemExit(f"the cluster failed (exit {done.returncode})")
-    with open(raw, encoding="utf-8") as handle:
-        result = json.load(handle)
+    result = limited_cluster.run(
+        __file__, bandwidth=FLAGS.bandwidth, data_dir=FLAGS.data_dir, output_dir=FLAGS.output_dir,
+        flags={name: getattr(FLAGS, name)
+               for name in ("width", "epochs", "eval_every", "learning_rate", "global_batch_size")},
+        timeout=7200)
     markdown = accuracy_curves.table(result["curves"], FLAGS.target_accuracy, FLAGS.epochs)
     summary = {"config": {flag: getattr(FLAGS, flag) for flag in (
         "bandwidth", "width", "epochs", "eval_every", "target_accuracy", "learning_rate",
