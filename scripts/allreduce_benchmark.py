@@ -43,7 +43,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import outputs  # noqa: E402
+from bench import outputs, patterns_mlp  # noqa: E402
 
 flags.DEFINE_string("output_dir", "/tmp/tfdist_allreduce_benchmark", "Where results go.")
 flags.DEFINE_list("bandwidths", ["1gbit", "10gbit"],
@@ -101,9 +101,7 @@ def _worker() -> None:
     results = []
     for width in (int(w) for w in FLAGS.widths):
         with strategy.scope():
-            model = keras.Sequential([
-                keras.Input((256,)), keras.layers.Dense(width, activation="relu"),
-                keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)])
+            model = patterns_mlp.mlp(width)
         x = tf.random.stateless_normal([BATCH, 256], seed=[1, 2])
         y = tf.zeros([BATCH], tf.int64)
         loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -34,7 +34,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import limited_cluster, outputs  # noqa: E402
+from bench import limited_cluster, outputs, patterns_mlp  # noqa: E402
 
 flags.DEFINE_string("output_dir", "/tmp/tfdist_compression_benchmark", "Where results go.")
 flags.DEFINE_string("bandwidth", "1gbit", "The simulated network (a tc rate).")
@@ -67,23 +67,16 @@ def _worker() -> None:
 
     strategy = tfdist.make_strategy("multi_worker_mirrored")
     import keras  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     from tfdist.communication import Compression  # pylint: disable=import-outside-toplevel
 
-    train = tfdist.data.load_tfds("synthetic_patterns", "train", data_dir=FLAGS.data_dir)
-    test = tfdist.data.load_tfds("synthetic_patterns", "test", data_dir=FLAGS.data_dir)
-    flat = lambda image, label: (tf.cast(tf.reshape(image, [256]), tf.float32) / 255.0,  # noqa: E731
-                                 label)
-    train = train.map(flat).batch(FLAGS.global_batch_size)
-    test = test.map(flat).batch(FLAGS.global_batch_size)
+    train = patterns_mlp.flat_patterns("train", FLAGS.data_dir).batch(FLAGS.global_batch_size)
+    test = patterns_mlp.flat_patterns("test", FLAGS.data_dir).batch(FLAGS.global_batch_size)
 
     def build(name):
         keras.utils.set_random_seed(1)
         with strategy.scope():
-            model = keras.Sequential([
-                keras.Input((256,)), keras.layers.Dense(FLAGS.width, activation="relu"),
-                keras.layers.Dense(FLAGS.width, activation="relu"), keras.layers.Dense(10)])
+            model = patterns_mlp.mlp(FLAGS.width)
             model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"])

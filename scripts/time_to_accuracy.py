@@ -43,7 +43,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import accuracy_curves, limited_cluster, outputs  # noqa: E402
+from bench import accuracy_curves, limited_cluster, outputs, patterns_mlp  # noqa: E402
 
 flags.DEFINE_string("output_dir", "/tmp/tfdist_time_to_accuracy", "Where results go.")
 flags.DEFINE_string("bandwidth", "1gbit", "The simulated network (a tc rate).")
@@ -79,23 +79,15 @@ def _worker() -> None:
 
     strategy = tfdist.make_strategy("multi_worker_mirrored")
     import keras  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    flat = lambda image, label: (tf.cast(tf.reshape(image, [256]), tf.float32) / 255.0,  # noqa: E731
-                                 label)
-    train = tfdist.data.load_tfds("synthetic_patterns", "train", data_dir=FLAGS.data_dir).map(flat)
-    test = tfdist.data.load_tfds("synthetic_patterns", "test", data_dir=FLAGS.data_dir).map(flat)
+    train = patterns_mlp.flat_patterns("train", FLAGS.data_dir)
+    test = patterns_mlp.flat_patterns("test", FLAGS.data_dir)
     # One stream for all the epochs of a run: shuffled (seeded: every
     # configuration reads the same order), global batches.
     stream = train.shuffle(TRAIN_EXAMPLES, seed=7).batch(FLAGS.global_batch_size,
                                                          drop_remainder=True).repeat()
     steps = FLAGS.epochs * (TRAIN_EXAMPLES // FLAGS.global_batch_size)
     windows = max(1, steps // FLAGS.eval_every)
-
-    def architecture():
-        return keras.Sequential([
-            keras.Input((256,)), keras.layers.Dense(FLAGS.width, activation="relu"),
-            keras.layers.Dense(FLAGS.width, activation="relu"), keras.layers.Dense(10)])
 
     class Copies(keras.callbacks.Callback):
         """Training time and a copy of the weights every window."""
@@ -117,7 +109,7 @@ def _worker() -> None:
     for name, config in CONFIGS.items():
         keras.utils.set_random_seed(1)
         with strategy.scope():
-            model = architecture()
+            model = patterns_mlp.mlp(FLAGS.width)
             model.compile(optimizer=keras.optimizers.SGD(FLAGS.learning_rate, momentum=0.9),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         parameters = model.count_params()
@@ -131,7 +123,7 @@ def _worker() -> None:
                         callback.trained_seconds)
     # Off the clock, on each worker alone (both, so that neither waits on
     # a peer that has left): every copy on the test split.
-    judge = architecture()
+    judge = patterns_mlp.mlp(FLAGS.width)
     judge.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
     test = test.batch(1000)
