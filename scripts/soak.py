@@ -6,6 +6,7 @@ threads, resident memory and open files are sampled from /proc.
     python scripts/soak.py --mode=mwms --minutes=1 --epoch_steps=512   # short form (tests/test_soak.py)
     python scripts/soak.py --mode=mwms --minutes=10 --epoch_steps=512  # epoch ends: iterators made and freed
     python scripts/soak.py --mode=mwms --minutes=10 --endless_data     # executions without an end check
+    python scripts/soak.py --mode=mwms --minutes=3 --model=embedding   # sparse gradients, varying shapes
 
 Each run starts ``tfdist-run`` with `scripts/soak_train.py` (global batch 8,
 one step per host call, a checkpoint every 500 steps, a progress line every
@@ -73,7 +74,7 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
                      checkpoint_every_steps: int = 500, epoch_steps: int = 0,
                      endless_data: bool = False, bandwidth: str = "",
                      async_checkpoint: bool = False, data_service_workers: int = 0,
-                     local_sgd: int = 0):
+                     local_sgd: int = 0, model: str = "mlp"):
     train = [sys.executable, os.path.join(REPO, "scripts", "soak_train.py"),
              f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
              f"--steps_per_execution={steps_per_execution}",
@@ -81,7 +82,7 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
              f"--epoch_steps={epoch_steps}"] + (["--endless_data"] if endless_data else []) + (
                  ["--async_checkpoint"] if async_checkpoint else []) + (
                  ["--data_service=auto"] if data_service_workers else []) + (
-                 [f"--local_sgd={local_sgd}"] if local_sgd else [])
+                 [f"--local_sgd={local_sgd}"] if local_sgd else []) + [f"--model={model}"]
     cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
     if mode == "ps":
         train.append("--strategy=parameter_server")
@@ -148,14 +149,14 @@ class Soak:
                  steps_per_execution: int = 1, checkpoint_every_steps: int = 500,
                  epoch_steps: int = 0, endless_data: bool = False, bandwidth: str = "",
                  async_checkpoint: bool = False, data_service_workers: int = 0,
-                 local_sgd: int = 0):
+                 local_sgd: int = 0, model: str = "mlp"):
         self.mode, self.seconds, self.interval = mode, minutes * 60, interval
         self.epoch_steps = epoch_steps
         self.lines, self.samples = [], []
         self.process = subprocess.Popen(
             launcher_command(mode, workdir, steps, steps_per_execution, checkpoint_every_steps,
                              epoch_steps, endless_data, bandwidth, async_checkpoint,
-                             data_service_workers, local_sgd),
+                             data_service_workers, local_sgd, model),
             cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
@@ -251,6 +252,10 @@ def main(argv=None):
                         help="read the data through a tf.data service with this many workers")
     parser.add_argument("--local_sgd", type=int, default=0,
                         help="train with LocalSGD(every_steps=N) (0: synchronous)")
+    parser.add_argument("--model", choices=["mlp", "embedding"], default="mlp",
+                        help="embedding: Embedding(mask_zero) + pooling on padded batches of "
+                             "2..10 ids, a new length most steps (variable-shaped sparse "
+                             "gradient all-gathers)")
     parser.add_argument("--json", default=None, help="write samples and verdict here")
     args = parser.parse_args(argv)
     if args.max_rss_kb_per_step is None:
@@ -259,7 +264,7 @@ def main(argv=None):
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
                     args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,
                     args.endless_data, args.bandwidth, args.async_checkpoint,
-                    args.data_service_workers, args.local_sgd)
+                    args.data_service_workers, args.local_sgd, args.model)
         try:
             run = soak.run()
         finally:

@@ -19,6 +19,21 @@ import argparse
 import tfdist
 
 
+def _as_padded_token_batches(data, tf):
+    """The same batches as rows of token ids (1..49), 2..10 of them per row
+    (both read off the row's features), each batch cut to its longest row:
+    the batch's length, and so its sparse gradient's shape, changes most steps."""
+
+    def tokens(features, labels):
+        seed = tf.cast(tf.abs(features[:, :2]) * 1000, tf.int32)
+        ids = seed[:, :1] % 47 + 1 + tf.range(10)[None, :] % 3
+        lengths = 2 + seed[:, 1:] % 9
+        ids = tf.where(tf.range(10)[None, :] < lengths, ids, 0)
+        return ids[:, :tf.reduce_max(lengths)], labels
+
+    return data.map(tokens)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--strategy", default="multi_worker_mirrored",
@@ -39,6 +54,10 @@ def main():
     parser.add_argument("--endless_data", action="store_true",
                         help="one epoch over endless data (repeat()): the loop without "
                              "an end-of-data check, also under MWMS")
+    parser.add_argument("--model", choices=["mlp", "embedding"], default="mlp",
+                        help="embedding: token ids padded per batch to 2..10, "
+                             "Embedding(mask_zero=True) + pooling (sparse gradients whose "
+                             "all-gathers change shape from step to step)")
     args = parser.parse_args()
 
     strategy = tfdist.make_strategy(args.strategy)
@@ -60,12 +79,21 @@ def main():
         passes = -(-args.steps // (len(x) // 8))
         data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat(passes)
         epochs, steps_per_epoch = 1, args.steps
+    if args.model == "embedding":
+        data = _as_padded_token_batches(data, tf)
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = keras.Sequential([
-            keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dense(3, activation="softmax"),
-        ])
+        if args.model == "embedding":
+            model = keras.Sequential([
+                keras.Input((None,), dtype="int32"),
+                keras.layers.Embedding(50, 8, mask_zero=True),
+                keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3, activation="softmax"),
+            ])
+        else:
+            model = keras.Sequential([
+                keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+                keras.layers.Dense(3, activation="softmax"),
+            ])
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     trainer = tfdist.Trainer(

@@ -61,7 +61,19 @@ SERIAL_MODULES = {
 }
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--conformance", choices=("short", "full"),
+        default=os.environ.get("TFDIST_CONFORMANCE", "short"),
+        help="the conformance matrix (tests/conformance): CI's short form, or all of it")
+
+
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "conformance: the model zoo against one device (tests/conformance)")
+    config.addinivalue_line(
+        "markers", "conformance_full: a combination of the full conformance matrix only "
+                   "(run with --conformance=full)")
     config.addinivalue_line(
         "markers", "soak: a real cluster runs for minutes (short form in CI)")
     config.addinivalue_line(
@@ -72,7 +84,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    full = config.getoption("--conformance") == "full"
+    skip_full = pytest.mark.skip(reason="full conformance matrix only: --conformance=full")
     for item in items:
+        if not full and item.get_closest_marker("conformance_full"):
+            item.add_marker(skip_full)
         if item.module.__name__.rsplit(".", 1)[-1] in SERIAL_MODULES:
             item.add_marker(pytest.mark.serial)
 

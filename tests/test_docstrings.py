@@ -43,8 +43,17 @@ def test_the_public_api_has_examples():
         assert name in MODULES, name
 
 
+@pytest.fixture
+def _strategy_registry_restored(monkeypatch):
+    """An example's `register_strategy` ("first_cpu") stays in its test: a
+    later test in the same process lists the known strategies."""
+    from tfdist.strategies import registry  # pylint: disable=import-outside-toplevel
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+
+
 @pytest.mark.parametrize("name", MODULES)
-def test_docstring_examples_run(name):
+def test_docstring_examples_run(name, _strategy_registry_restored):
     module = importlib.import_module(name)
     runner = doctest.DocTestRunner(
         optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

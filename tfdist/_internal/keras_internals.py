@@ -128,6 +128,15 @@ def begin_training(model, callbacks, initial_epoch: int) -> int:
     return model._initial_epoch or initial_epoch
 
 
+def end_training(model, callbacks, epochs: int) -> None:
+    """What Keras' fit does after its epochs: an optimizer with
+    ``use_ema=True`` writes its moving averages into the weights
+    (``finalize_variable_values``), then ``on_train_end``."""
+    if isinstance(model.optimizer, keras.optimizers.Optimizer) and epochs > 0:
+        model.optimizer.finalize_variable_values(model.trainable_weights)
+    callbacks.on_train_end()
+
+
 def _overrides_a_hook(callbacks, hooks, ignore=()) -> bool:
     """Whether one of ``callbacks`` (not of the ``ignore`` types) overrides
     one of ``hooks``: Keras marks the base class's empty hooks as default."""

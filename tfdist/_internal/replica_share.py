@@ -16,15 +16,21 @@ AVERAGE the replicas' gradients. Then:
 * every loss that goes through ``compute_loss``, a Keras loss, ``add_loss``
   or a regularizer is exact on any batches, partial ones included: the mean
   over replicas of ``N * n_r / G * mean_r`` is ``sum(losses) / G``;
-* a loss the user averages in their own code is exact on equal per-replica
-  batches; on an uneven final batch each replica's mean counts equally
-  unless it is written with `global_mean`.
+* whatever a ``compute_loss`` override returns is scaled as a whole
+  (`scale_compute_loss`): Keras' reductions inside it stay unscaled and
+  its result is multiplied by the share, so a term the override adds
+  itself (``loss + 0.1 * ops.mean(...)``) is exact on uneven batches too;
+* a loss the user averages in their own ``train_step``, outside
+  ``compute_loss``, is exact on equal per-replica batches; on an uneven
+  final batch each replica's mean counts equally unless it is written
+  with `global_mean`.
 
 Outside such a trace the patched Keras functions do what Keras does. They
 are installed on first use (`install`), never at import.
 """
 
 import contextlib
+import functools
 import threading
 
 import tensorflow as tf
@@ -81,13 +87,46 @@ def global_mean(values) -> tf.Tensor:
 
 
 def _by_share(original, operation):
-    """``original`` outside a traced user step; inside, ``operation(value, share)``."""
+    """``original`` outside a traced user step; inside, ``operation(value,
+    share)``, except inside ``compute_loss``, whose result is scaled whole."""
     def by_share(value):
         share = current_share()
         if share is None:
             return original(value)
+        if getattr(_state, "compute_loss_depth", 0):
+            return value
         return operation(value, tf.cast(share, value.dtype))
     return by_share
+
+
+def scale_compute_loss(model) -> None:
+    """Makes ``model.compute_loss`` (the model's own override, or Keras')
+    return its loss times the replica's share while tfdist traces the
+    model's step in `replica_share`; elsewhere it is the method as written.
+
+    Keras' train_step divides what ``compute_loss`` returns by the share
+    again for its loss tracker (``unscale_loss_for_distribution``), so the
+    reported loss is the example-weighted mean. Set once per model, as an
+    instance attribute (the class and its ``super()`` calls are untouched).
+    """
+    if "compute_loss" in vars(model):
+        return
+    compute_loss = model.compute_loss
+
+    @functools.wraps(compute_loss)
+    def compute_loss_by_share(*args, **kwargs):
+        share = current_share()
+        if share is None:
+            return compute_loss(*args, **kwargs)
+        _state.compute_loss_depth = getattr(_state, "compute_loss_depth", 0) + 1
+        try:
+            loss = compute_loss(*args, **kwargs)
+        finally:
+            _state.compute_loss_depth -= 1
+        return tf.math.multiply_no_nan(loss, tf.cast(share, loss.dtype))
+
+    # Past Keras' attribute tracking: a function, not a layer or variable.
+    object.__setattr__(model, "compute_loss", compute_loss_by_share)
 
 
 def gradient_scale() -> float:

@@ -98,6 +98,36 @@ class Batch:
             return tf.reduce_sum(tf.cast(self.mask, tf.float32))
         return tf.cast(self.size(), tf.float32)
 
+    def without_padding(self) -> "Batch":
+        """This replica's batch without its padding rows (order kept).
+
+        Padding keeps uneven replica batches the same size and no replica
+        empty; masked, it counts in no loss or metric, but a model that
+        computes over its whole batch (an activity regularizer, a layer's
+        ``add_loss(ops.mean(...))``) would average it in. A replica with no
+        real row keeps its first row, masked, so no layer sees 0 rows
+        (oneDNN convolutions fail on them). A batch without padding is
+        returned as it is (no copy).
+
+        >>> import tensorflow as tf, tfdist
+        >>> padded = tfdist.Batch(tf.constant([[1.0], [2.0], [0.0]]), mask=tf.constant([1.0, 1.0, 0.0]))
+        >>> padded.without_padding().x.numpy().tolist()
+        [[1.0], [2.0]]
+        >>> empty = tfdist.Batch(tf.constant([[0.0]]), mask=tf.constant([0.0]))
+        >>> empty.without_padding().mask.numpy().tolist()
+        [0.0]
+        """
+        if self.mask is None:
+            return self
+        real = self.mask > 0
+        first = tf.equal(tf.range(tf.size(real)), 0)
+        keep = real | (first & tf.logical_not(tf.reduce_any(real)))
+        structure = self.to_structure()
+        kept = tf.cond(
+            tf.reduce_all(real), lambda: structure,
+            lambda: tf.nest.map_structure(lambda leaf: tf.boolean_mask(leaf, keep), structure))
+        return Batch.from_structure(kept)
+
     def carried_global_examples(self) -> Optional[tf.Tensor]:
         """The global count the batch carries: 0 on a replica without rows
         (it contributes nothing, so needs no count); None if not carried."""

@@ -26,6 +26,11 @@ import functools
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_utils as _cross_device_utils
 
+from tfdist._internal import collective_shapes
+
+# Variable-shaped collectives keep fixed keys safely: one key per padded size.
+collective_shapes.install()
+
 
 def spans_workers(strategy: tf.distribute.Strategy) -> bool:
     """Whether ``strategy`` is a MultiWorkerMirroredStrategy over 2+ workers."""

@@ -20,8 +20,9 @@ removed first, so user code never sees it):
 
 Losses are scaled as `tfdist._internal.replica_share` says: everything that
 goes through Keras' loss reductions (``compute_loss``, ``add_loss``,
-regularizers) is exact against one device on any batches; a mean the user
-computes in their own code is exact on equal per-replica batches, and with
+regularizers) and everything a ``compute_loss`` override returns is exact
+against one device on any batches; a mean the user computes in their own
+``train_step`` is exact on equal per-replica batches, and with
 `tfdist.replica.global_mean` on uneven ones too.
 
 Reported values are ``model.metrics``' results, reduced over replicas, as
@@ -113,6 +114,7 @@ class KerasSteps:
         self._model = model
         self._metrics = metrics
         self._warned = set()
+        replica_share.scale_compute_loss(model)
 
     @property
     def accumulator(self):
@@ -196,10 +198,30 @@ def check_data(model: keras.Model, element_spec) -> None:
             f"`train_step` / `compute_loss` (tfdist runs a model's own step).")
 
 
+def warn_per_replica_statistics(model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+    """A ``BatchNormalization(synchronized=False)`` under 2+ replicas
+    normalizes each replica's rows by their own mean and variance, so N
+    replicas train differently from one device: tfdist cannot make that
+    exact (it is the layer's definition), so it says so, naming the layers."""
+    if strategy.num_replicas_in_sync < 2:
+        return
+    layers = [layer.name for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+              if isinstance(layer, keras.layers.BatchNormalization)
+              and not getattr(layer, "synchronized", False)]
+    if layers:
+        warnings.warn(
+            f"BatchNormalization layers {layers} are not synchronized: under "
+            f"{strategy.num_replicas_in_sync} replicas each normalizes its replica's rows by "
+            f"their own statistics, so training differs from one device. Build them with "
+            f"BatchNormalization(synchronized=True) for the global batch's statistics "
+            f"(exact against one device).", UserWarning, stacklevel=3)
+
+
 def steps_for(model: keras.Model, strategy: tf.distribute.Strategy, *, jit_compile: bool,
               static_shapes: bool):
     """(metric state, replica steps) for ``model``: the model's own step when
     it overrides one of `OVERRIDABLE`, else tfdist's (`tfdist.replica.step`)."""
+    warn_per_replica_statistics(model, strategy)
     with strategy.scope():
         if overridden(model):
             check_supported(model, jit_compile=jit_compile, static_shapes=static_shapes)

@@ -232,19 +232,44 @@ def example_count_denominators(terms: LossTerms, global_examples) -> tf.Tensor:
 
 
 def regularization_loss(model) -> tf.Tensor:
-    """``sum(model.losses)``: each replica adds it / num_replicas to its loss,
-    so after the gradient SUM it counts once."""
+    """``sum(model.losses)`` of this replica's forward pass (each replica
+    adds its `regularization_share` to its loss)."""
     if not model.losses:
         return tf.constant(0.0)
     return tf.add_n([tf.cast(tf.reduce_sum(l), tf.float32) for l in model.losses])
+
+
+def regularization_share(regularization, local_examples, global_examples) -> tf.Tensor:
+    """This replica's part of the global batch's ``sum(model.losses)``:
+    its own ``regularization`` weighted by its share of the global batch,
+    ``n_r / G``.
+
+    Exact, after the optimizers' gradient SUM, for both kinds of terms in
+    ``model.losses``: a kernel regularizer is the same on every replica and
+    the shares sum to 1; an activity regularizer (Keras divides it by the
+    batch size) or a layer's ``add_loss(ops.mean(...))`` averages the
+    replica's rows, and ``sum(n_r / G * mean_r)`` is the global batch's mean,
+    on uneven batches too. An empty replica (its rows only padding) adds 0.
+    (``1 / num_replicas``, the weight before, is exact for the first kind only.)
+
+    >>> import tensorflow as tf, tfdist
+    >>> shares = [tfdist.replica.losses.regularization_share(tf.constant(m), n, 5.0)
+    ...           for m, n in ((2.0, 3.0), (7.0, 2.0), (9.0, 0.0))]   # means of 3, 2, 0 rows
+    >>> round(float(tf.add_n(shares)), 6)      # (3 * 2 + 2 * 7) / 5
+    4.0
+    """
+    regularization = tf.convert_to_tensor(regularization)
+    share = tf.math.divide_no_nan(tf.cast(local_examples, regularization.dtype),
+                                  tf.cast(global_examples, regularization.dtype))
+    return regularization * share
 
 
 def replica_loss(per_example_loss, batch, model=None) -> tf.Tensor:
     """This replica's share of the global batch's loss, from a `tfdist.Batch`.
 
     ``sum(sample_weight * mask * per_example_loss) / (global examples x loss
-    elements per example)`` plus, with ``model``, ``sum(model.losses) /
-    num_replicas``: what Keras computes on one device for the whole global
+    elements per example)`` plus, with ``model``, its `regularization_share`
+    (``sum(model.losses)`` x this replica's examples / global examples): what Keras computes on one device for the whole global
     batch (reduction "sum_over_batch_size"), split so that the optimizer's
     gradient SUM over replicas is exact. Padded rows (``batch.mask``) count
     nowhere; the global count comes with the batch (no collective) when the
@@ -289,8 +314,8 @@ def replica_loss(per_example_loss, batch, model=None) -> tf.Tensor:
     loss = tf.math.divide_no_nan(
         numerator, tf.cast(global_examples, values.dtype) * float(elements))
     if model is not None:
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        loss += tf.cast(regularization_loss(model), values.dtype) / replicas
+        loss += tf.cast(regularization_share(regularization_loss(model), batch.real_examples(),
+                                             global_examples), values.dtype)
     return loss
 
 

@@ -133,7 +133,9 @@ class MetricState(TracedReads):
         output, unweighted; ``regularization`` the full regularization loss.
         Summed over replicas, the loss total grows by
         ``(data_loss + regularization) * global_examples`` and the count by
-        ``global_examples``: the example-weighted mean Keras reports.
+        ``global_examples``: the example-weighted mean Keras reports; each
+        output's loss by the batch's mean and its count by 1, the mean of
+        batch means Keras 3 reports for per-output losses.
         """
         global_examples = tf.cast(global_examples, tf.float32)
         local_examples = tf.cast(local_examples, tf.float32)
@@ -141,9 +143,14 @@ class MetricState(TracedReads):
             data_loss_share * global_examples + regularization * local_examples
         )
         self._loss.count.assign_add(local_examples)
+        # Per-output losses as Keras 3 reports them: the mean over batches of
+        # each batch's mean (its trackers weigh a batch by its static size,
+        # unknown in a traced step), so the replicas' shares sum to the
+        # batch's mean and one replica counts the batch once.
+        first_replica = tf.cast(_replica_id() == 0, tf.float32)
         for mean, share in zip(_keras.output_loss_metrics(self._model), output_loss_shares):
-            mean.total.assign_add(share * global_examples)
-            mean.count.assign_add(local_examples)
+            mean.total.assign_add(share)
+            mean.count.assign_add(first_replica)
         if self._compiled is not None:
             self._compiled.update_state(y, y_pred, sample_weight)
 
@@ -177,6 +184,12 @@ class MetricState(TracedReads):
             mean.reset_state()
         if self._compiled is not None:
             self._compiled.reset_state()
+
+
+def _replica_id():
+    """This replica's index in its sync group (0 outside a replica context)."""
+    context = tf.distribute.get_replica_context()
+    return 0 if context is None else context.replica_id_in_sync_group
 
 
 def state_variables(metrics) -> Dict[str, tf.Variable]:

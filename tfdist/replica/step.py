@@ -49,13 +49,13 @@ def _global_denominators(terms, local_examples, data_global_examples):
     return tf.stop_gradient(counts[:-1]), counts[-1]
 
 
-def _replica_loss(model, terms, denominators):
+def _replica_loss(model, terms, denominators, local_examples, global_examples):
     """(this replica's loss, its data-loss share, output shares, reg)."""
     shares = terms.output_shares(denominators)
     data_share = terms.combine(shares)
     regularization = losses.regularization_loss(model)
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    return data_share + regularization / replicas, data_share, shares, regularization
+    share = losses.regularization_share(regularization, local_examples, global_examples)
+    return data_share + share, data_share, shares, regularization
 
 
 @tf.autograph.experimental.do_not_convert
@@ -70,7 +70,10 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples):
         y_pred = model(x, training=True)
         terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
         denominators = losses.example_count_denominators(terms, global_examples)
-        loss, data_share, shares, regularization = _replica_loss(model, terms, denominators)
+        local_examples = tf.reduce_sum(mask) if mask is not None else tf.cast(
+            tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+        loss, data_share, shares, regularization = _replica_loss(
+            model, terms, denominators, local_examples, global_examples)
         scaled = model.optimizer.scale_loss(loss)
     gradients = sharded.gradients(tape, scaled, model.trainable_variables)
     return gradients, data_share, shares, regularization, y_pred
@@ -99,8 +102,14 @@ class ReplicaSteps:
             reduce_retracing=True,
         )
 
-    def _loss(self, terms, denominators):
-        return _replica_loss(self._model, terms, denominators)
+    def _rows(self, batch: Batch) -> Batch:
+        """The rows the model runs on: without padding (batch-wide terms such
+        as activity regularizers see real rows only), except under XLA,
+        whose shapes stay as the data gives them (padding masked)."""
+        return batch if self._jit_compile else batch.without_padding()
+
+    def _loss(self, terms, denominators, local_examples, global_examples):
+        return _replica_loss(self._model, terms, denominators, local_examples, global_examples)
 
     @tf.autograph.experimental.do_not_convert
     def _forward_backward(self, x, y, sample_weight, mask, global_examples):
@@ -111,7 +120,7 @@ class ReplicaSteps:
     @tf.autograph.experimental.do_not_convert
     def train(self, structure: dict) -> None:
         """One replica's training step on a `Batch` structure (replica context)."""
-        batch = Batch.from_structure(structure)
+        batch = self._rows(Batch.from_structure(structure))
         with _keras.statistics_over_real_rows(batch.mask), loss_scaling.agreement():
             self._train(batch)
 
@@ -134,7 +143,8 @@ class ReplicaSteps:
                 denominators, global_examples = _global_denominators(
                     terms, local_examples, global_examples
                 )
-                loss, data_share, shares, regularization = self._loss(terms, denominators)
+                loss, data_share, shares, regularization = self._loss(
+                    terms, denominators, local_examples, global_examples)
                 scaled = model.optimizer.scale_loss(loss)
             gradients = sharded.gradients(tape, scaled, model.trainable_variables)
         if self.accumulator is None:
@@ -155,7 +165,7 @@ class ReplicaSteps:
     @tf.autograph.experimental.do_not_convert
     def evaluate(self, structure: dict) -> None:
         """One replica's evaluation step on a `Batch` structure (replica context)."""
-        batch = Batch.from_structure(structure)
+        batch = self._rows(Batch.from_structure(structure))
         model = self._model
         x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
         local_examples = batch.real_examples()
@@ -164,7 +174,8 @@ class ReplicaSteps:
         denominators, global_examples = _global_denominators(
             terms, local_examples, batch.carried_global_examples()
         )
-        _, data_share, shares, regularization = self._loss(terms, denominators)
+        _, data_share, shares, regularization = self._loss(
+            terms, denominators, local_examples, global_examples)
         self._metrics.update(
             data_share, shares, regularization, global_examples, local_examples,
             *without_padding(mask, y, y_pred, sample_weight),

@@ -33,13 +33,24 @@ def as_prediction_batches(dataset: tf.data.Dataset, what: str = "predict data"):
                 f"The {what} must yield x, (x,), (x, y) or (x, y, sample_weight); "
                 f"its elements have {len(spec)} parts."
             )
-        dataset = dataset.map(lambda *e: e[0])
+        # (x,): an x that is itself a tuple (several inputs) stays one value.
+        dataset = dataset.map(lambda *e: (e[0],))
 
     def with_placeholder(x):
         rows = tf.shape(tf.nest.flatten(x)[0])[0]
         return x, tf.zeros([rows])
 
     return dataset.map(with_placeholder)
+
+
+def _gather(strategy, values):
+    """``strategy.gather(values, axis=0)``; bfloat16 outputs (a
+    ``mixed_bfloat16`` model's last layer) travel as float32, which holds
+    every bfloat16 value exactly: collectives have no bfloat16 kernel."""
+    if strategy.experimental_local_results(values)[0].dtype != tf.bfloat16:
+        return strategy.gather(values, axis=0)
+    widened = strategy.run(lambda t: tf.cast(t, tf.float32), args=(values,))
+    return tf.cast(strategy.gather(widened, axis=0), tf.bfloat16)
 
 
 def _concatenate(chunks):
@@ -78,8 +89,8 @@ class Predictor:
             return self._forward(batch.x), mask
 
         outputs, mask = strategy.run(replica, args=(structure,))
-        gather = lambda t: strategy.gather(t, axis=0)  # noqa: E731
-        return tf.nest.map_structure(gather, outputs), gather(mask)
+        return tf.nest.map_structure(lambda t: _gather(strategy, t), outputs), _gather(
+            strategy, mask)
 
     def predict(self, dataset: tf.data.Dataset, steps: Optional[int] = None):
         """The model's outputs for every example of ``dataset`` (global

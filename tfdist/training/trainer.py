@@ -241,7 +241,7 @@ class Trainer:
             except Preempted as stop:
                 iterator = None
                 raise free_iterators_or_exit(stop) from None
-        callback_list.on_train_end()
+        _keras.end_training(self.model, callback_list, epochs)
         return self.model.history
 
     def _callback_list(self, callbacks, verbose, epochs, steps):

@@ -1,0 +1,79 @@
+"""Runs the full conformance matrix and writes its table.
+
+    python scripts/conformance.py [--clusters] [--output_dir=conformance_results]
+
+Runs ``pytest tests/conformance --conformance=full`` (every model family of
+the zoo x one device and Mirrored on 2, 3 and 4 replicas x even, uneven
+partial and tiny last batches x attach / Trainer / custom loop; with
+``--clusters`` also 2 MultiWorkerMirrored workers and 1 worker + 1 ps), each
+test appending a row to a report, then writes the table
+``<output_dir>/conformance.md`` (the one on the docs site) and the rows as
+``conformance.json``. Exits with pytest's code.
+"""
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from scripts.bench.outputs import write_results  # noqa: E402
+
+
+def table(rows) -> str:
+    """One line per family; a column per strategy x entry point, each cell
+    the largest weight difference from one device over the batch shapes
+    that ran, or what stopped it."""
+    columns = sorted({(r["strategy"], r["entry"]) for r in rows if r["outcome"] != "n/a"})
+    cells = collections.defaultdict(list)
+    for row in rows:
+        cells[(row["case"], row["strategy"], row["entry"])].append(row)
+    header = "| family | " + " | ".join(f"{s} {e}" for s, e in columns) + " |"
+    lines = [header, "|" + "---|" * (len(columns) + 1)]
+    for case in dict.fromkeys(r["case"] for r in rows):
+        values = []
+        for strategy, entry in columns:
+            found = cells.get((case, strategy, entry), [])
+            outcomes = {r["outcome"] for r in found}
+            if not found or outcomes == {"n/a"}:
+                values.append("n/a")
+            elif "failed" in outcomes:
+                values.append("**failed**")
+            elif "warned" in outcomes:
+                values.append("warned")
+            else:
+                worst = max(r["difference"] for r in found if r["outcome"] == "passed")
+                values.append(f"{worst:.0e} ({len(found)})")
+        lines.append(f"| {case} | " + " | ".join(values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output_dir", default="conformance_results")
+    parser.add_argument("--clusters", action="store_true",
+                        help="also the real-cluster columns (several minutes per family)")
+    args = parser.parse_args()
+    output_dir = pathlib.Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    report = output_dir / "rows.jsonl"
+    report.unlink(missing_ok=True)
+    tests = ["tests/conformance/test_zoo.py"]
+    if args.clusters:
+        tests.append("tests/conformance/test_clusters.py")
+    env = dict(os.environ, TFDIST_CONFORMANCE_REPORT=str(report.resolve()))
+    code = subprocess.call([sys.executable, "-m", "pytest", "-q", "--conformance=full",
+                            "-n", "2", "--dist", "load", *tests], cwd=REPO, env=env)
+    rows = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+    write_results(str(output_dir), "conformance", {"rows": rows}, table(rows))
+    print((output_dir / "conformance.md").read_text())
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""A zoo case on a real cluster: run under ``tfdist-run`` as every worker
+(MultiWorkerMirroredStrategy) or as the chief of a parameter-server cluster.
+
+Starts from the initial weights the test wrote (``--initial``, an .npz of the
+one-device reference's), trains with ``tfdist.attach`` + unchanged
+``model.fit`` / ``evaluate`` / ``predict``, and writes
+``<output_dir>/<task>.npz`` (weights, predictions) and ``<task>.json``
+(history, evaluation) for the test to compare with one device.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parents[1]))
+
+import tfdist  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--case", required=True)
+    parser.add_argument("--examples", type=int, required=True)
+    parser.add_argument("--initial", required=True)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--strategy", default="multi_worker_mirrored",
+                        choices=["multi_worker_mirrored", "parameter_server"])
+    args = parser.parse_args()
+
+    strategy = tfdist.make_strategy(args.strategy)
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    from conformance import harness, zoo  # pylint: disable=import-outside-toplevel
+
+    case = zoo.BY_NAME[args.case]
+    with np.load(args.initial) as stored:
+        initial = [stored[f"arr_{i}"] for i in range(len(stored.files))]
+    result = harness.run_attached(case, strategy, args.examples, initial)
+    task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
+    name = f"{task.get('type', 'chief')}-{task.get('index', 0)}"
+    output = pathlib.Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    np.savez(output / f"{name}-weights.npz", *result.weights)
+    np.savez(output / f"{name}-predictions.npz", *(result.predictions or []))
+    (output / f"{name}.json").write_text(json.dumps(
+        {"history": result.history, "evaluation": result.evaluation}))
+
+
+if __name__ == "__main__":
+    main()

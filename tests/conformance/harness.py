@@ -1,0 +1,164 @@
+"""Runs a `tests.conformance.zoo.Case` on one device with plain Keras (the
+reference) and through tfdist's entry points, and compares them.
+
+Every tfdist run starts from the reference model's initial weights and reads
+the same dataset in the same order, so any difference is tfdist's (or, for
+Adam-like optimizers, float32 round-off amplified: `sensitivity` measures
+that on one device by reversing the rows of every batch).
+"""
+
+import dataclasses
+from typing import Dict, List, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfdist
+
+# Batch shapes: examples for a global batch of 24 (a multiple of 1, 2, 3, 4).
+GLOBAL_BATCH = 24
+BATCH_SHAPES = {
+    "even": 96,         # every batch splits evenly over 1..4 replicas
+    "partial": 107,     # last batch of 11: uneven over 2, 3 and 4 replicas
+    "tiny_last": 97,    # last batch of 1: fewer rows than replicas (empty ones)
+}
+
+
+@dataclasses.dataclass
+class Result:
+    """What a run leaves that a user looks at."""
+
+    weights: List[np.ndarray]
+    history: Dict[str, list]
+    evaluation: Optional[Dict[str, float]] = None
+    predictions: Optional[list] = None
+
+
+def _inputs_only(dataset):
+    return dataset.map(lambda x, *rest: (x,))
+
+
+def _predictions(model, dataset):
+    return [np.asarray(p) for p in tf.nest.flatten(
+        model.predict(_inputs_only(dataset), verbose=0))]
+
+
+def _finish(case, model, dataset, history) -> Result:
+    result = Result(model.get_weights(), dict(history.history))
+    if case.predicts:
+        result.evaluation = model.evaluate(dataset, verbose=0, return_dict=True)
+        result.predictions = _predictions(model, dataset)
+    return result
+
+
+def _compiled(case):
+    model = case.build()
+    case.compile(model)
+    return model
+
+
+def run_keras(case, examples: int, dataset_transform=None):
+    """Plain Keras on one device (no strategy): (initial weights, Result)."""
+    model = case.build()
+    (case.reference_compile or case.compile)(model)
+    initial = model.get_weights()
+    dataset = case.dataset(examples, GLOBAL_BATCH * case.reference_batch_factor)
+    if dataset_transform is not None:
+        dataset = dataset_transform(dataset)
+    history = model.fit(dataset, epochs=case.epochs, verbose=0, **case.fit_options)
+    return initial, _finish(case, model, case.dataset(examples, GLOBAL_BATCH), history)
+
+
+def _reverse_rows(dataset):
+    """Every batch with its rows in reverse order: the same batches to the
+    math, another summation order to float32."""
+    return dataset.map(lambda *parts: tf.nest.map_structure(lambda t: tf.reverse(t, [0]), parts))
+
+
+def sensitivity(case, examples: int, reference: Result) -> float:
+    """How far float32 round-off alone moves this case on one device: the
+    largest weight difference after reordering each batch's rows."""
+    _, reordered = run_keras(case, examples, dataset_transform=_reverse_rows)
+    return max(float(np.max(np.abs(a - b))) for a, b in zip(reference.weights, reordered.weights))
+
+
+def _model_under(case, strategy, initial):
+    with strategy.scope():
+        model = _compiled(case)
+    model.set_weights(initial)
+    return model
+
+
+def run_attached(case, strategy, examples: int, initial) -> Result:
+    """``tfdist.attach`` + the user's unchanged fit / evaluate / predict."""
+    model = tfdist.attach(_model_under(case, strategy, initial), strategy)
+    dataset = case.dataset(examples, GLOBAL_BATCH)
+    history = model.fit(dataset, epochs=case.epochs, verbose=0, **case.fit_options)
+    return _finish(case, model, dataset, history)
+
+
+def run_trainer(case, strategy, examples: int, initial) -> Result:
+    """``tfdist.Trainer(model, strategy).fit`` on the dataset of global batches."""
+    model = _model_under(case, strategy, initial)
+    history = tfdist.Trainer(model, strategy).fit(
+        case.dataset(examples, GLOBAL_BATCH), epochs=case.epochs, verbose=0, **case.fit_options)
+    return Result(model.get_weights(), dict(history.history))
+
+
+def run_custom_loop(case, strategy, examples: int, initial) -> Result:
+    """A hand-written loop on `tfdist.replica`: the README's custom loop."""
+    model = _model_under(case, strategy, initial)
+    with strategy.scope():
+        optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+
+    def replica_step(batch):
+        with tf.GradientTape() as tape:
+            predictions = model(batch.x, training=True)
+            loss = tfdist.replica.losses.replica_loss(loss_fn(batch.y, predictions), batch, model)
+        gradients = tape.gradient(loss, model.trainable_variables)
+        tfdist.replica.gradients.apply_gradients(optimizer, gradients, model.trainable_variables)
+
+    loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=3)
+    dataset = case.dataset(examples, GLOBAL_BATCH)
+    for _ in range(case.epochs):
+        iterator = iter(tfdist.data.distribute(strategy, dataset, avoid_empty_replicas=True))
+        while not loop.run(iterator).end_of_data:
+            pass
+    return Result(model.get_weights(), {})
+
+
+ENTRY_POINTS = {"attach": run_attached, "trainer": run_trainer, "custom_loop": run_custom_loop}
+
+
+def _largest_difference(expected, actual) -> float:
+    return max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+               for a, b in zip(expected, actual))
+
+
+def assert_matches(reference: Result, result: Result, tolerance: float, *,
+                   compare_history: bool = True) -> None:
+    """Weights to ``tolerance``; history, evaluate and predict to the same
+    tolerance (absolute) plus 1e-5 relative: the user's curves and numbers."""
+    assert len(result.weights) == len(reference.weights)
+    for index, (want, got) in enumerate(zip(reference.weights, result.weights)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=tolerance,
+                                   err_msg=f"weight {index}")
+    if compare_history and result.history:
+        assert sorted(result.history) == sorted(reference.history), (
+            sorted(result.history), sorted(reference.history))
+        for key, values in reference.history.items():
+            np.testing.assert_allclose(result.history[key], values, rtol=1e-5,
+                                       atol=tolerance, err_msg=f"history {key}")
+    if reference.evaluation is not None and result.evaluation is not None:
+        assert sorted(result.evaluation) == sorted(reference.evaluation)
+        for key, value in reference.evaluation.items():
+            np.testing.assert_allclose(result.evaluation[key], value, rtol=1e-5,
+                                       atol=tolerance, err_msg=f"evaluate {key}")
+    if reference.predictions is not None and result.predictions is not None:
+        for index, (want, got) in enumerate(zip(reference.predictions, result.predictions)):
+            assert got.shape == want.shape, (index, got.shape, want.shape)
+            np.testing.assert_allclose(got, want, rtol=0, atol=max(tolerance, 1e-5),
+                                       err_msg=f"predict output {index}")

@@ -1,0 +1,77 @@
+"""The conformance matrix on real clusters: 2 MultiWorkerMirroredStrategy
+workers and 1 worker + 1 parameter server, each task a real process with
+its own TF_CONFIG on 127.0.0.1 (`tfdist-run`), against single-device Keras.
+
+CI runs the embedding family on an uneven partial batch on both clusters;
+``--conformance=full`` runs every family and batch shape.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conformance import harness, zoo
+from tests.launcher_harness import LauncherRun
+
+pytestmark = [pytest.mark.conformance, pytest.mark.serial]
+
+PROGRAM = ["python", "tests/conformance/cluster_program.py"]
+CLUSTERS = {
+    "multi_worker_2": (["--num_workers=2"], "multi_worker_mirrored", ["worker-0", "worker-1"]),
+    "ps_1_worker": (["--num_workers=1", "--num_ps=1"], "parameter_server", ["chief-0"]),
+}
+SHORT_FORM = {("embedding_pooling", "multi_worker_2", "partial"),
+              ("embedding_lstm_masked", "multi_worker_2", "tiny_last"),
+              ("embedding_pooling", "ps_1_worker", "partial")}
+# Families whose data or step a cluster column cannot take, with the reason.
+NOT_ON = {
+    ("ps_1_worker", "mixed_float16_embedding"):
+        "parameter servers run no loss-scale agreement across workers (a single worker here)",
+}
+
+
+def _matrix():
+    for case in zoo.CASES:
+        for cluster in CLUSTERS:
+            for shape in harness.BATCH_SHAPES:
+                marks = [] if (case.name, cluster, shape) in SHORT_FORM else [
+                    pytest.mark.conformance_full]
+                yield pytest.param(case.name, cluster, shape, marks=marks,
+                                   id=f"{case.name}-{cluster}-{shape}")
+
+
+@pytest.mark.parametrize("case_name,cluster,shape", list(_matrix()))
+def test_cluster_equals_one_device(tmp_path, case_name, cluster, shape):
+    case = zoo.BY_NAME[case_name]
+    if (cluster, case_name) in NOT_ON:
+        pytest.skip(NOT_ON[(cluster, case_name)])
+    if case.not_exact_over_replicas and cluster == "multi_worker_2":
+        pytest.skip(f"not exact by design (warned): {case.not_exact_over_replicas}")
+    examples = harness.BATCH_SHAPES[shape]
+    initial, reference = harness.run_keras(case, examples)
+    np.savez(tmp_path / "initial.npz", *initial)
+    launcher_args, strategy, tasks = CLUSTERS[cluster]
+    args = [f"--case={case_name}", f"--examples={examples}", f"--strategy={strategy}",
+            f"--initial={tmp_path / 'initial.npz'}", f"--output_dir={tmp_path / 'out'}"]
+    with LauncherRun(launcher_args, PROGRAM + args) as run:
+        assert run.wait(timeout=600) == 0, run.output[-4000:]
+    for task in tasks:
+        with np.load(tmp_path / "out" / f"{task}-weights.npz") as weights, \
+                np.load(tmp_path / "out" / f"{task}-predictions.npz") as predictions:
+            logs = json.loads((tmp_path / "out" / f"{task}.json").read_text())
+            result = harness.Result(
+                [weights[f"arr_{i}"] for i in range(len(weights.files))], logs["history"],
+                logs["evaluation"],
+                [predictions[f"arr_{i}"] for i in range(len(predictions.files))] or None)
+        tolerance = case.tolerance if case.tolerance != "calibrated" else max(
+            1e-5, 4.0 * harness.sensitivity(case, examples, reference))
+        harness.assert_matches(reference, result, tolerance)
+    difference = max(float(abs(a - b).max()) for a, b in zip(reference.weights, result.weights))
+    path = os.environ.get("TFDIST_CONFORMANCE_REPORT")
+    if path:  # a row of `scripts/conformance.py --clusters`' table
+        with open(path, "a", encoding="utf-8") as report:
+            report.write(json.dumps(dict(case=case_name, strategy=cluster, shape=shape,
+                                         entry="attach", outcome="passed",
+                                         difference=difference)) + "\n")

@@ -1,0 +1,111 @@
+"""The conformance matrix: every model family of the zoo x every in-process
+strategy x every batch shape x every entry point that applies, against
+single-device Keras on the same data and order.
+
+CI runs the short form (every family on an uneven partial batch over 3
+replicas, the embedding families on every strategy and batch shape, every
+entry point at least once); ``pytest tests/conformance --conformance=full``
+runs the whole matrix (`scripts/conformance.py` writes its table for the docs).
+"""
+
+import functools
+import json
+import os
+
+import pytest
+
+import tfdist
+from conformance import harness, zoo
+
+pytestmark = pytest.mark.conformance
+
+STRATEGIES = {"one_device": 1, "mirrored_2": 2, "mirrored_3": 3, "mirrored_4": 4}
+EMBEDDING_FAMILIES = {"embedding_pooling", "embedding_lstm_masked", "tied_embedding",
+                      "transformer_encoder", "dict_multi_io", "mixed_float16_embedding"}
+
+
+def in_short_form(case, strategy: str, shape: str, entry: str) -> bool:
+    """The combinations CI runs (the rest run with ``--conformance=full``)."""
+    if entry == "attach" and strategy == "mirrored_3" and shape == "partial":
+        return True  # every family on an uneven partial batch
+    if case.name == "embedding_pooling":
+        return entry == "attach" or (strategy, shape) == ("mirrored_3", "partial")
+    if case.name in EMBEDDING_FAMILIES:
+        return entry == "attach" and (strategy, shape) == ("mirrored_4", "tiny_last")
+    return entry != "attach" and (strategy, shape) == ("mirrored_2", "partial") and (
+        case.name in {"dict_multi_io", "transformer_encoder"})
+
+
+def _applies(case, strategy: str, entry: str):
+    """None, or why this combination does not apply."""
+    if entry == "trainer" and not case.trainer:
+        return "the model's own step runs through `attach` (Trainer takes compiled losses)"
+    if entry == "custom_loop" and not case.custom_loop:
+        return "the hand-written loop is run on a few families (a plain compiled loss)"
+    return None
+
+
+def _matrix():
+    for case in zoo.CASES:
+        for strategy in STRATEGIES:
+            for shape in harness.BATCH_SHAPES:
+                for entry in harness.ENTRY_POINTS:
+                    marks = []
+                    if not in_short_form(case, strategy, shape, entry):
+                        marks.append(pytest.mark.conformance_full)
+                    yield pytest.param(case.name, strategy, shape, entry, marks=marks,
+                                       id=f"{case.name}-{strategy}-{shape}-{entry}")
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(case_name: str, examples: int):
+    return harness.run_keras(zoo.BY_NAME[case_name], examples)
+
+
+@functools.lru_cache(maxsize=None)
+def _tolerance(case_name: str, examples: int) -> float:
+    case = zoo.BY_NAME[case_name]
+    if case.tolerance != "calibrated":
+        return case.tolerance
+    _, reference = _reference(case_name, examples)
+    # A small multiple of what reordering rows does on one device.
+    return max(1e-5, 4.0 * harness.sensitivity(case, examples, reference))
+
+
+def _record(row: dict) -> None:
+    """Appends a result row for `scripts/conformance.py`'s table."""
+    path = os.environ.get("TFDIST_CONFORMANCE_REPORT")
+    if path:
+        with open(path, "a", encoding="utf-8") as report:
+            report.write(json.dumps(row) + "\n")
+
+
+@pytest.mark.parametrize("case_name,strategy_name,shape,entry", list(_matrix()))
+def test_equals_one_device(case_name, strategy_name, shape, entry):
+    case = zoo.BY_NAME[case_name]
+    row = dict(case=case_name, strategy=strategy_name, shape=shape, entry=entry)
+    reason = _applies(case, strategy_name, entry)
+    if reason:
+        _record(dict(row, outcome="n/a"))
+        pytest.skip(reason)
+    replicas = STRATEGIES[strategy_name]
+    examples = harness.BATCH_SHAPES[shape]
+    if replicas == 1:
+        strategy = tfdist.make_strategy("one_device")
+    else:
+        strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
+    initial, reference = _reference(case_name, examples)
+    tolerance = _tolerance(case_name, examples)
+    if case.not_exact_over_replicas and replicas > 1:
+        with pytest.warns(UserWarning, match="synchronized"):
+            harness.ENTRY_POINTS[entry](case, strategy, examples, initial)
+        _record(dict(row, outcome="warned"))
+        pytest.skip(f"not exact by design, warned: {case.not_exact_over_replicas}")
+    try:
+        result = harness.ENTRY_POINTS[entry](case, strategy, examples, initial)
+        harness.assert_matches(reference, result, tolerance)
+    except BaseException as error:
+        _record(dict(row, outcome="failed", error=f"{type(error).__name__}: {error}"[:300]))
+        raise
+    difference = max(float(abs(a - b).max()) for a, b in zip(reference.weights, result.weights))
+    _record(dict(row, outcome="passed", difference=difference, tolerance=tolerance))
