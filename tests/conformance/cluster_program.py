@@ -39,7 +39,10 @@ def main():
     case = zoo.BY_NAME[args.case]
     with np.load(args.initial) as stored:
         initial = [stored[f"arr_{i}"] for i in range(len(stored.files))]
-    result = harness.run_attached(case, strategy, args.examples, initial)
+    fit_options = {}
+    if args.strategy == "parameter_server":  # its epochs have no natural end
+        fit_options["steps_per_epoch"] = -(-args.examples // harness.GLOBAL_BATCH)
+    result = harness.run_attached(case, strategy, args.examples, initial, **fit_options)
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
     name = f"{task.get('type', 'chief')}-{task.get('index', 0)}"
     output = pathlib.Path(args.output_dir)

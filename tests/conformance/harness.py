@@ -90,11 +90,13 @@ def _model_under(case, strategy, initial):
     return model
 
 
-def run_attached(case, strategy, examples: int, initial) -> Result:
-    """``tfdist.attach`` + the user's unchanged fit / evaluate / predict."""
+def run_attached(case, strategy, examples: int, initial, **fit_options) -> Result:
+    """``tfdist.attach`` + the user's unchanged fit / evaluate / predict
+    (``fit_options``: added to the case's own)."""
     model = tfdist.attach(_model_under(case, strategy, initial), strategy)
     dataset = case.dataset(examples, GLOBAL_BATCH)
-    history = model.fit(dataset, epochs=case.epochs, verbose=0, **case.fit_options)
+    history = model.fit(dataset, epochs=case.epochs, verbose=0,
+                        **dict(case.fit_options, **fit_options))
     return _finish(case, model, dataset, history)
 
 
