@@ -46,8 +46,9 @@ def _predictions(model, dataset):
 
 def _finish(case, model, dataset, history) -> Result:
     result = Result(model.get_weights(), dict(history.history))
-    if case.predicts:
+    if case.predicts and case.evaluates:
         result.evaluation = model.evaluate(dataset, verbose=0, return_dict=True)
+    if case.predicts:
         result.predictions = _predictions(model, dataset)
     return result
 

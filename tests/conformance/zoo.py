@@ -44,8 +44,10 @@ class Case:
     # Entry points beyond `attach` + fit / evaluate / predict.
     trainer: bool = True
     custom_loop: bool = False
-    # Where plain models' predict/evaluate do not apply (no call()).
+    # Where predict / evaluate do not apply: no call() (keras.io's GAN), no
+    # compiled loss for Keras' default test_step (a train_step-only model).
     predicts: bool = True
+    evaluates: bool = True
     # The one-device reference when it is not the same compile on the same
     # batches: exact gradient accumulation over k batches is one step on a
     # batch k times as large (Keras' own accumulation averages the k means).
@@ -303,6 +305,95 @@ class OwnTestStep(keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
 
+class KerasIoGAN(keras.Model):
+    """keras.io's GAN ("Customizing what happens in fit()"): no ``call()``,
+    two built sub-models, two optimizers built by their first ``apply``,
+    x-only data. Its latent noise is read from the data (columns 4..5), so
+    that one device and N replicas see the same noise."""
+
+    def __init__(self):
+        super().__init__()
+        self.discriminator = keras.Sequential([
+            keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+        self.generator = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4)])
+        self.d_loss_tracker = keras.metrics.Mean(name="d_loss")
+        self.g_loss_tracker = keras.metrics.Mean(name="g_loss")
+
+    @property
+    def metrics(self):
+        return [self.d_loss_tracker, self.g_loss_tracker]
+
+    def compile(self, d_optimizer, g_optimizer, loss_fn):  # pylint: disable=arguments-differ
+        super().compile()
+        self.d_optimizer, self.g_optimizer, self.loss_fn = d_optimizer, g_optimizer, loss_fn
+
+    def train_step(self, data):
+        real, latent = data[:, :4], data[:, 4:]
+        rows = keras.ops.shape(real)[0]
+        combined = keras.ops.concatenate([self.generator(latent), real], axis=0)
+        labels = keras.ops.concatenate([keras.ops.ones((rows, 1)), keras.ops.zeros((rows, 1))], 0)
+        with tf.GradientTape() as tape:
+            d_loss = self.loss_fn(labels, self.discriminator(combined))
+        grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+        self.d_optimizer.apply_gradients(zip(grads, self.discriminator.trainable_weights))
+        with tf.GradientTape() as tape:
+            g_loss = self.loss_fn(keras.ops.zeros((rows, 1)),
+                                  self.discriminator(self.generator(latent)))
+        grads = tape.gradient(g_loss, self.generator.trainable_weights)
+        self.g_optimizer.apply_gradients(zip(grads, self.generator.trainable_weights))
+        self.d_loss_tracker.update_state(d_loss)
+        self.g_loss_tracker.update_state(g_loss)
+        return {"d_loss": self.d_loss_tracker.result(), "g_loss": self.g_loss_tracker.result()}
+
+
+def _compile_gan(model):
+    model.compile(keras.optimizers.SGD(0.05), keras.optimizers.SGD(0.05),
+                  keras.losses.BinaryCrossentropy(from_logits=True))
+
+
+def gan_inputs(examples: int, batch: int) -> tf.data.Dataset:
+    """x only: 4 "real" features and 2 latent ones per row."""
+    rng = np.random.RandomState(5)
+    return tf.data.Dataset.from_tensor_slices(rng.randn(examples, 6).astype("float32")).batch(batch)
+
+
+class OwnMetricsProperty(keras.Model):
+    """A model listing its own trackers in ``metrics`` (keras.io's second
+    train_step example): its loss tracker and a MAE tracker."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.mae_metric = keras.metrics.MeanAbsoluteError(name="mae")
+        self.loss_fn = keras.losses.MeanSquaredError()
+
+    @property
+    def metrics(self):
+        return [self.loss_tracker, self.mae_metric]
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.loss_fn(y, y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        self.loss_tracker.update_state(loss)
+        self.mae_metric.update_state(y, y_pred)
+        return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+
+def regression(examples: int, batch: int) -> tf.data.Dataset:
+    x, _ = _feature_arrays(examples)
+    y = (x[:, :1] * 0.7 - x[:, 1:2] * 0.2).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch)
+
+
+def own_metrics_model():
+    inputs = keras.Input((6,))
+    return OwnMetricsProperty(inputs, keras.layers.Dense(1)(keras.layers.Dense(8, "relu")(inputs)))
+
+
 def functional_as(cls):
     def build():
         inputs = keras.Input((6,))
@@ -380,6 +471,11 @@ CASES: Tuple[Case, ...] = (
          features, trainer=False),
     Case("own_test_step", _seeded(functional_as(OwnTestStep)), _sgd_with_accuracy, features,
          trainer=False),
+    Case("keras_io_gan", _seeded(KerasIoGAN), _compile_gan, gan_inputs, trainer=False,
+         predicts=False),
+    Case("own_metrics_property", _seeded(own_metrics_model),
+         lambda m: m.compile(optimizer=keras.optimizers.SGD(0.05)), regression, trainer=False,
+         evaluates=False),
     Case("mixed_float16_embedding", _seeded(_mixed("mixed_float16", embedding_mixed)),
          _sgd_with_accuracy, tokens, tolerance=2e-3),
     Case("mixed_bfloat16", _seeded(_mixed("mixed_bfloat16", mlp())), _sgd_with_accuracy,

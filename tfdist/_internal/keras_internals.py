@@ -24,6 +24,7 @@ __all__ = [
     "begin_training",
     "build_model_state",
     "callback_list",
+    "class_weight_map_fn",
     "class_weight_to_sample_weights",
     "clip_gradients",
     "compile_identity",
@@ -59,13 +60,24 @@ def class_weight_to_sample_weights(y, class_weight: dict):
     return data_adapter_utils.class_weight_to_sample_weights(y, class_weight)
 
 
-def keras_data_as_dataset(x, y=None, sample_weight=None, batch_size=None):
+def class_weight_map_fn(class_weight: dict):
+    """Keras' own ``dataset.map`` function for ``class_weight`` (its tf.data
+    adapter's): adds each batch's per-example weights as sample_weight, and
+    raises Keras' errors (weights already given, several outputs)."""
+    from keras.src.trainers.data_adapters import tf_dataset_adapter  # pylint: disable=import-outside-toplevel
+
+    return tf_dataset_adapter.make_class_weight_map_fn(class_weight)
+
+
+def keras_data_as_dataset(x, y=None, sample_weight=None, batch_size=None, class_weight=None):
     """A `keras.utils.PyDataset` or Python generator as Keras itself reads it
-    (its data adapter), unshuffled, as a tf.data.Dataset of batches."""
+    (its data adapter, ``class_weight`` included), unshuffled, as a
+    tf.data.Dataset of batches."""
     from keras.src.trainers import data_adapters  # pylint: disable=import-outside-toplevel
 
     return data_adapters.get_data_adapter(
-        x, y, sample_weight, batch_size=batch_size, shuffle=False).get_tf_dataset()
+        x, y, sample_weight, batch_size=batch_size, shuffle=False,
+        class_weight=class_weight).get_tf_dataset()
 
 
 def flatten_metrics_in_order(model: keras.Model, logs: dict):
@@ -176,7 +188,15 @@ def build_model_state(model: keras.Model, element_spec) -> None:
     ``element_spec`` is a dataset's ``(x, y[, sample_weight])`` TensorSpecs;
     no data is read. Must run inside ``strategy.scope()`` so the variables
     become distributed variables.
+
+    A model without ``call()`` whose layers are built (keras.io's GAN: two
+    built sub-models, its own ``train_step``) cannot be run symbolically;
+    on one device Keras leaves it to its first step, which builds what is
+    left (its optimizers, in ``apply``): so does tfdist.
     """
+    if type(model).call is keras.Model.call and all(
+            layer.built for layer in model._flatten_layers(include_self=False)):
+        model.built = True
     model._symbolic_build(data_batch=element_spec)
 
 

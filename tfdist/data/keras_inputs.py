@@ -120,27 +120,43 @@ def to_training_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=
         sample_weight = with_class_weight(y, sample_weight, class_weight)
         return array_batches(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
                              seed=seed, targets=targets)
-    if class_weight is not None:
-        raise ConfigurationError(
-            "`class_weight` is supported with arrays; for a dataset, map the weights "
-            "into it as a third element (x, y, sample_weight).")
     if isinstance(x, (tf.data.Dataset, EpochDataset)):
         for name, value in (("y", y), ("sample_weight", sample_weight), ("batch_size", batch_size)):
             if value is not None:
                 raise ConfigurationError(
                     f"`{name}` must be None when `{what}` is a dataset: the dataset yields "
                     "batches of (x, y[, sample_weight]).")
-        return x
+        return with_class_weight_map(x, class_weight)
     if isinstance(x, _keras.PyDataset) and shuffle and _finite(x):
-        return shuffled_py_dataset(x, seed)
+        return with_class_weight_map(shuffled_py_dataset(x, seed), class_weight)
     if isinstance(x, _keras.PyDataset) or _is_generator(x):
-        return _keras.keras_data_as_dataset(x, y, sample_weight, batch_size)
+        return _keras.keras_data_as_dataset(x, y, sample_weight, batch_size, class_weight)
     if callable(x) and y is None and sample_weight is None:
+        if class_weight is not None:
+            raise ConfigurationError(
+                "`class_weight` is not supported with a dataset_fn(input_context) (per-replica "
+                "batches): map the weights into its batches as a third element "
+                "(x, y, sample_weight), or pass a dataset of global batches.")
         return x  # a dataset_fn(input_context) of per-replica batches (`tfdist.data.epochs`)
     raise ConfigurationError(
         f"`{what}` is a {type(x).__name__}; tfdist takes NumPy arrays or tensors (or dicts / "
         "lists of them), a tf.data.Dataset, a keras.utils.PyDataset, a Python generator "
         "or a dataset_fn(input_context).")
+
+
+def with_class_weight_map(data, class_weight: Optional[dict]):
+    """A dataset (or `EpochDataset`) of (x, y) batches with Keras'
+    per-example ``class_weight`` weights added as their sample_weight, as
+    Keras' dataset adapter adds them."""
+    if class_weight is None:
+        return data
+    if not isinstance(class_weight, dict):
+        raise ConfigurationError(
+            f"`class_weight` must be a dict {{class index: weight}}; got {type(class_weight).__name__}.")
+    weigh = _keras.class_weight_map_fn(class_weight)
+    if isinstance(data, EpochDataset):
+        return EpochDataset(lambda epoch: data.make_dataset(epoch).map(weigh))
+    return data.map(weigh)
 
 
 def fit_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=True, seed=0,
