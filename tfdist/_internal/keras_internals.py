@@ -25,6 +25,7 @@ __all__ = [
     "build_model_state",
     "callback_list",
     "class_weight_map_fn",
+    "seed_generator_states",
     "class_weight_to_sample_weights",
     "clip_gradients",
     "compile_identity",
@@ -175,6 +176,16 @@ def wants_batch_logs(callbacks: keras.callbacks.CallbackList) -> bool:
     return _overrides_a_hook(
         callbacks.callbacks, ("on_train_batch_end", "on_batch_end"),
         ignore=(keras.callbacks.ProgbarLogger, keras.callbacks.History))
+
+
+def seed_generator_states(model: keras.Model) -> dict:
+    """The state variables of the random layers' ``SeedGenerator``s (which
+    ``tf.train.Checkpoint`` does not reach through the model), named by the
+    layer's position in ``model`` and the generator's in the layer: stable
+    for the same architecture, whatever Keras named the layers."""
+    return {f"layer_{index}_seed_{number}": generator.state
+            for index, layer in enumerate(model._flatten_layers(include_self=True))
+            for number, generator in enumerate(getattr(layer, "_seed_generators", []))}
 
 
 def all_layers(model: keras.Model) -> list:

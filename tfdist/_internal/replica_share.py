@@ -113,6 +113,11 @@ def scale_compute_loss(model) -> None:
         return
     compute_loss = model.compute_loss
 
+    # Not converted by autograph (as Keras' own compute_loss is not): one
+    # wrapper code object serves every model, and autograph's conversion
+    # cache, keyed by code, mixed models up when a user's train_step was
+    # converted ("tf__<another function>() takes 0 positional arguments").
+    @tf.autograph.experimental.do_not_convert
     @functools.wraps(compute_loss)
     def compute_loss_by_share(*args, **kwargs):
         share = current_share()

@@ -55,7 +55,7 @@ import keras
 import tensorflow as tf
 
 from tfdist import cluster
-from tfdist._internal import host_values
+from tfdist._internal import host_values, keras_internals as _keras
 from tfdist.checkpoint.background_writes import BackgroundWrites
 from tfdist.checkpoint.state_snapshot import TotalsSnapshot
 from tfdist.checkpoint.traced_saves import TracedSaves, spans_tasks
@@ -162,12 +162,16 @@ class TrainingCheckpoint:
         self.directory = directory
         self._is_chief = is_chief
         self._task_name = task_name
+        # Random layers' generator states: a resumed run draws on where the
+        # uninterrupted one would (`tfdist._internal.replica_random`).
+        seed_states = _keras.seed_generator_states(model)
         self._checkpoint = tf.train.Checkpoint(
             model=model,
             optimizer=model.optimizer,
             step=self.step,
             epoch=self.epoch,
             step_in_epoch=self.step_in_epoch,
+            **({"random_layers": tf.train.Checkpoint(**seed_states)} if seed_states else {}),
         )
         self._manager = None if directory is None else tf.train.CheckpointManager(
             self._checkpoint, directory, max_to_keep=max_to_keep

@@ -29,7 +29,7 @@ from typing import Callable, NamedTuple, Optional
 
 import tensorflow as tf
 
-from tfdist._internal import validation
+from tfdist._internal import replica_random, validation
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 from tfdist.loops.agreement import StopAgreement
@@ -106,7 +106,8 @@ class HostLoop:
         # the user's step (tfdist's ConfigurationError) stay as they are.
         @tf.autograph.experimental.do_not_convert
         def step(structure):
-            return replica_step(Batch.from_structure(structure))
+            with replica_random.independent_draws():  # Dropout: a mask per replica
+                return replica_step(Batch.from_structure(structure))
 
         self._loop = device_loop(strategy, step, after_step=after_step)
         self._stop_agreement = StopAgreement(

@@ -36,7 +36,7 @@ from typing import Dict, Tuple
 import keras
 import tensorflow as tf
 
-from tfdist._internal import replica_share
+from tfdist._internal import replica_random, replica_share
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 from tfdist.replica import collectives, loss_scaling
@@ -135,7 +135,7 @@ class KerasSteps:
             global_rows = collectives.all_reduce_sum(rows)
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         share = tf.math.divide_no_nan(rows * replicas, global_rows)
-        with replica_share.replica_share(share, replicas):
+        with replica_share.replica_share(share, replicas), replica_random.independent_draws():
             logs = method(keras_data(x, y, sample_weight))
         self._metrics.examples.update_state(rows)
         self._check_logs(method.__name__, logs)

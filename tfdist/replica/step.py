@@ -25,7 +25,7 @@ static.
 import keras
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal import keras_internals as _keras, replica_random
 from tfdist.data.batch import Batch
 from tfdist.replica import collectives, gradients as gradients_lib, loss_scaling, losses
 from tfdist.replica.metrics import MetricState, without_padding
@@ -121,7 +121,8 @@ class ReplicaSteps:
     def train(self, structure: dict) -> None:
         """One replica's training step on a `Batch` structure (replica context)."""
         batch = self._rows(Batch.from_structure(structure))
-        with _keras.statistics_over_real_rows(batch.mask), loss_scaling.agreement():
+        with _keras.statistics_over_real_rows(batch.mask), loss_scaling.agreement(), \
+                replica_random.independent_draws():
             self._train(batch)
 
     @tf.autograph.experimental.do_not_convert
