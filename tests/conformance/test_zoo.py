@@ -21,6 +21,7 @@ pytestmark = pytest.mark.conformance
 
 STRATEGIES = {"one_device": 1, "mirrored_2": 2, "mirrored_3": 3, "mirrored_4": 4}
 EMBEDDING_FAMILIES = {"embedding_pooling", "embedding_lstm_masked", "tied_embedding",
+                      "embedding_global_clipnorm",
                       "transformer_encoder", "dict_multi_io", "mixed_float16_embedding"}
 
 

@@ -445,6 +445,12 @@ def one_hot_features(examples: int, batch: int) -> tf.data.Dataset:
 CASES: Tuple[Case, ...] = (
     Case("embedding_pooling", _seeded(embedding_pooling), _sgd_with_accuracy, tokens,
          custom_loop=True),
+    # Clipping the batch's sparse gradient as Keras does on one device (by
+    # its values: a repeated id counts once per occurrence); active on the
+    # 1-row last batch.
+    Case("embedding_global_clipnorm", _seeded(embedding_pooling),
+         lambda m: m.compile(optimizer=keras.optimizers.SGD(0.1, global_clipnorm=0.3),
+                             loss="sparse_categorical_crossentropy"), tokens),
     Case("embedding_lstm_masked", _seeded(embedding_recurrent(keras.layers.LSTM)),
          _sgd_with_accuracy, padded_sequences),
     Case("embedding_gru_masked", _seeded(embedding_recurrent(keras.layers.GRU)),

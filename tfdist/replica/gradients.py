@@ -17,7 +17,7 @@ plain ``optimizer.apply_gradients`` (no extra collective).
 
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal import keras_internals as _keras, replica_share
 from tfdist.replica import collectives
 
 
@@ -52,10 +52,28 @@ def apply_gradients(optimizer, gradients, variables) -> None:
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
     gradients = list(gradients)
     if replicas > 1 and optimizer_clips(optimizer):
-        dense = [None if g is None else tf.convert_to_tensor(g) for g in gradients]
-        present = [g for g in dense if g is not None]
-        summed = iter(collectives.all_reduce_sum(present))
-        totals = [None if g is None else next(summed) for g in dense]
-        clipped = _keras.clip_gradients(optimizer, totals)
-        gradients = [None if g is None else g / replicas for g in clipped]
+        clipped = _keras.clip_gradients(optimizer, _batch_gradients(gradients))
+        gradients = [replica_share.scaled_gradient(g, 1.0 / replicas) for g in clipped]
     optimizer.apply_gradients(zip(gradients, variables))
+
+
+def _batch_gradients(gradients):
+    """The global batch's gradients from every replica's shares, as one
+    device holds them: dense ones summed (one all-reduce); sparse ones
+    (an ``Embedding``'s ``IndexedSlices``) as every replica's rows, in
+    order, because Keras clips those by their values, an id repeated in the
+    batch counting once per occurrence (all-gathers)."""
+    context = tf.distribute.get_replica_context()
+    dense = [g for g in gradients if g is not None and not isinstance(g, tf.IndexedSlices)]
+    summed = iter(collectives.all_reduce_sum(dense) if dense else [])
+    totals = []
+    for gradient in gradients:
+        if gradient is None:
+            totals.append(None)
+        elif isinstance(gradient, tf.IndexedSlices):
+            totals.append(tf.IndexedSlices(context.all_gather(gradient.values, axis=0),
+                                           context.all_gather(gradient.indices, axis=0),
+                                           gradient.dense_shape))
+        else:
+            totals.append(next(summed))
+    return totals
