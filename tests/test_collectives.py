@@ -98,3 +98,51 @@ def test_a_warmed_up_trainer_takes_no_instance_keys(tmp_path):
     taken = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(taken) == 4
     assert taken[3] - taken[1] == 0, taken
+
+
+_VARIABLE_SHAPES_PROGRAM = textwrap.dedent("""
+    import json
+    import numpy as np
+    import tensorflow as tf
+    import tfdist
+    from tfdist.replica import collectives
+
+    strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=2)
+    table = strategy.extended._collective_keys._instance_key_table
+
+    def keys_taken():
+        return sum(sum(per_device.values()) for per_device in table.values())
+
+    @collectives.function
+    def gather(rows):
+        # Each replica gathers its first `rows` rows (a shape that changes at
+        # every call) and an IndexedSlices-style sum of them.
+        def replica():
+            context = tf.distribute.get_replica_context()
+            values = tf.ones([rows, 3]) * tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
+            return context.all_gather(values, axis=0), context.all_reduce("sum", values)
+        gathered, summed = strategy.run(replica)
+        return strategy.experimental_local_results(gathered)[0], strategy.experimental_local_results(summed)[0]
+
+    gather(tf.constant(5))  # traced here
+    before = keys_taken()
+    for rows in [1, 7, 2, 33, 8, 64, 3, 1000]:
+        gathered, summed = gather(tf.constant(rows))
+        want = np.concatenate([np.ones([rows, 3]), 2 * np.ones([rows, 3])])
+        assert np.array_equal(gathered.numpy(), want), rows
+        assert np.array_equal(summed.numpy(), 3 * np.ones([rows, 3])), rows
+    print(json.dumps({"keys_after_trace": keys_taken() - before}))
+""")
+
+
+def test_collectives_whose_shape_changes_each_call_keep_fixed_keys():
+    """Under fixed instance keys, a worker keeps one shape per key; gathers
+    and all-reduces whose shape changes from call to call (an Embedding's
+    sparse gradient on a partial or padded batch) used to fail with
+    "Shape mismatch in the collective instance". They now run on a copy
+    padded to a power of two, with that size's key: right results for every
+    shape, and no key taken after the trace."""
+    completed = subprocess.run([sys.executable, "-c", _VARIABLE_SHAPES_PROGRAM],
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert json.loads(completed.stdout.strip().splitlines()[-1]) == {"keys_after_trace": 0}

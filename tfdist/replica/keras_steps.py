@@ -217,11 +217,32 @@ def warn_per_replica_statistics(model: keras.Model, strategy: tf.distribute.Stra
             f"(exact against one device).", UserWarning, stacklevel=3)
 
 
+def warn_padded_activity_regularizers(model: keras.Model, *, jit_compile: bool,
+                                      static_shapes: bool) -> None:
+    """Under XLA (``jit_compile``, static shapes) a batch keeps its padding
+    rows, masked out of losses and metrics, but an activity regularizer
+    (Keras divides it by the batch size) averages over them: on a padded
+    batch it is not one device's. Says so, naming the layers."""
+    if not (jit_compile or static_shapes):
+        return
+    layers = [layer.name for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+              if getattr(layer, "activity_regularizer", None) is not None]
+    if layers:
+        option = "static_shapes" if static_shapes else "jit_compile"
+        warnings.warn(
+            f"Layers {layers} have an activity_regularizer; with `{option}` a padded batch (an "
+            f"uneven or partial last batch) keeps its padding rows in the batch, and the "
+            f"regularizer's mean includes them, so those steps differ from one device. Without "
+            f"`{option}`, padding rows are removed before the model runs (exact).",
+            UserWarning, stacklevel=3)
+
+
 def steps_for(model: keras.Model, strategy: tf.distribute.Strategy, *, jit_compile: bool,
               static_shapes: bool):
     """(metric state, replica steps) for ``model``: the model's own step when
     it overrides one of `OVERRIDABLE`, else tfdist's (`tfdist.replica.step`)."""
     warn_per_replica_statistics(model, strategy)
+    warn_padded_activity_regularizers(model, jit_compile=jit_compile, static_shapes=static_shapes)
     with strategy.scope():
         if overridden(model):
             check_supported(model, jit_compile=jit_compile, static_shapes=static_shapes)
