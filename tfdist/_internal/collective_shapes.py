@@ -69,19 +69,12 @@ def _reserve_keys(launcher) -> tf.Tensor:
 
 
 def _padded_size_and_bucket(size: tf.Tensor):
-    """The smallest power of two >= ``size`` (1 for 0) and its exponent."""
-    size = tf.maximum(tf.cast(size, tf.int64), 1)
-    bucket = tf.cast(tf.math.ceil(
-        tf.math.log(tf.cast(size, tf.float64)) / tf.math.log(tf.constant(2.0, tf.float64))),
-        tf.int64)
-    # Guard float round-off at the edges: 2**(bucket-1) < size <= 2**bucket.
-    bucket = tf.where(tf.bitwise.left_shift(tf.constant(1, tf.int64), bucket) < size,
-                      bucket + 1, bucket)
-    bucket = tf.where(
-        (bucket > 0) & (tf.bitwise.left_shift(tf.constant(1, tf.int64), bucket - 1) >= size),
-        bucket - 1, bucket)
-    padded = tf.bitwise.left_shift(tf.constant(1, tf.int64), bucket)
-    return tf.cast(padded, tf.int32), tf.cast(bucket, tf.int32)
+    """The smallest power of two >= ``size`` (1 for 0) and its exponent,
+    in integers: the exponent counts the powers of two below ``size``."""
+    powers = tf.bitwise.left_shift(tf.constant(1, tf.int64),
+                                   tf.range(KEYS_PER_VARIABLE_SHAPE_OP, dtype=tf.int64))
+    bucket = tf.reduce_sum(tf.cast(powers < tf.cast(size, tf.int64), tf.int32))
+    return tf.bitwise.left_shift(tf.constant(1, tf.int32), bucket), bucket
 
 
 def _flat_padded(tensor):
