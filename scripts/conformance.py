@@ -25,11 +25,19 @@ sys.path.insert(0, str(REPO))
 from scripts.bench.outputs import write_results  # noqa: E402
 
 
+STRATEGY_ORDER = ["one_device", "mirrored_2", "mirrored_3", "mirrored_4", "multi_worker_2",
+                  "ps_1_worker"]
+ENTRY_ORDER = ["attach", "trainer", "custom_loop"]
+
+
 def table(rows) -> str:
     """One line per family; a column per strategy x entry point, each cell
     the largest weight difference from one device over the batch shapes
     that ran, or what stopped it."""
-    columns = sorted({(r["strategy"], r["entry"]) for r in rows if r["outcome"] != "n/a"})
+    present = {(r["strategy"], r["entry"]) for r in rows if r["outcome"] != "n/a"}
+    columns = sorted(present, key=lambda column: (
+        STRATEGY_ORDER.index(column[0]) if column[0] in STRATEGY_ORDER else len(STRATEGY_ORDER),
+        column[0], ENTRY_ORDER.index(column[1]) if column[1] in ENTRY_ORDER else 0))
     cells = collections.defaultdict(list)
     for row in rows:
         cells[(row["case"], row["strategy"], row["entry"])].append(row)
