@@ -165,9 +165,12 @@ def test_user_code_equals_one_device(tmp_path, option, replicas):
     harness.assert_matches(reference, result, 1e-5)
 
 
+@pytest.mark.conformance_full
 def test_py_dataset_with_worker_processes_equals_one_device():
     """``workers=2, use_multiprocessing=True``, in a fresh process
-    (`py_dataset_processes.py` says why)."""
+    (`py_dataset_processes.py` says why). Full matrix only: once, in CI's
+    parallel pass, the program hung past 300 s (a fork of a process that
+    runs TensorFlow; which of its two fits hung is not known yet)."""
     completed = subprocess.run(
         [sys.executable, str(pathlib.Path(__file__).with_name("py_dataset_processes.py"))],
         capture_output=True, text=True, timeout=300)
