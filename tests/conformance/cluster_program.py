@@ -48,7 +48,9 @@ def main():
     output = pathlib.Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     np.savez(output / f"{name}-weights.npz", *result.weights)
-    np.savez(output / f"{name}-predictions.npz", *(result.predictions or []))
+    # bfloat16 has no NumPy file format: float32 holds its values exactly.
+    np.savez(output / f"{name}-predictions.npz",
+             *[np.asarray(p, np.float32) for p in result.predictions or []])
     (output / f"{name}.json").write_text(json.dumps(
         {"history": result.history, "evaluation": result.evaluation}))
 

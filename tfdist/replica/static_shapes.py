@@ -73,6 +73,13 @@ def resolve(strategy, *, static_shapes: Optional[bool], partial_batch: Optional[
         )
     tpu = is_tpu(strategy)
     static = tpu if static_shapes is None else static_shapes
+    if (jit_compile or (static and not tpu)) and isinstance(
+            strategy, tf.distribute.experimental.ParameterServerStrategy):
+        raise ConfigurationError(
+            f"`{'jit_compile' if jit_compile else 'static_shapes'}=True` is not supported under "
+            "ParameterServerStrategy: XLA compiles the step on a worker, and the variables live "
+            "on the parameter servers (TensorFlow: 'Trying to access resource ... located in "
+            "device /job:ps'). Compile the model without jit_compile.")
     if not static:
         return StepOptions(partial_batch or "exact", jit_compile, False)
     if partial_batch not in (None,) + _STATIC_POLICIES:
