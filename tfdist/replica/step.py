@@ -70,8 +70,7 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples):
         y_pred = model(x, training=True)
         terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
         denominators = losses.example_count_denominators(terms, global_examples)
-        local_examples = tf.reduce_sum(mask) if mask is not None else tf.cast(
-            tf.shape(tf.nest.flatten(x)[0])[0], tf.float32)
+        local_examples = Batch(x, mask=mask).real_examples()
         loss, data_share, shares, regularization = _replica_loss(
             model, terms, denominators, local_examples, global_examples)
         scaled = model.optimizer.scale_loss(loss)
