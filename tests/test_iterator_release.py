@@ -97,7 +97,8 @@ def _run_epochs(persistent, stop_after=None):
     generator = epochs_lib.epoch_iterators(
         as_source(dataset), make_iterator, position, epochs=3,
         steps_per_epoch=4 if persistent else None)
-    for epoch, _, _, _ in generator:
+    for epoch_data in generator:
+        epoch = epoch_data.epoch
         log.append(f"trained epoch {epoch}")
         if epoch == stop_after:
             generator.close()  # what dropping fit's frames does

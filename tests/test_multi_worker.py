@@ -190,7 +190,7 @@ def test_killed_worker_is_named_and_a_restart_finishes_exactly(tmp_path, keras_r
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_reference, slow):
     """Slow steps from a batch-end callback (every execution alone), or from
     endless slow data with no batch hook (executions between log points in
-    stretches, `tfdist.loops.runners.executions`): both workers stop at one step.
+    stretches, `tfdist.loops.runners.base`): both workers stop at one step.
     With async saves the epoch saves run in the background and the
     preemption's is written before the process exits."""
     launcher = ["--num_workers=2", "--max_restarts=1", "--grace_period=20"]

@@ -1,6 +1,6 @@
 """Executions between log points, save points and epoch ends run back to
 back when no callback has a training-batch hook (`Cadence.quiet_executions`,
-`tfdist.loops.runners.executions`): same results as single-device Keras, stops
+`tfdist.loops.runners.base`): same results as single-device Keras, stops
 and the end of the data still land on their step."""
 
 import os
@@ -19,20 +19,20 @@ BATCH = 16
 
 
 def _record_dispatch(trainer):
-    """Wraps the runner's ``train`` / ``train_many``; returns the record:
-    ``("one", step before, steps)`` / ``("many", step before, executions)``."""
+    """Wraps the runner's ``train``; returns the record of its plans:
+    ``("one", step before, steps)`` for a reported execution,
+    ``("many", step before, executions)`` for a stretch of quiet ones."""
     runner, calls = trainer._runner, []
-    train, train_many = runner.train, runner.train_many
+    train = runner.train
 
-    def recorded_train(iterator, num_steps, *args, **kwargs):
-        calls.append(("one", trainer.step, num_steps))
-        return train(iterator, num_steps, *args, **kwargs)
+    def recorded_train(iterator, plan, *args, **kwargs):
+        if plan.reported:
+            calls.append(("one", trainer.step, plan.num_steps))
+        else:
+            calls.append(("many", trainer.step, plan.executions))
+        return train(iterator, plan, *args, **kwargs)
 
-    def recorded_train_many(iterator, executions, *args):
-        calls.append(("many", trainer.step, executions))
-        return train_many(iterator, executions, *args)
-
-    runner.train, runner.train_many = recorded_train, recorded_train_many
+    runner.train = recorded_train
     return calls
 
 

@@ -2,7 +2,8 @@
 workers and 1 worker + 1 parameter server, each task a real process with
 its own TF_CONFIG on 127.0.0.1 (`tfdist-run`), against single-device Keras.
 
-CI runs the embedding family on an uneven partial batch on both clusters;
+CI runs the embedding family on an uneven partial batch on both clusters,
+and the dict model (StringLookup, a lookup table) under parameter servers;
 ``--conformance=full`` runs every family and batch shape.
 """
 
@@ -25,7 +26,8 @@ CLUSTERS = {
 }
 SHORT_FORM = {("embedding_pooling", "multi_worker_2", "partial"),
               ("embedding_lstm_masked", "multi_worker_2", "tiny_last"),
-              ("embedding_pooling", "ps_1_worker", "partial")}
+              ("embedding_pooling", "ps_1_worker", "partial"),
+              ("dict_multi_io", "ps_1_worker", "partial")}
 # Families whose data or step a cluster column cannot take, with the reason.
 NOT_ON = {
     ("ps_1_worker", "mixed_float16_embedding"):

@@ -94,7 +94,7 @@ def _keras_fit(args, model, strategy, ref):
     # Then Keras' gradient accumulation (2 micro-batches per update), same
     # cluster; verbose=1: the chief's Keras progress bar has a batch hook and
     # the worker has none, so one runs executions one by one and the other
-    # in stretches (`tfdist.loops.runners.executions`): they must still agree.
+    # in stretches (`tfdist.loops.runners.base`): they must still agree.
     with strategy.scope():
         accumulating = ref.compile_model(ref.build_mlp(), "adam")
         accumulating.optimizer.gradient_accumulation_steps = 2

@@ -46,8 +46,7 @@ def check_created_in_scope(model, strategy) -> None:
             )
 
 
-def check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq, *,
-                        needs_steps_per_epoch: bool) -> None:
+def check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq) -> None:
     """``fit``'s counts, each with its own error."""
     positive_int("epochs", epochs)
     positive_int("steps_per_epoch", steps_per_epoch, True)
@@ -56,11 +55,6 @@ def check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq,
         raise ConfigurationError(
             f"`initial_epoch` ({initial_epoch!r}) must be an integer >= 0: the "
             "epoch this call starts at (as in Keras, none run if it is >= epochs).")
-    if steps_per_epoch is None and needs_steps_per_epoch:
-        raise ConfigurationError(
-            "Parameter-server training needs `steps_per_epoch`: workers read "
-            "repeated shards of the data, so an epoch has no natural end."
-        )
 
 
 def verbosity(verbose) -> int:

@@ -13,7 +13,7 @@ checkpoint says were already trained on.
 """
 
 import dataclasses
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional
 
 import tensorflow as tf
 
@@ -128,23 +128,43 @@ def as_source(data, what: str = "dataset") -> Source:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class EpochData:
+    """One epoch's data, from `epoch_iterators`.
+
+    Attributes:
+      epoch: the epoch's index (0-based).
+      iterator: what the runner trains on.
+      total_steps: the epoch's length when known (``steps_per_epoch``, or
+        a dataset's known cardinality); None: it ends with its data.
+      outlives_epoch: the iterator runs on into the next epoch (with
+        ``steps_per_epoch``, as Keras'): its running out ends training.
+    """
+
+    epoch: int
+    iterator: object
+    total_steps: Optional[int]
+    outlives_epoch: bool
+
+
 def epoch_iterators(
     source: Source,
     make_iterator: Callable[[int, int], Iterator],
     position,
+    *,
     epochs: int,
     steps_per_epoch: Optional[int],
     first_epoch: int = 0,
     fresh_each_epoch: bool = False,
-) -> Iterator[Tuple[int, Iterator, Optional[int], bool]]:
-    """Yields ``(epoch, iterator, total_steps, persistent)`` until ``epochs``.
+) -> Iterator[EpochData]:
+    """Yields each epoch's `EpochData` until ``epochs``.
 
     ``position`` (with ``epoch`` and ``step_in_epoch``) is read before each
     epoch, so the caller advances it as it trains. ``make_iterator(epoch,
     skip_steps)`` builds an iterator past the batches already trained on.
     With ``steps_per_epoch`` and a fixed dataset, one iterator runs on
     across epochs (``persistent``, as in Keras) from its start at
-    ``first_epoch`` (Keras' ``initial_epoch``); otherwise, or with
+    ``first_epoch`` (Keras' ``initial_epoch``: ``outlives_epoch``); otherwise, or with
     ``fresh_each_epoch`` (the tf.data service's per-epoch jobs under
     parameter servers), every epoch is a fresh pass. A finished iterator is released (see `_release`) when the
     next one is made and when the generator ends.
@@ -169,7 +189,8 @@ def epoch_iterators(
                 skip = position.step_in_epoch + (
                     (epoch - first_epoch) * steps_per_epoch if persistent else 0)
                 iterator = make_iterator(epoch, skip)
-            yield epoch, iterator, steps_per_epoch or source.known_steps(epoch), persistent
+            yield EpochData(epoch, iterator, steps_per_epoch or source.known_steps(epoch),
+                            outlives_epoch=persistent)
             if position.epoch > epoch:  # the epoch ran to its end
                 draw_orders(source, spare)
     finally:  # the epochs are over, or the caller closed (or dropped) the generator

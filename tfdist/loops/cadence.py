@@ -24,6 +24,31 @@ from typing import Optional
 
 
 @dataclasses.dataclass(frozen=True)
+class ExecutionPlan:
+    """What the runner runs next (`tfdist.loops.runners.base.Runner.train`).
+
+    Attributes:
+      num_steps: steps per execution (one host call).
+      executions: executions back to back with nothing for the host to do
+        between them (no log point, save point or epoch end inside).
+      reported: the execution is the one reaching a point: the loop calls
+        the batch callbacks, logs and saves after it (then ``executions`` is 1).
+      ends_epoch: the last execution ends the epoch (workers agree on stop
+        requests there: `tfdist.loops.agreement`).
+    """
+
+    num_steps: int
+    executions: int = 1
+    reported: bool = True
+    ends_epoch: bool = False
+
+    @property
+    def total_steps(self) -> int:
+        """Steps of all the plan's executions."""
+        return self.num_steps * self.executions
+
+
+@dataclasses.dataclass(frozen=True)
 class Cadence:
     """Execution sizes, log points and save points of one ``fit`` call.
 
@@ -69,6 +94,24 @@ class Cadence:
         if self.checkpoint_every_steps:
             room = min(room, self.checkpoint_every_steps - step % self.checkpoint_every_steps)
         return max(0, (room - 1) // self.steps_per_execution)
+
+    def plan(self, step: int, step_in_epoch: int, *, report_each: bool = False) -> ExecutionPlan:
+        """The next executions from here: a stretch of quiet executions
+        (`quiet_executions`) run back to back, else one reported execution
+        of `next_execution` steps. ``report_each``: every execution is
+        reported (a callback has a batch hook or reads batch logs).
+
+        >>> cadence = Cadence(steps_per_execution=4, log_every_steps=10, steps_per_epoch=12)
+        >>> cadence.plan(step=0, step_in_epoch=0)      # 0-4, 4-8 quiet; 8-12 logs
+        ExecutionPlan(num_steps=4, executions=2, reported=False, ends_epoch=False)
+        >>> cadence.plan(step=8, step_in_epoch=8)
+        ExecutionPlan(num_steps=4, executions=1, reported=True, ends_epoch=True)
+        """
+        quiet = 0 if report_each else self.quiet_executions(step, step_in_epoch)
+        if quiet:
+            return ExecutionPlan(self.steps_per_execution, executions=quiet, reported=False)
+        num_steps = self.next_execution(step, step_in_epoch)
+        return ExecutionPlan(num_steps, ends_epoch=self.epoch_done(step_in_epoch + num_steps))
 
     def is_log_point(self, before: int, after: int) -> bool:
         """True when an execution from ``step_in_epoch`` ``before`` to

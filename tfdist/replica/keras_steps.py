@@ -116,13 +116,12 @@ class KerasSteps:
         self._warned = set()
         replica_share.scale_compute_loss(model)
 
-    @property
-    def accumulator(self):
-        """Always None: the model's own step applies its gradients."""
-        return None
+    # The model's own step applies its gradients: nothing accumulates here.
+    accumulator = None
 
-    @accumulator.setter
-    def accumulator(self, accumulator) -> None:
+    def use_accumulator(self, accumulator) -> None:
+        """Refuses an accumulator (a clear error: the model's own step
+        applies its gradients at every step)."""
         if accumulator is not None:
             check_supported(self._model, accumulates=True)
 

@@ -91,7 +91,7 @@ class ReplicaSteps:
         self._model = model
         self._metrics = metrics
         self._jit_compile = jit_compile
-        # `tfdist.replica.accumulation`: set once the model is built, when asked for.
+        # `tfdist.replica.accumulation`: set by `use_accumulator` once the model is built.
         self.accumulator = None
         self._xla_forward_backward = tf.function(
             self._forward_backward, jit_compile=True, reduce_retracing=True
@@ -155,6 +155,11 @@ class ReplicaSteps:
             data_share, shares, regularization, global_examples, local_examples,
             *without_padding(mask, y, y_pred, sample_weight),
         )
+
+    def use_accumulator(self, accumulator) -> None:
+        """Gradients go to ``accumulator`` (`tfdist.replica.accumulation`;
+        None: applied at every step)."""
+        self.accumulator = accumulator
 
     def after_train_step(self) -> None:
         """Cross-replica, after each training step's ``strategy.run``:

@@ -9,7 +9,6 @@ epoch reads, `tfdist.loops.runners` how a step is dispatched,
 `tfdist.replica.step` the replica math."""
 
 import contextlib
-import dataclasses
 import functools
 import warnings
 from typing import Dict, Optional
@@ -23,9 +22,11 @@ from tfdist.checkpoint import Position, TrainingCheckpoint
 from tfdist.communication import compression, local_sgd
 from tfdist.data import epochs as epochs_lib, keras_inputs
 from tfdist.loops import runners
-from tfdist.loops.cadence import Cadence
+from tfdist.loops.cadence import Cadence, ExecutionPlan
+from tfdist.loops.runners.base import ignore_steps
 from tfdist.loops.preemption import free_iterators_or_exit, Preempted, PreemptionWatcher
 from tfdist.replica import accumulation, keras_steps, static_shapes as static_shapes_lib
+from tfdist.training.epoch_loop import BatchReporting, EpochLoop, TrainerActions
 from tfdist.training.predict import Predictor
 from tfdist.training.progress import ProgressReporter
 
@@ -108,26 +109,26 @@ class Trainer:
         self._global_batch_size = global_batch_size
         self._log_every_steps, self._checkpoint_every_steps = log_every_steps, checkpoint_every_steps
         self._checkpoint_every_epoch, self._seed = checkpoint_every_epoch, seed
-        self._keras_progress_bar, self._built_spec = keras_progress_bar, None
+        self._keras_progress_bar = keras_progress_bar
+        self._built_spec = None  # the element spec the model's state was built for
         # Only the chief writes summaries and prints progress (all compute the history).
         self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
-        self._log_dir = (log_dir or (
-            f"{checkpoint_dir}/logs" if checkpoint_dir else None
-        )) if getattr(strategy.extended, "should_save_summary", True) else None
+        self._log_dir = _summary_dir(strategy, log_dir, checkpoint_dir)
         self._metrics, steps = keras_steps.steps_for(
             model, strategy, jit_compile=options.jit_compile, static_shapes=options.static_shapes)
-        # Arrays without y (Keras allows them for a model with its own step).
-        self._steps, self._targets = steps, not keras_steps.overridden(model)
-        runner = runners.for_strategy(strategy)
-        self._runner = runner(strategy, steps.train, steps.evaluate, shard_policy=shard_policy,
-                              after_train_step=local_sgd.chain(steps.after_train_step, self._local_sgd),
-                              data_service=data_service,
-                              avoid_empty_replicas=steps.avoid_empty_replicas)
+        self._steps = steps
+        # A model with its own step may take data without y (as Keras allows).
+        self._data_needs_y = not keras_steps.overridden(model)
+        self._runner = runners.make_runner(
+            strategy, steps.train, steps.evaluate,
+            after_train_step=local_sgd.chain(steps.after_train_step, self._local_sgd),
+            avoid_empty_replicas=steps.avoid_empty_replicas, shard_policy=shard_policy,
+            data_service=data_service)
         self._checkpoint = TrainingCheckpoint(
             model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
             task_name=cluster.task_name(), async_write=async_checkpoint) if checkpoint_dir else None
         self._position = Position()
-        self._batch_logs = self._one_at_a_time = self._predictor = None  # per fit; predict
+        self._predictor = None  # made by the first predict
 
     # -- set-up ------------------------------------------------------------
 
@@ -148,18 +149,19 @@ class Trainer:
         if self._built_spec is None:
             with self.strategy.scope():
                 _keras.build_model_state(self.model, spec)
-                accumulator = self._steps.accumulator = accumulation.accumulator_for(
-                    self.model, self.strategy)
-                extra = local_sgd.prepare(self._local_sgd, self.model)
+                accumulator = accumulation.accumulator_for(self.model, self.strategy)
+                self._steps.use_accumulator(accumulator)
+                local_sgd_state = local_sgd.prepare(self._local_sgd, self.model)
             self._built_spec = spec
             if self._checkpoint is not None:
-                self._checkpoint.track_state(self._metrics.variables(), accumulator, extra)
+                self._checkpoint.track_state(self._metrics.variables(), accumulator,
+                                             local_sgd_state)
         return source
 
     def _fit_sources(self, x, y, sample_weight, **options):
         """Keras fit's data arguments as (training, validation or None) sources."""
         data, validation_data = keras_inputs.fit_data(
-            x, y, sample_weight, seed=self._seed, targets=self._targets, **options)
+            x, y, sample_weight, seed=self._seed, targets=self._data_needs_y, **options)
         return self._source(data, "dataset"), (
             None if validation_data is None else self._source(validation_data, "validation_data"))
 
@@ -203,33 +205,35 @@ class Trainer:
         Keras ``fit``'s: ``x`` a dataset of global batches, a ``dataset_fn``,
         an `EpochDataset`, or arrays with ``y`` (`tfdist.data.keras_inputs`).
         """
-        validation.check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq,
-                                       needs_steps_per_epoch=self._runner.needs_steps_per_epoch)
+        validation.check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq)
+        self._runner.check_fit(steps_per_epoch)
         verbose = validation.verbosity(verbose) if self._is_chief else 0
         source, validation_source = self._fit_sources(
             x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, class_weight=class_weight,
             validation_split=validation_split, validation_data=validation_data,
             validation_batch_size=validation_batch_size)
-        cadence = Cadence(self.steps_per_execution, self._log_every_steps,
-                          self._checkpoint_every_steps, steps_per_epoch)
         reporter = ProgressReporter(verbose=0 if self._keras_progress_bar else verbose,
                                     log_dir=self._log_dir)
         callback_list = self._callback_list(
             callbacks, verbose, epochs, steps_per_epoch or source.known_steps(initial_epoch))
+        reporting = self._batch_reporting(callback_list)
         # SIGTERM / Ctrl-C -> every worker stops at one step (saving first).
         watcher = PreemptionWatcher()
         initial_epoch = _keras.begin_training(self.model, callback_list, initial_epoch)
         self._restore(verbose, initial_epoch)
+        epoch_loop = self._epoch_loop(  # (after the restore: it advances the restored position)
+            steps_per_epoch, reporter, callback_list, reporting, watcher)
         written = self._checkpoint.writes_finished() if self._checkpoint else contextlib.nullcontext()
         with self._explain_failures(), watcher, contextlib.closing(reporter), written:
             try:
-                for epoch, iterator, total_steps, persistent in epochs_lib.epoch_iterators(
+                for epoch_data in epochs_lib.epoch_iterators(
                         source, functools.partial(self._iterator, source), self._position,
-                        epochs, steps_per_epoch, initial_epoch, self._runner.epoch_jobs):
+                        epochs=epochs, steps_per_epoch=steps_per_epoch, first_epoch=initial_epoch,
+                        fresh_each_epoch=self._runner.new_pass_each_epoch()):
+                    epoch = epoch_data.epoch
                     callback_list.on_epoch_begin(epoch)
-                    exhausted = self._train_epoch(iterator, cadence, reporter, callback_list,
-                                                  total_steps, watcher)
-                    self._end_epoch_steps(ran_out=exhausted and persistent)
+                    ran_out = epoch_loop.run(epoch_data.iterator, epoch_data.total_steps)
+                    self._end_epoch_steps(ran_out=ran_out and epoch_data.outlives_epoch)
                     validates = (epoch + 1) % validation_freq == 0
                     logs = self._epoch_logs(validation_source if validates else None,
                                             validation_steps, callback_list)
@@ -239,20 +243,37 @@ class Trainer:
                     if self.model.stop_training:
                         break
             except Preempted as stop:
-                iterator = None
+                epoch_data = None  # (its iterator is freed before the exit)
                 raise free_iterators_or_exit(stop) from None
         _keras.end_training(self.model, callback_list, epochs)
         return self.model.history
 
+    def _epoch_loop(self, steps_per_epoch, reporter, callback_list, reporting,
+                    watcher) -> EpochLoop:
+        cadence = Cadence(self.steps_per_execution, self._log_every_steps,
+                          self._checkpoint_every_steps, steps_per_epoch)
+        actions = TrainerActions(save=self._save, stop=functools.partial(self._stop, watcher),
+                                 check_writes=self._check_writes)
+        return EpochLoop(self.model, self._runner, cadence, self._position,
+                         metrics=self._metrics, reporter=reporter, callbacks=callback_list,
+                         reporting=reporting, stop_requested=lambda: watcher.requested,
+                         actions=actions)
+
     def _callback_list(self, callbacks, verbose, epochs, steps):
-        callback_list = _keras.callback_list(
+        return _keras.callback_list(
             callbacks, self.model, add_progbar=self._keras_progress_bar and verbose != 0,
             verbose=verbose, epochs=epochs, steps=steps)
+
+    def _batch_reporting(self, callback_list) -> BatchReporting:
         # Metrics are read at every batch only if a callback reads them (on any worker).
-        self._batch_logs = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
+        reads_metrics = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
         # One at a time for a batch hook here or batch logs anywhere (reads: collectives).
-        self._one_at_a_time = self._batch_logs or _keras.has_train_batch_hooks(callback_list)
-        return callback_list
+        return BatchReporting(reads_metrics=reads_metrics, report_each=(
+            reads_metrics or _keras.has_train_batch_hooks(callback_list)))
+
+    def _check_writes(self) -> None:
+        if self._checkpoint is not None:  # a failed background write stops here
+            self._checkpoint.raise_write_error()
 
     def _end_epoch_steps(self, ran_out: bool) -> None:
         """Applies a partial accumulation, averages local SGD; stops if out of data."""
@@ -284,61 +305,6 @@ class Trainer:
             self._save()
         return steps_done
 
-    def _train_epoch(self, iterator, cadence, reporter, callbacks, total_steps, watcher) -> bool:
-        """Runs one epoch's executions; returns True if the data ran out."""
-        position = self._position
-        if position.step_in_epoch == 0:  # (resumed mid-epoch: the checkpoint has them)
-            self._metrics.reset()
-        reporter.start_epoch()
-        if total_steps is not None:  # a known length: no execution past the end
-            cadence = dataclasses.replace(cadence, steps_per_epoch=total_steps)
-        while not cadence.epoch_done(position.step_in_epoch):
-            if self._checkpoint is not None:  # a failed background write stops here
-                self._checkpoint.raise_write_error()
-            quiet = 0 if self._one_at_a_time else cadence.quiet_executions(
-                position.step, position.step_in_epoch)
-            if quiet:  # up to the next point, in one loop (`tfdist.loops.runners.executions`)
-                ran_out, stop = self._runner.train_many(
-                    iterator, quiet, cadence.steps_per_execution, lambda: watcher.requested,
-                    position.advance)
-                if stop:
-                    self._stop(watcher)
-                if ran_out or self.model.stop_training:
-                    return ran_out
-                continue
-            num_steps = cadence.next_execution(position.step, position.step_in_epoch)
-            callbacks.on_train_batch_begin(position.step_in_epoch)
-            ran, stop = self._runner.train(
-                iterator, num_steps, watcher.requested,
-                ends_epoch=cadence.epoch_done(position.step_in_epoch + num_steps))
-            if ran == 0 and not stop:  # out of data (as Keras: no batch end)
-                return True
-            step_before, step_in_epoch_before = position.step, position.step_in_epoch
-            position.advance(ran)
-            log_point = cadence.is_log_point(step_in_epoch_before, position.step_in_epoch)
-            save_point = cadence.is_save_point(step_before, position.step)
-            if log_point or save_point or stop or self._batch_logs:
-                self._runner.sync()
-            logs = (self._log(reporter, total_steps) if log_point
-                    else self._metrics.results() if self._batch_logs else {})
-            callbacks.on_train_batch_end(position.step_in_epoch - 1, logs)
-            if save_point:
-                self._save()
-            if stop:
-                self._stop(watcher)
-            if ran < num_steps:
-                return True
-            if self.model.stop_training:  # a callback ended training (as in Keras)
-                return False
-        return False
-
-    def _log(self, reporter, total_steps) -> Dict[str, float]:  # reads metrics, reports
-        position, (logs, examples_seen) = self._position, self._metrics.results_and_examples()
-        reporter.log_point(epoch=position.epoch, step_in_epoch=position.step_in_epoch,
-                           total_steps=total_steps, global_step=position.step, values=logs,
-                           examples_seen=examples_seen)
-        return logs
-
     def _stop(self, watcher) -> None:
         """Every worker agreed to stop at this step: save, then exit."""
         self._runner.sync()
@@ -357,7 +323,7 @@ class Trainer:
         """
         validation.positive_int("steps", steps, True)
         data = keras_inputs.to_training_data(x, y, sample_weight, batch_size=batch_size,
-                                             targets=self._targets)
+                                             targets=self._data_needs_y)
         return self._evaluate(self._source(data, "evaluation dataset"), steps)
 
     def predict(self, x, batch_size=None, steps: Optional[int] = None):
@@ -369,7 +335,7 @@ class Trainer:
         data = keras_inputs.prediction_batches(x, batch_size)
         if self._predictor is None:
             self._predictor = Predictor(self.model, self.strategy,
-                                        coordinator_inline=self._runner.predicts_on_coordinator,
+                                        coordinator_inline=self._runner.predicts_inline(),
                                         static_shapes=self.static_shapes)
         with self._explain_failures():
             return self._predictor.predict(data, steps)
@@ -383,8 +349,9 @@ class Trainer:
             return self._evaluate(source, steps=1)
         with self._explain_failures():
             self._metrics.reset()
-            ran, _ = self._runner.train(self._iterator(source, 0, 0), 1)
-            self._position.step += ran
+            execution = self._runner.train(self._iterator(source, 0, 0), ExecutionPlan(1),
+                                           stop_requested=lambda: False, advance=ignore_steps)
+            self._position.step += execution.steps_run
             self._runner.sync()
             return self._metrics.results()
 
@@ -397,3 +364,13 @@ class Trainer:
                                   global_batch_size=self._global_batch_size)
             self._runner.sync()
             return self._metrics.results()
+
+
+def _summary_dir(strategy, log_dir: Optional[str], checkpoint_dir: Optional[str]) -> Optional[str]:
+    """Where summaries go: ``log_dir``, else ``<checkpoint_dir>/logs``; None
+    on a task that writes none (multi-worker: the chief writes them)."""
+    if not getattr(strategy.extended, "should_save_summary", True):
+        return None
+    if log_dir:
+        return log_dir
+    return f"{checkpoint_dir}/logs" if checkpoint_dir else None

@@ -35,31 +35,30 @@ from tfdist import data as data_lib
 from tfdist.data import service
 from tfdist.cluster import peers
 from tfdist.errors import ConfigurationError
-from tfdist.loops.runners.executions import run_each
+from tfdist.loops.cadence import ExecutionPlan
+from tfdist.loops.runners.base import Execution, ignore_steps, run_each
 from tfdist.loops.runners.per_worker import PerWorkerIterators, rebuilder
 from tfdist.strategies import atomic_updates
 
 
 class CoordinatorRunner:
-    """Schedules replica steps on parameter-server workers."""
+    """Schedules replica steps on parameter-server workers (a
+    `tfdist.loops.runners.base.Runner`).
 
-    needs_steps_per_epoch = True
-    predicts_on_coordinator = True  # see tfdist.training.predict
+    It takes no shard policy (workers deal out batches, or a dataset_fn
+    shards), runs nothing after a step (no gradient accumulation:
+    `tfdist.replica.accumulation`) and never pads (a worker's replica has
+    its whole batch).
+    """
 
     def __init__(self, strategy, train_step: Callable, eval_step: Callable, *,
-                 shard_policy: str = "auto", after_train_step: Optional[Callable] = None,
-                 avoid_empty_replicas: bool = True, data_service: Optional[str] = None):
-        # Workers deal out batches (or a dataset_fn shards); nothing runs
-        # after a step (no gradient accumulation: `tfdist.replica.accumulation`);
-        # a worker's replica always has its whole batch.
-        del shard_policy, after_train_step, avoid_empty_replicas
+                 data_service: Optional[str] = None):
         self._strategy = strategy
         self._coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
         self._train_step = train_step
         self._service = service.resolve(data_service)
         # One job per iterator (an epoch), named for this run: the workers' readers meet in it.
         self._job_names = (f"tfdist-{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
-        self.epoch_jobs = self._service is not None  # a fresh iterator each epoch
         if self._service:
             with strategy.scope():  # on a ps: steps that found the epoch's data used up
                 self._empty_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -99,9 +98,16 @@ class CoordinatorRunner:
     def _make_inline_loop(replica_step):
         @tf.function
         def loop(iterator):
+            # A while loop on the optional, not ``for batch in iterator``:
+            # AutoGraph runs that loop's body in a cond, whose branch graphs
+            # drop the call-time captures of a parameter-server lookup table
+            # (a StringLookup in the model: "You must feed a value for
+            # placeholder tensor ... Lookup/Placeholder"); while bodies keep them.
             with atomic_updates.atomic():
-                for batch in iterator:
-                    replica_step(batch)
+                batch = iterator.get_next_as_optional()
+                while batch.has_value():
+                    replica_step(batch.get_value())
+                    batch = iterator.get_next_as_optional()
 
         return loop
 
@@ -180,14 +186,32 @@ class CoordinatorRunner:
         read = service.shared_epoch_job(dataset, self._service, next(self._job_names))
         return lambda worker, num_workers: read()
 
-    def train(self, iterator, num_steps: int, stop_requested: bool = False, *,
-              ends_epoch: bool = False):
-        """Schedules ``num_steps`` steps on a free worker; does not wait.
+    def check_fit(self, steps_per_epoch: Optional[int]) -> None:
+        """Workers read endless streams: ``fit`` needs ``steps_per_epoch``."""
+        if steps_per_epoch is None:
+            raise ConfigurationError(
+                "Parameter-server training needs `steps_per_epoch`: workers read "
+                "repeated shards of the data, so an epoch has no natural end."
+            )
 
-        Returns ``(num_steps, stop_requested)``: the coordinator alone
-        decides to stop, so there is nothing to agree on.
-        """
-        del ends_epoch
+    def new_pass_each_epoch(self) -> bool:
+        """True on the tf.data service: each epoch is a job of its own (one pass)."""
+        return self._service is not None
+
+    def predicts_inline(self) -> bool:
+        """True: ``predict`` runs on the coordinator (`tfdist.training.predict`)."""
+        return True
+
+    def train(self, iterator, plan: ExecutionPlan, stop_requested: Callable[[], bool],
+              advance: Callable[[int], None] = ignore_steps) -> Execution:
+        """Schedules the plan's executions on free workers; does not wait
+        (`sync` does). The coordinator alone decides to stop, so a request
+        is the stop (nothing to agree on)."""
+        return run_each(self._schedule, iterator, plan, stop_requested, advance)
+
+    def _schedule(self, iterator, num_steps: int, requested: bool, last: bool):
+        """Schedules one execution of ``num_steps`` steps: ``(num_steps, requested)``."""
+        del last
         if num_steps >= self._full_steps:
             if num_steps > self._full_steps:
                 self._full_steps = num_steps
@@ -198,11 +222,7 @@ class CoordinatorRunner:
                 self._step_counts[num_steps] = tf.constant(num_steps, tf.int64)
             self._coordinator.schedule(
                 self._train_execution, args=(iterator, self._step_counts[num_steps]))
-        return num_steps, stop_requested
-
-    def train_many(self, iterator, executions: int, num_steps: int, stop_requested, advance):
-        """Schedules ``executions`` executions (`run_each`'s contract)."""
-        return run_each(self, iterator, executions, num_steps, stop_requested, advance)
+        return num_steps, requested
 
     @staticmethod
     def any_worker(flag: bool) -> bool:

@@ -17,8 +17,9 @@ from tfdist import data as data_lib
 from tfdist.cluster import peers
 from tfdist.data import iterator_release
 from tfdist.loops.agreement import StopAgreement
+from tfdist.loops.cadence import ExecutionPlan
+from tfdist.loops.runners.base import Execution, ignore_steps, run_each
 from tfdist.loops.runners.device_loop import device_loop
-from tfdist.loops.runners.executions import run_each
 from tfdist.replica import collectives
 
 
@@ -70,11 +71,8 @@ class CountedLoops:
 
 
 class SynchronousRunner:
-    """Dispatches replica steps with ``strategy.run``."""
-
-    needs_steps_per_epoch = False
-    predicts_on_coordinator = False  # see tfdist.training.predict
-    epoch_jobs = False  # an iterator may run on across epochs (see CoordinatorRunner)
+    """Dispatches replica steps with ``strategy.run`` (a
+    `tfdist.loops.runners.base.Runner`)."""
 
     def __init__(
         self,
@@ -124,37 +122,49 @@ class SynchronousRunner:
         )
         return CountedIterator(iter(distributed), guaranteed_steps)
 
-    def train(self, iterator: CountedIterator, num_steps: int, stop_requested: bool = False, *,
-              ends_epoch: bool = False):
-        """Runs up to ``num_steps`` training steps.
+    def check_fit(self, steps_per_epoch: Optional[int]) -> None:
+        """Every ``fit`` runs: an epoch ends with its data or ``steps_per_epoch``."""
 
-        Returns ``(steps run, stop)``: ``stop`` is True on every worker, at
-        the same call, once any worker passed ``stop_requested``
-        (`tfdist.loops.agreement`: within about a second of steps, and always at
-        the execution that ends the epoch (``ends_epoch``) or the data).
+    def new_pass_each_epoch(self) -> bool:
+        """False: with ``steps_per_epoch`` an iterator runs on across epochs (as Keras')."""
+        return False
+
+    def predicts_inline(self) -> bool:
+        """False: ``predict`` runs through ``strategy.run`` (`tfdist.training.predict`)."""
+        return False
+
+    def train(self, iterator: CountedIterator, plan: ExecutionPlan,
+              stop_requested: Callable[[], bool],
+              advance: Callable[[int], None] = ignore_steps) -> Execution:
+        """Runs ``plan`` (`tfdist.loops.runners.base`'s contract).
+
+        Under a multi-worker strategy, or when the data may end, each
+        execution goes through `_execute`, which agrees on stops across
+        workers (`tfdist.loops.agreement`). While the data certainly lasts
+        on one worker, a bare Python loop of calls runs them, as a
+        hand-written loop (`Trainer.fit` without batch callbacks: ~15 us of
+        Python per execution less, measured on one device).
         """
-        ran = self._train_loops.run(iterator, num_steps)
-        last = ends_epoch or ran < num_steps
-        return ran, self.stop_agreement.after_execution(stop_requested, last=last)
-
-    def train_many(self, iterator: CountedIterator, executions: int, num_steps: int,
-                   stop_requested: Callable[[], bool], advance: Callable[[int], None]):
-        """Runs ``executions`` executions of ``num_steps`` steps with nothing
-        for the host to do between them (`run_each`'s contract): while the
-        data certainly lasts, on one worker, a bare Python loop of calls,
-        as a hand-written loop (`Trainer.fit` without batch callbacks: ~15
-        us of Python per execution less, measured on one device)."""
-        if self._multi_worker or executions * num_steps > iterator.guaranteed_steps:
-            return run_each(self, iterator, executions, num_steps, stop_requested, advance)
-        loop, steps = self._train_loops.unchecked(num_steps)
+        if self._multi_worker or plan.total_steps > iterator.guaranteed_steps:
+            return run_each(self._execute, iterator, plan, stop_requested, advance)
+        loop, steps = self._train_loops.unchecked(plan.num_steps)
         distributed = iterator.iterator
-        for _ in range(executions):
+        for executed in range(1, plan.executions + 1):
             loop(distributed, steps)
-            iterator.guaranteed_steps -= num_steps
-            advance(num_steps)
+            iterator.guaranteed_steps -= plan.num_steps
+            advance(plan.num_steps)
             if stop_requested():
-                return False, True
-        return False, False
+                return Execution(executed * plan.num_steps, stopped=True)
+        return Execution(plan.total_steps)
+
+    def _execute(self, iterator: CountedIterator, num_steps: int, requested: bool,
+                 last: bool):
+        """One execution of up to ``num_steps`` steps: ``(steps run, stop)``;
+        ``stop`` is True on every worker, at the same execution, once any
+        worker passed ``requested`` (within about a second of steps, and
+        always at the execution that ends the epoch (``last``) or the data)."""
+        ran = self._train_loops.run(iterator, num_steps)
+        return ran, self.stop_agreement.after_execution(requested, last=last or ran < num_steps)
 
     def sync(self) -> None:
         """Nothing to wait for: `train` returns when its steps are done."""
