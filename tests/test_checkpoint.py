@@ -21,10 +21,7 @@ def _trainer(strategy, checkpoint_dir, **kwargs):
     return model, tfdist.Trainer(model, strategy, checkpoint_dir=checkpoint_dir, **kwargs)
 
 
-# Serial: beside another TensorFlow process (CI's parallel pass) its
-# 2-replica case took 75 s and 103 s in two runs instead of ~4 s alone;
-# cause not found (closing note of stop 22).
-@pytest.mark.serial
+# Serial (tests/conftest.py SERIAL_TESTS).
 @pytest.mark.parametrize("resume_replicas", [1, 2])
 @pytest.mark.parametrize("async_checkpoint", [False, True])
 def test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device(

@@ -17,7 +17,7 @@ import pytest
 from conformance import harness, zoo
 from tests.launcher_harness import LauncherRun
 
-pytestmark = [pytest.mark.conformance, pytest.mark.serial]
+pytestmark = pytest.mark.conformance  # and serial: tests/conftest.py SERIAL_MODULES
 
 PROGRAM = ["python", "tests/conformance/cluster_program.py"]
 CLUSTERS = {
