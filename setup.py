@@ -37,7 +37,7 @@ setup(
     python_requires=">=3.10",
     # Support policy (docs/versions.md): tested with TensorFlow 2.21 and
     # Keras 3.15. tfdist reads a few Keras internals
-    # (tfdist/_internal/keras_internals.py, pinned by a test), hence one minor
+    # (tfdist/_internal/keras/, pinned by a test), hence one minor
     # version of each; a new pair is added once the whole suite passes on it.
     install_requires=[
         "tensorflow>=2.21,<2.22",

@@ -32,7 +32,7 @@ MWMS is flat at one step per host call: 0.011 / 0.004 KB per step over
 TensorFlow's multi-worker runtime keeps ~1.6 KB per host call for every
 collective op whose instance key is new at each call (its default;
 docs/reliability.md), so tfdist's functions fix the keys when
-they are traced (`tfdist.replica.collectives.function`) and no eager collective is
+they are traced (`tfdist._internal.collectives.function`) and no eager collective is
 left per log point, epoch or save; and TensorFlow keeps a tensor per
 distinct Python scalar it is handed, so step numbers and logged values go
 as numpy scalars (`tfdist._internal.host_values`). Parameter servers keep ~0.6-0.7

@@ -131,3 +131,54 @@ def test_cadence_is_pure_python():
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= {"dataclasses", "typing"}, imported
+
+
+# Packages from the ground up (docs/architecture.md): a module-level import
+# between two of them points down this list, never up.
+LAYERS = ["errors", "_internal", "cluster", "strategies", "data", "replica", "communication",
+          "checkpoint", "tpu", "loops", "training", "launch", "integrations"]
+
+
+def _layer(module: str):
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def _upward_imports(graph):
+    upward = []
+    for module, imported in graph.items():
+        here = _layer(module)
+        for name in imported:
+            there = _layer(name)
+            if here and there and here != there and LAYERS.index(there) > LAYERS.index(here):
+                upward.append(f"{module} -> {name}")
+    return sorted(upward)
+
+
+def test_every_package_is_listed_in_the_layer_order():
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")} | {"errors"}
+    assert packages == set(LAYERS), packages ^ set(LAYERS)
+
+
+def test_nothing_imports_upward():
+    assert _upward_imports(_graph()) == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    """The check itself: an import from the ground floor up is found."""
+    graph = {"tfdist._internal.x": {"tfdist.training.trainer", "tfdist.errors"}}
+    assert _upward_imports(graph) == ["tfdist._internal.x -> tfdist.training.trainer"]
+
+
+def test_only_internal_keras_reaches_into_keras_src():
+    """Every import of ``keras.src`` (module level or in a function) is in
+    `tfdist/_internal/keras/`, one module per job."""
+    found = []
+    for name, path in _modules().items():
+        if name.startswith("tfdist._internal.keras"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{name}: {n}" for n in names if n.startswith("keras.src")]
+    assert found == []

@@ -81,7 +81,7 @@ def test_finished_fits_leave_no_writer_thread_behind(make_strategy, tmp_path):
 def test_every_background_save_of_a_keras_model_holds_the_weights_of_its_step(
         make_strategy, tmp_path):
     # Keras 3.15 makes a new host variable per copy, which TensorFlow's traced
-    # copy refuses from the third save on (keras_internals.host_copies_reused).
+    # copy refuses from the third save on (keras.checkpoint_copies.host_copies_reused).
     strategy = make_strategy(2)
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "sgd")

@@ -265,7 +265,7 @@ def test_validation_calls_on_test_begin_and_end_like_keras(make_strategy):
                                   "on_train_batch_end", "on_batch_end"])
 def test_every_training_batch_hook_is_called_as_keras_calls_it(make_strategy, hook):
     """The per-execution hooks are skipped only when no callback has one
-    (`tfdist._internal.keras_internals`): a callback overriding any of the four still gets
+    (`tfdist._internal.keras.callbacks`): a callback overriding any of the four still gets
     every call, with Keras' batch indices."""
     def record(self, batch, logs=None):
         self.batches.append(batch)
@@ -284,9 +284,9 @@ def test_every_training_batch_hook_is_called_as_keras_calls_it(make_strategy, ho
 
 
 def test_a_fit_without_batch_hooks_skips_them():
-    from tfdist._internal import keras_internals as _keras  # pylint: disable=import-outside-toplevel
+    from tfdist._internal.keras import callbacks as keras_callbacks  # pylint: disable=import-outside-toplevel
 
-    quiet = _keras.callback_list([keras.callbacks.EarlyStopping()], None, add_progbar=False)
-    with_bar = _keras.callback_list([], None, add_progbar=True)
+    quiet = keras_callbacks.callback_list([keras.callbacks.EarlyStopping()], None, add_progbar=False)
+    with_bar = keras_callbacks.callback_list([], None, add_progbar=True)
     assert not quiet._train_batch_hooks  # History and EarlyStopping have none
     assert with_bar._train_batch_hooks  # Keras' progress bar has one

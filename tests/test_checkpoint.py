@@ -109,7 +109,7 @@ def test_incompatible_checkpoint_raises_and_leaves_directory_untouched(
         wider.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
     trainer = tfdist.Trainer(wider, strategy, checkpoint_dir=str(tmp_path))
 
-    with pytest.raises(tfdist.CheckpointMismatchError, match="does not match"):
+    with pytest.raises(tfdist.errors.CheckpointMismatchError, match="does not match"):
         trainer.fit(ref.global_batches(40, BATCH), epochs=2, verbose=0)
 
     after = {

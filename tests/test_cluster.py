@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tfdist import cluster
+from tfdist import cluster, errors
 
 GOOD = {"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},
         "task": {"type": "worker", "index": 1}}
@@ -63,7 +63,7 @@ def test_chief_job_is_the_chief():
     ],
 )
 def test_each_mistake_has_its_own_message(text, message):
-    with pytest.raises(cluster.TFConfigError, match=message):
+    with pytest.raises(errors.TFConfigError, match=message):
         cluster.parse_tf_config(text)
 
 
@@ -91,7 +91,7 @@ def test_from_slurm_on_a_recorded_environment():
 
 
 def test_from_slurm_outside_slurm_is_a_clear_error():
-    with pytest.raises(cluster.TFConfigError, match="SLURM_JOB_NODELIST is not set"):
+    with pytest.raises(errors.TFConfigError, match="SLURM_JOB_NODELIST is not set"):
         cluster.from_slurm({})
 
 

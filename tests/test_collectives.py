@@ -1,4 +1,4 @@
-"""`tfdist.replica.collectives.function`: tfdist's functions keep the collective
+"""`tfdist._internal.collectives.function`: tfdist's functions keep the collective
 instance keys of their trace, so a multi-worker call leaves no per-call
 record behind (TensorFlow's default takes a new key at every call)."""
 
@@ -13,7 +13,7 @@ _PROGRAM = textwrap.dedent("""
     import tensorflow as tf
     from tensorflow.python.distribute import cross_device_utils
     import tfdist
-    from tfdist.replica import collectives
+    from tfdist._internal import collectives
 
     # One local worker with 2 logical CPUs (one device would skip collectives).
     strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=2)
@@ -105,7 +105,7 @@ _VARIABLE_SHAPES_PROGRAM = textwrap.dedent("""
     import numpy as np
     import tensorflow as tf
     import tfdist
-    from tfdist.replica import collectives
+    from tfdist._internal import collectives
 
     strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=2)
     table = strategy.extended._collective_keys._instance_key_table

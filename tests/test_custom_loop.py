@@ -66,7 +66,7 @@ def test_readme_shows_the_programs_loop():
 
 def test_replica_loss_rejects_an_averaged_loss(make_strategy):
     batch = tfdist.Batch(x=tf.ones([2, 1]), y=tf.ones([2]))
-    with pytest.raises(tfdist.ConfigurationError,
+    with pytest.raises(tfdist.errors.ConfigurationError,
                        match=r"`per_example_loss` is a scalar.*reduction=None"):
         tfdist.replica.losses.replica_loss(tf.constant(0.5), batch)
 
@@ -163,7 +163,7 @@ def test_sigterm_saves_mid_epoch_and_resumes_on_another_replica_count(make_strat
 def _replica_step_error(strategy, replica_step):
     loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step)
     batches = tfdist.data.distribute(strategy, ref.global_batches(8, 4))
-    with pytest.raises(tfdist.ConfigurationError) as error:
+    with pytest.raises(tfdist.errors.ConfigurationError) as error:
         loop.run(iter(batches))
     return str(error.value)
 
@@ -206,7 +206,7 @@ def test_a_metric_created_outside_the_scope_is_a_clear_error(make_strategy):
 
 @pytest.mark.parametrize("steps", [0, 2.5, True])
 def test_host_loop_rejects_a_bad_steps_per_execution(make_strategy, steps):
-    with pytest.raises(tfdist.ConfigurationError,
+    with pytest.raises(tfdist.errors.ConfigurationError,
                        match=rf"`steps_per_execution` \({steps!r}\) must be a positive integer"):
         tfdist.loops.host_loop.HostLoop(make_strategy(1), lambda batch: None, steps_per_execution=steps)
 

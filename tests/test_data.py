@@ -127,13 +127,13 @@ def test_epoch_dataset_gets_the_epoch(make_strategy):
         seen.append(epoch)
         return _batches(4, 4)
 
-    data_lib.distribute(strategy, tfdist.EpochDataset(make_dataset), epoch=3)
+    data_lib.distribute(strategy, tfdist.data.EpochDataset(make_dataset), epoch=3)
     assert seen == [3]
 
 
 def test_epoch_seed_differs_per_epoch_and_repeats_per_seed():
-    assert tfdist.epoch_seed(1, 0) != tfdist.epoch_seed(1, 1)
-    assert tfdist.epoch_seed(1, 2) == tfdist.epoch_seed(1, 2)
+    assert tfdist.data.epoch_seed(1, 0) != tfdist.data.epoch_seed(1, 1)
+    assert tfdist.data.epoch_seed(1, 2) == tfdist.data.epoch_seed(1, 2)
 
 
 @pytest.mark.parametrize(
@@ -145,12 +145,12 @@ def test_epoch_seed_differs_per_epoch_and_repeats_per_seed():
     ],
 )
 def test_bad_elements_are_rejected(dataset, message):
-    with pytest.raises(tfdist.ConfigurationError, match=message):
+    with pytest.raises(tfdist.errors.ConfigurationError, match=message):
         data_lib.validate_element_spec(dataset.element_spec)
 
 
 def test_bad_shard_policy(make_strategy):
-    with pytest.raises(tfdist.ConfigurationError, match="`shard_policy` \\('rows'\\)"):
+    with pytest.raises(tfdist.errors.ConfigurationError, match="`shard_policy` \\('rows'\\)"):
         data_lib.distribute(make_strategy(2), _batches(4, 2), shard_policy="rows")
 
 

@@ -28,7 +28,7 @@ def test_builder_writes_sharded_files_locally(tmp_path):
 
 
 def test_unprepared_tfds_dataset_is_a_clear_error_not_a_download(tmp_path):
-    with pytest.raises(tfdist.ConfigurationError, match="not prepared.*does not download"):
+    with pytest.raises(tfdist.errors.ConfigurationError, match="not prepared.*does not download"):
         tfdist.data.load_tfds("mnist", "train", data_dir=str(tmp_path))
 
 

@@ -122,7 +122,7 @@ def test_synchronized_statistics_skip_padded_rows(make_strategy):
     def step():
         def replica():
             index = tf.distribute.get_replica_context().replica_id_in_sync_group
-            with tfdist._internal.keras_internals.statistics_over_real_rows(mask[index:index + 1]):
+            with tfdist._internal.keras.batch_statistics.statistics_over_real_rows(mask[index:index + 1]):
                 layer(rows[index:index + 1], training=True)
         strategy.run(replica)
 

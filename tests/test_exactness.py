@@ -128,7 +128,7 @@ def test_epoch_dataset_reshuffles_per_epoch_like_keras_epoch_by_epoch(make_strat
     examples = tf.data.Dataset.from_tensor_slices((x, y, w))
 
     def make_dataset(epoch):
-        seed = tfdist.epoch_seed(5, epoch)
+        seed = tfdist.data.epoch_seed(5, epoch)
         return examples.shuffle(100, seed=seed, reshuffle_each_iteration=False).batch(BATCH)
 
     expected_model = ref.compile_model(ref.build_mlp(), "adam")
@@ -138,7 +138,7 @@ def test_epoch_dataset_reshuffles_per_epoch_like_keras_epoch_by_epoch(make_strat
         expected_losses += history.history["loss"]
 
     model, _, history = _tfdist_fit(
-        make_strategy(3), tfdist.EpochDataset(make_dataset), "adam"
+        make_strategy(3), tfdist.data.EpochDataset(make_dataset), "adam"
     )
 
     ref.assert_weights_close(expected_model, model)

@@ -1,4 +1,4 @@
-"""Pins the Keras internals tfdist reads (tfdist/_internal/keras_internals.py).
+"""Pins the Keras internals tfdist reads (tfdist/_internal/keras/, one module per job).
 
 If a Keras upgrade changes them, this fails first, with a clear name.
 """
@@ -9,30 +9,30 @@ import sys
 import keras
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal.keras import compiled as keras_compiled, model_state as keras_model_state
 
 
 def test_compiled_model_exposes_what_tfdist_reads():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse", metrics=["mae"])
-    _keras.build_model_state(
+    keras_model_state.build_model_state(
         model, (tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None, 2], tf.float32))
     )
-    (path, loss_fn, weight, _), = _keras.flat_losses(model)
+    (path, loss_fn, weight, _), = keras_compiled.flat_losses(model)
     assert path == () and weight is None
     assert loss_fn.reduction == "sum_over_batch_size"
     assert loss_fn.call(tf.zeros([4, 2]), tf.ones([4, 2])).shape == (4,)
-    assert "mae" in _keras.compile_metrics(model).result()
+    assert "mae" in keras_compiled.compile_metrics(model).result()
     assert model.optimizer.built
 
 
 def test_compile_identity_changes_when_the_model_is_compiled_again():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")
-    first = _keras.compile_identity(model)
-    assert _keras.compile_identity(model) == first
+    first = keras_compiled.compile_identity(model)
+    assert keras_compiled.compile_identity(model) == first
     model.compile(optimizer=model.optimizer, loss="mse", metrics=["mae"])
-    assert _keras.compile_identity(model) != first
+    assert keras_compiled.compile_identity(model) != first
 
 
 def test_all_layers_finds_nested_layers():
@@ -40,7 +40,7 @@ def test_all_layers_finds_nested_layers():
                              name="inner")
     inputs = keras.Input((3,))
     model = keras.Model(inputs, keras.layers.Dense(1, name="head")(inner(inputs)))
-    names = {layer.name for layer in _keras.all_layers(model)}
+    names = {layer.name for layer in keras_model_state.all_layers(model)}
     assert {"inner", "inner_dense", "head"} <= names and model.name not in names
 
 
@@ -70,3 +70,24 @@ def test_importing_tfdist_patches_nothing_in_keras():
                             timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_keras_function_tfdist_wraps_is_where_it_looks():
+    """`tfdist._internal.keras.patches` finds these (without changing them)."""
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.tensorflow import optimizer as tf_optimizer, random as tf_random
+    from keras.src.backend.tensorflow.core import Variable
+    from keras.src.losses import loss as loss_module
+    from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+
+    from tfdist._internal.keras import patches
+
+    assert callable(loss_module.scale_loss_for_distribution)
+    assert callable(loss_module.unscale_loss_for_distribution)
+    assert callable(getattr(tf_optimizer.TFOptimizer, patches.GRADIENT_ALL_REDUCE))
+    assert patches.has_gradient_all_reduce(keras.optimizers.SGD())
+    assert callable(tf_random.draw_seed) and callable(in_stateless_scope)
+    assert callable(LossScaleOptimizer.apply)
+    assert callable(Variable.assign_add) and callable(Variable.assign_sub)
+    inner = keras.optimizers.SGD()
+    assert patches.inner_optimizer(keras.optimizers.LossScaleOptimizer(inner)) is inner

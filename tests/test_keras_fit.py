@@ -61,8 +61,8 @@ def test_sample_weight_validation_data_and_empty_replicas(make_strategy, num_rep
 
 
 def _reference_order(num_rows, shuffle, epoch, seed=0):
-    """The documented order: NumPy's RandomState(tfdist.epoch_seed(seed, epoch))."""
-    rng = np.random.RandomState(tfdist.epoch_seed(seed, epoch))
+    """The documented order: NumPy's RandomState(tfdist.data.epoch_seed(seed, epoch))."""
+    rng = np.random.RandomState(tfdist.data.epoch_seed(seed, epoch))
     if shuffle is True:
         return rng.permutation(num_rows)
     full = num_rows // BATCH
@@ -211,7 +211,7 @@ def test_pydataset_shuffle_is_a_seeded_batch_order_per_epoch(make_strategy):
     expected = ref.compile_model(ref.build_mlp(), "adam")
     losses = []
     for epoch in range(3):  # one-device Keras, fed each epoch's documented order
-        order = np.random.RandomState(tfdist.epoch_seed(0, epoch)).permutation(5)
+        order = np.random.RandomState(tfdist.data.epoch_seed(0, epoch)).permutation(5)
         losses += expected.fit(_InOrder(_Rows(x, y), order), epochs=1, shuffle=False,
                                verbose=0).history["loss"]
     model = _attached(make_strategy(4))

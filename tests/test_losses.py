@@ -30,10 +30,18 @@ def _replica_gradients(strategy, x, loss_fn):
     return step(batch)
 
 
-def test_scaled_loss_is_the_global_mean_with_empty_replicas(make_strategy):
+def _replica_loss(values, sample_weight=None, global_count=None):
+    """`replica_loss` on a batch of ``values`` (one loss element per row):
+    the global count all-reduced, or the given ``global_count``."""
+    count = None if global_count is None else tf.fill(tf.shape(values), float(global_count))
+    batch = tfdist.Batch(values, sample_weight=sample_weight, global_examples=count)
+    return tfdist.replica.losses.replica_loss(values, batch)
+
+
+def test_replica_loss_is_the_global_mean_with_empty_replicas(make_strategy):
     x = np.array([1.0, 2.0], "float32")  # 2 examples over 4 replicas: 2 empty
     loss, grad, per_replica = _replica_gradients(
-        make_strategy(4), x, tfdist.replica.losses.scaled_loss
+        make_strategy(4), x, _replica_loss
     )
     np.testing.assert_allclose(loss, x.mean(), rtol=1e-6)
     np.testing.assert_allclose(grad, x.mean(), rtol=1e-6)
@@ -48,13 +56,13 @@ def test_compute_average_loss_without_global_batch_size_is_wrong_here(make_strat
         make_strategy(4), x, lambda v: tf.nn.compute_average_loss(v)
     )
     assert abs(float(loss) - x.mean()) > 0.1
-    loss, _, _ = _replica_gradients(make_strategy(4), x, tfdist.replica.losses.scaled_loss)
+    loss, _, _ = _replica_gradients(make_strategy(4), x, _replica_loss)
     np.testing.assert_allclose(loss, x.mean(), rtol=1e-6)
 
 
-def test_scaled_loss_with_sample_weight_and_given_count(make_strategy):
+def test_replica_loss_with_sample_weight_and_given_count(make_strategy):
     def weighted(values):
-        return tfdist.replica.losses.scaled_loss(values, sample_weight=2.0 * tf.ones_like(values), global_count=4.0)
+        return _replica_loss(values, sample_weight=2.0 * tf.ones_like(values), global_count=4.0)
 
     x = np.array([1.0, 2.0, 3.0, 4.0], "float32")
     loss, _, _ = _replica_gradients(make_strategy(2), x, weighted)

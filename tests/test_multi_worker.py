@@ -236,13 +236,13 @@ def test_elastic_shrink_continues_exactly_on_fewer_workers(tmp_path, keras_refer
 
 def test_bad_tf_config_fails_before_tensorflow_starts(monkeypatch):
     monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 3}}')
-    with pytest.raises(tfdist.cluster.TFConfigError, match=r"task.index \(3\) is out of range"):
+    with pytest.raises(tfdist.errors.TFConfigError, match=r"task.index \(3\) is out of range"):
         tfdist.make_strategy("multi_worker_mirrored")
 
 
 @pytest.mark.parametrize("value", [0, -5, "10"])
 def test_bad_peer_timeout_is_a_clear_error(value):
-    with pytest.raises(tfdist.ConfigurationError, match=r"`peer_timeout_seconds` \(.*\) must be a positive"):
+    with pytest.raises(tfdist.errors.ConfigurationError, match=r"`peer_timeout_seconds` \(.*\) must be a positive"):
         tfdist.make_strategy("multi_worker_mirrored", peer_timeout_seconds=value)
 
 

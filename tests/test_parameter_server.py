@@ -227,7 +227,7 @@ def test_bad_tf_config_for_parameter_servers(monkeypatch, tf_config, message):
         monkeypatch.delenv("TF_CONFIG", raising=False)
     else:
         monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
-    with pytest.raises(tfdist.cluster.TFConfigError, match=message):
+    with pytest.raises(tfdist.errors.TFConfigError, match=message):
         tfdist.make_strategy("parameter_server", timeout_seconds=1)
 
 

@@ -84,7 +84,7 @@ def test_unanswered_search_ends_at_its_timeout(outcomes):
 
 
 def test_tpu_is_a_known_strategy():
-    assert "tpu" in tfdist.known_strategies()
+    assert "tpu" in tfdist.strategies.known_strategies()
 
 
 @pytest.mark.parametrize("options, named", [

@@ -826,7 +826,7 @@ def test_parameter_server_loop_checks_its_arguments_before_the_cluster(make_stra
     with pytest.raises(ConfigurationError, match=r"`replica_step` \(3\) must be a function"):
         loop_class(strategy, dataset, 3)
     with pytest.raises(ConfigurationError, match="EpochDataset"):
-        loop_class(strategy, tfdist.EpochDataset(lambda epoch: dataset), lambda batch: None)
+        loop_class(strategy, tfdist.data.EpochDataset(lambda epoch: dataset), lambda batch: None)
     with pytest.raises(ConfigurationError, match=r"`strategy` \(MirroredStrategy\) must be a "
                                                  r"ParameterServerStrategy"):
         loop_class(strategy, dataset, lambda batch: None)

@@ -39,24 +39,16 @@ __version__ = "0.1.0"
 
 _NAMES = {
     "Batch": "tfdist.data.batch",
-    "CheckpointMismatchError": "tfdist.errors",
-    "ConfigurationError": "tfdist.errors",
-    "RuntimeAlreadyStartedError": "tfdist.errors",
-    "EpochDataset": "tfdist.data.epochs",
-    "epoch_seed": "tfdist.data.epochs",
-    "Preempted": "tfdist.loops.preemption",
+    "Preempted": "tfdist.cluster.stop_signals",
     "Trainer": "tfdist.training.trainer",
-    "import_tensorflow": "tfdist._internal.tf_logs",
     "attach": "tfdist.training.keras_fit",
     "detach": "tfdist.training.keras_fit",
-    "known_strategies": "tfdist.strategies.registry",
+    "import_tensorflow": "tfdist._internal.tf_logs",
     "make_strategy": "tfdist.strategies.registry",
-    "register_strategy": "tfdist.strategies.registry",
 }
 _PACKAGES = (
     "checkpoint", "cluster", "communication", "data", "errors", "integrations", "launch", "loops",
-    "replica",
-    "strategies", "tpu", "training",
+    "replica", "strategies", "tpu", "training",
 )
 
 __all__ = sorted(list(_NAMES) + list(_PACKAGES))

@@ -6,7 +6,7 @@ built-in exception a caller would expect (`ValueError`, `RuntimeError`), so
 existing ``except ValueError`` code keeps working. Every error class tfdist
 raises is defined here (``tfdist.errors.X`` after ``import tfdist``);
 `tfdist.Preempted` (a ``SystemExit``: training stopped on a signal) is not
-an error and lives with the preemption watcher.
+an error and lives with the stop signals (`tfdist.cluster.stop_signals`).
 
 >>> import tfdist
 >>> issubclass(tfdist.errors.TFConfigError, ValueError)
@@ -24,7 +24,7 @@ class ConfigurationError(ValueError):
     >>> import tfdist
     >>> try:
     ...     tfdist.cluster.build_tf_config({"worker": ["host1:2222"]}, "worker", 3)
-    ... except tfdist.ConfigurationError as error:
+    ... except tfdist.errors.ConfigurationError as error:
     ...     print(type(error).__name__, "|", error)
     TFConfigError | TF_CONFIG: task.index (3) is out of range for job 'worker' with 1 task(s).
     """
@@ -57,7 +57,7 @@ class RuntimeAlreadyStartedError(RuntimeError):
     >>> _ = tf.constant(1.0)                  # the runtime starts here, with 1 CPU device
     >>> try:
     ...     tfdist.make_strategy("mirrored", num_replicas=16)
-    ... except tfdist.RuntimeAlreadyStartedError as error:
+    ... except tfdist.errors.RuntimeAlreadyStartedError as error:
     ...     print(type(error).__name__)
     RuntimeAlreadyStartedError
     """
@@ -71,7 +71,7 @@ class CheckpointMismatchError(ValueError):
     model that wrote it. A ``ValueError``, so existing handlers catch it:
 
     >>> import tfdist
-    >>> issubclass(tfdist.CheckpointMismatchError, ValueError)
+    >>> issubclass(tfdist.errors.CheckpointMismatchError, ValueError)
     True
     """
 
@@ -96,3 +96,10 @@ class TPUNotFoundError(RuntimeError):
 
 class SparkTrainingError(RuntimeError):
     """A training task on Spark failed, or the run exceeded its time bound."""
+
+
+__all__ = [
+    "CheckpointMismatchError", "CheckpointWriteError", "ConfigurationError",
+    "ParameterServerLostError", "PeerLostError", "PlatformEnvironmentError",
+    "RuntimeAlreadyStartedError", "SparkTrainingError", "TFConfigError", "TPUNotFoundError",
+]

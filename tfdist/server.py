@@ -24,14 +24,14 @@ import argparse
 import os
 import sys
 
-from tfdist import cluster
+from tfdist import cluster, errors
 
 
 def serve(inter_op_threads: int = 2, intra_op_threads: int = 1) -> None:
     """Starts this task's server and blocks."""
     config = cluster.parse_tf_config()
     if config is None or config.task_type not in ("ps", "worker"):
-        raise cluster.TFConfigError(
+        raise errors.TFConfigError(
             "tfdist.server needs TF_CONFIG with task.type 'ps' or 'worker'; got "
             f"{None if config is None else config.task_type!r}."
         )
@@ -99,7 +99,7 @@ def main(argv=None) -> None:
         return
     try:
         serve()
-    except cluster.TFConfigError as error:
+    except errors.TFConfigError as error:
         print(f"tfdist.server: {error}", file=sys.stderr)
         sys.exit(2)
 

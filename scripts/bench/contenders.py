@@ -154,13 +154,13 @@ def _replica_step(model, batch_size):
 def _tfdist_replica_step(strategy, model, dataset):
     """tfdist's own replica step for ``model`` (what `tfdist.Trainer` runs),
     its model, optimizer and metric state built from ``dataset``'s spec (as
-    the Trainer builds them: `tfdist._internal.keras_internals.build_model_state`)."""
-    from tfdist._internal import keras_internals as _keras  # pylint: disable=import-outside-toplevel
+    the Trainer builds them: `tfdist._internal.keras.model_state.build_model_state`)."""
+    from tfdist._internal.keras import model_state as keras_model_state  # pylint: disable=import-outside-toplevel
     from tfdist.replica.metrics import MetricState  # pylint: disable=import-outside-toplevel
     from tfdist.replica.step import ReplicaSteps  # pylint: disable=import-outside-toplevel
 
     with strategy.scope():
-        _keras.build_model_state(model, dataset.element_spec)
+        keras_model_state.build_model_state(model, dataset.element_spec)
         return ReplicaSteps(model, MetricState(model, strategy), jit_compile=False).train
 
 

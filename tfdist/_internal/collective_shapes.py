@@ -2,7 +2,7 @@
 at trace time.
 
 Why: tfdist traces its loops with TensorFlow's instance keys fixed at trace
-time (`tfdist.replica.collectives.function`), so a worker's memory stays flat
+time (`tfdist._internal.collectives.function`), so a worker's memory stays flat
 over millions of host calls. But each worker's collective param resolver
 keeps, per instance key, the shape the key was first used with, and a later
 use of the key with another shape fails::
@@ -49,7 +49,7 @@ _Launcher = cross_device_utils.CollectiveReplicaLauncher
 
 def keys_fixed_at_trace() -> bool:
     """Whether collectives traced now take their instance keys at trace time
-    (inside `tfdist.replica.collectives.function`)."""
+    (inside `tfdist._internal.collectives.function`)."""
     return not _Launcher._prefer_unique_instance_key  # pylint: disable=protected-access
 
 

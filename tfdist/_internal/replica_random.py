@@ -23,6 +23,8 @@ import threading
 
 import tensorflow as tf
 
+from tfdist._internal.keras import patches
+
 _state = threading.local()
 _installed = []
 
@@ -44,9 +46,7 @@ def install() -> None:
     """Wraps the seed draw of Keras' TensorFlow random ops, once per process."""
     if _installed:
         return
-    from keras.src.backend.tensorflow import random as tf_random  # pylint: disable=import-outside-toplevel
-
-    tf_random.draw_seed = _fold_in_replica(tf_random.draw_seed)
+    patches.wrap_seed_draw(_fold_in_replica)
     _installed.append(True)
 
 

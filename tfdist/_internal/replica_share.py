@@ -23,7 +23,7 @@ AVERAGE the replicas' gradients. Then:
 * a loss the user averages in their own ``train_step``, outside
   ``compute_loss``, is exact on equal per-replica batches; on an uneven
   final batch each replica's mean counts equally unless it is written
-  with `global_mean`.
+  with `tfdist.replica.global_mean`.
 
 Outside such a trace the patched Keras functions do what Keras does. They
 are installed on first use (`install`), never at import.
@@ -34,6 +34,8 @@ import functools
 import threading
 
 import tensorflow as tf
+
+from tfdist._internal.keras import patches
 
 _state = threading.local()
 _installed = []
@@ -65,25 +67,6 @@ def replica_share(share: tf.Tensor, num_replicas: int):
         _state.share = previous
         with _active_lock:
             _active["traces"] -= 1
-
-
-def global_mean(values) -> tf.Tensor:
-    """The mean of ``values`` over the GLOBAL batch, as a replica's loss.
-
-    In a user's ``train_step`` run by tfdist, ``ops.mean(values)`` averages
-    one replica's rows; ``global_mean(values)`` is the replica's term of the
-    global mean (exact on uneven final batches too). Elsewhere (one device,
-    plain Keras) it is ``ops.mean(values)``.
-
-    >>> import tensorflow as tf, tfdist
-    >>> float(tfdist.replica.global_mean(tf.constant([1.0, 2.0, 3.0])))
-    2.0
-    """
-    mean = tf.reduce_mean(values)
-    share = current_share()
-    if share is None:
-        return mean
-    return tf.math.multiply_no_nan(mean, tf.cast(share, mean.dtype))
 
 
 def _by_share(original, operation):
@@ -169,13 +152,7 @@ def install() -> None:
     all-reduce once per process (they defer to Keras outside `replica_share`)."""
     if _installed:
         return
-    from keras.src.backend.tensorflow import optimizer as tf_optimizer  # pylint: disable=import-outside-toplevel
-    from keras.src.losses import loss as loss_module  # pylint: disable=import-outside-toplevel
-
-    loss_module.scale_loss_for_distribution = _by_share(
-        loss_module.scale_loss_for_distribution, tf.math.multiply_no_nan)
-    loss_module.unscale_loss_for_distribution = _by_share(
-        loss_module.unscale_loss_for_distribution, tf.math.divide_no_nan)
-    optimizer = tf_optimizer.TFOptimizer
-    optimizer._all_reduce_sum_gradients = _averaging(optimizer._all_reduce_sum_gradients)
+    patches.wrap_loss_scaling(lambda scale: _by_share(scale, tf.math.multiply_no_nan),
+                              lambda unscale: _by_share(unscale, tf.math.divide_no_nan))
+    patches.wrap_optimizer_all_reduce(_averaging)
     _installed.append(True)

@@ -46,6 +46,26 @@ def check_created_in_scope(model, strategy) -> None:
             )
 
 
+def check_loop_options(*, steps_per_execution=1, log_every_steps=100,
+                       checkpoint_every_steps=None, partial_batch=None,
+                       partial_batch_policies=("exact", "drop", "pad")) -> None:
+    """The Trainer's loop options, each with its own error (checked by
+    `tfdist.Trainer` and, before any training, by `tfdist.attach`)."""
+    positive_int("steps_per_execution", steps_per_execution)
+    positive_int("log_every_steps", log_every_steps)
+    positive_int("checkpoint_every_steps", checkpoint_every_steps, True)
+    one_of("partial_batch", partial_batch, (None,) + tuple(partial_batch_policies))
+
+
+def check_option_names(given, accepted, where: str) -> None:
+    """Raises naming each option in ``given`` that ``accepted`` lacks."""
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        raise ConfigurationError(
+            f"{where} got unknown option(s) {', '.join(map(repr, unknown))}; it takes "
+            f"{', '.join(sorted(accepted))}.")
+
+
 def check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq) -> None:
     """``fit``'s counts, each with its own error."""
     positive_int("epochs", epochs)

@@ -21,7 +21,7 @@ does:
 - **Keras variables.** Keras 3.15 makes a new host variable on every copy,
   which TensorFlow's traced copy refuses from the third save on; within a
   save, the wrapped variable's host copy is reused
-  (`tfdist._internal.keras_internals.host_copies_reused`).
+  (`tfdist._internal.keras.checkpoint_copies.host_copies_reused`).
 - **A graph that grew.** TensorFlow lists the variables to copy at the
   first save; if the checkpoint reaches other objects later, the helper is
   finished and made anew.
@@ -46,7 +46,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from tfdist._internal.keras_internals import host_copies_reused
+from tfdist._internal.keras.checkpoint_copies import host_copies_reused
 from tfdist.errors import CheckpointWriteError
 
 

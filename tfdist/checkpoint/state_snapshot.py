@@ -6,7 +6,7 @@ read across replicas: its total. Under MultiWorkerMirroredStrategy
 TensorFlow's saver makes that read eagerly, one collective per variable per
 save, each with a new instance key whose record every worker keeps:
 measured with 2 workers, 21.6 KB per save with loss and accuracy state
-tracked, 0.12 KB without (`tfdist.replica.collectives.function` explains the
+tracked, 0.12 KB without (`tfdist._internal.collectives.function` explains the
 keys; one worker with several replicas keeps them too). So under
 MultiWorkerMirroredStrategy the checkpoint tracks a plain
 variable per state variable, under the same name, holding the same total:
@@ -21,7 +21,7 @@ from typing import Dict
 
 import tensorflow as tf
 
-from tfdist.replica import collectives
+from tfdist._internal import collectives
 
 
 def _replica_local(variable) -> bool:

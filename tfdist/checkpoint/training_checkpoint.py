@@ -55,7 +55,8 @@ import keras
 import tensorflow as tf
 
 from tfdist import cluster
-from tfdist._internal import host_values, keras_internals as _keras
+from tfdist._internal import host_values
+from tfdist._internal.keras import model_state as keras_model_state
 from tfdist.checkpoint.background_writes import BackgroundWrites
 from tfdist.checkpoint.state_snapshot import TotalsSnapshot
 from tfdist.checkpoint.traced_saves import TracedSaves, spans_tasks
@@ -164,7 +165,7 @@ class TrainingCheckpoint:
         self._task_name = task_name
         # Random layers' generator states: a resumed run draws on where the
         # uninterrupted one would (`tfdist._internal.replica_random`).
-        seed_states = _keras.seed_generator_states(model)
+        seed_states = keras_model_state.seed_generator_states(model)
         self._checkpoint = tf.train.Checkpoint(
             model=model,
             optimizer=model.optimizer,

@@ -16,7 +16,7 @@ SageMaker: `tfdist.cluster.platforms`), and lost-task detection
 from tfdist._internal import lazy
 
 _NAMES = {name: "tfdist.cluster.tf_config" for name in (
-    "JOB_NAMES", "READY_FILE_ENV", "TFConfig", "TFConfigError", "build_tf_config",
+    "JOB_NAMES", "READY_FILE_ENV", "TFConfig", "build_tf_config",
     "expand_slurm_nodelist", "from_slurm", "from_tfjob", "is_chief", "num_workers",
     "parse_tf_config", "signal_ready", "slurm_base_port", "task_id", "task_name", "task_type",
     "validate",

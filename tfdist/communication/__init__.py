@@ -4,7 +4,9 @@
 gradients to bfloat16 or float16 for the exchange (`tfdist.communication.compression`).
 `LocalSGD` all-reduces the weights every H steps instead of the gradients
 every step (`tfdist.communication.local_sgd`). Pass one (or a tuple) as
-``communication=`` to `tfdist.Trainer` or `tfdist.attach`.
+``communication=`` to `tfdist.Trainer` or `tfdist.attach`; the Trainer
+holds what was asked for as one `tfdist.communication.plan.Communication`
+(a no-op by default).
 
 >>> import tfdist
 >>> tfdist.communication.Compression("bf16")

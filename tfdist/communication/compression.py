@@ -39,10 +39,9 @@ optimizer's all-reduce for that optimizer only.
 -0.66796875
 """
 
-import types
-
 import tensorflow as tf
 
+from tfdist._internal.keras import patches
 from tfdist.errors import ConfigurationError
 
 _DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
@@ -84,16 +83,11 @@ class Compression:
             raise ConfigurationError(
                 f"communication={self!r} compresses the all-reduce of synchronous strategies; "
                 "under ParameterServerStrategy gradients go to the ps without one. Drop it.")
-        target = getattr(optimizer, "inner_optimizer", optimizer)
-        if not hasattr(type(target), "_all_reduce_sum_gradients"):
+        target = patches.inner_optimizer(optimizer)
+        if not patches.has_gradient_all_reduce(target):
             raise ConfigurationError(
                 f"communication={self!r} needs a Keras 3 TensorFlow optimizer; got "
                 f"{type(target).__name__}.")
-        if getattr(target, "_tfdist_local_sgd", None) is not None:
-            raise ConfigurationError(
-                f"communication=({target._tfdist_local_sgd!r}, {self!r}): under local SGD no "
-                "gradient all-reduce is left to compress (the weights are averaged in their "
-                "own dtype). Use one of the two.")
         previous = getattr(target, _WRAPPED, None)
         if previous is not None and previous.dtype != self.dtype:
             raise ConfigurationError(
@@ -101,30 +95,7 @@ class Compression:
                 f"one compression (got {self!r}).")
         if previous is None:
             object.__setattr__(target, _WRAPPED, self)
-            object.__setattr__(target, "_all_reduce_sum_gradients",
-                               types.MethodType(_compressed_all_reduce, target))
-
-
-def attach(communication, model, strategy: tf.distribute.Strategy):
-    """Applies ``communication`` (None, one object or a tuple of them; the
-    ``communication=`` argument of `tfdist.Trainer`) to ``model``'s
-    optimizer; returns the `tfdist.communication.LocalSGD` among them, or None."""
-    from tfdist.communication.local_sgd import LocalSGD  # pylint: disable=import-outside-toplevel
-
-    if communication is None:
-        return None
-    local = None
-    for item in communication if isinstance(communication, (tuple, list)) else (communication,):
-        if isinstance(item, Compression):
-            item.attach_to(model.optimizer, strategy)
-        elif isinstance(item, LocalSGD):
-            item.attach_to(model, strategy)
-            local = item
-        else:
-            raise ConfigurationError(
-                f"`communication` ({item!r}) must be a tfdist.communication.Compression, "
-                "a tfdist.communication.LocalSGD, a tuple of them, or None.")
-    return local
+            patches.replace_all_reduce_of(target, _compressed_all_reduce)
 
 
 def _map_values(gradient, function):
@@ -136,7 +107,7 @@ def _map_values(gradient, function):
 
 def _compressed_all_reduce(optimizer, grads_and_vars):
     """The optimizer's class all-reduce, on 16-bit gradients."""
-    all_reduce = type(optimizer)._all_reduce_sum_gradients  # pylint: disable=protected-access
+    all_reduce = patches.class_all_reduce(optimizer)
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync if context else 1
     if replicas == 1:
@@ -148,3 +119,8 @@ def _compressed_all_reduce(optimizer, grads_and_vars):
     reduced = all_reduce(optimizer, compressed)
     return [(compression.restore(g, dtype, replicas), v)
             for (g, v), dtype in zip(reduced, dtypes)]
+
+
+def attached_to(optimizer):
+    """The `Compression` attached to ``optimizer`` (or its inner one), or None."""
+    return getattr(patches.inner_optimizer(optimizer), _WRAPPED, None)

@@ -58,13 +58,12 @@ to compress).
 2
 """
 
-import types
-
 import tensorflow as tf
 
-from tfdist._internal import replica_share
+from tfdist._internal import collectives, replica_share
+from tfdist._internal.keras import patches
 from tfdist.errors import ConfigurationError
-from tfdist.replica import accumulation, collectives
+from tfdist.replica import accumulation
 
 _WRAPPED = "_tfdist_local_sgd"
 
@@ -118,21 +117,15 @@ class LocalSGD:
                 f"communication={self!r} is not available under TPUStrategy (not built: a "
                 "TPU's replicas share one program). Drop it.")
         optimizer = model.optimizer
-        target = getattr(optimizer, "inner_optimizer", optimizer)
+        target = patches.inner_optimizer(optimizer)
         if accumulation.accumulation_steps(optimizer):
             raise ConfigurationError(
                 f"communication={self!r} with gradient_accumulation_steps="
                 f"{optimizer.gradient_accumulation_steps}: local steps apply each batch's "
                 "gradients at once. Use one of the two.")
-        if getattr(target, "_tfdist_compression", None) is not None:
-            raise ConfigurationError(
-                f"communication=({target._tfdist_compression!r}, {self!r}): under local SGD no "
-                "gradient all-reduce is left to compress (the weights are averaged in their "
-                "own dtype). Use one of the two.")
         self._strategy, self._optimizer = strategy, optimizer
         object.__setattr__(target, _WRAPPED, self)
-        object.__setattr__(target, "_all_reduce_sum_gradients",
-                           types.MethodType(_local_gradients, target))
+        patches.replace_all_reduce_of(target, _local_gradients)
 
     def prepare(self, model) -> dict:
         """Once the model is built (under the strategy's scope): the
@@ -142,7 +135,7 @@ class LocalSGD:
         self._variables = [getattr(v, "value", v) for v in model.trainable_variables]
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        optimizer = getattr(self._optimizer, "inner_optimizer", self._optimizer)
+        optimizer = patches.inner_optimizer(self._optimizer)
         shared = (optimizer.iterations, getattr(optimizer, "_learning_rate", None))
         self._slots = [getattr(v, "value", v) for v in optimizer.variables
                        if tf.as_dtype(v.dtype).is_floating and not any(v is s for s in shared)]
@@ -230,31 +223,6 @@ def _nothing() -> None:
     """The branch of a condition that does nothing."""
 
 
-def chain(after_train_step, local):
-    """``after_train_step`` followed by ``local``'s averaging check (or
-    ``after_train_step`` alone when ``local`` is None)."""
-    if local is None:
-        return after_train_step
-
-    def after_step():
-        if after_train_step is not None:
-            after_train_step()
-        local.after_step()
-
-    return after_step
-
-
-def average_now(local) -> None:
-    """``local.average_now()``, for a LocalSGD or None."""
-    if local is not None:
-        local.average_now()
-
-
-def prepare(local, model) -> dict:
-    """``local.prepare(model)``, for a LocalSGD or None ({})."""
-    return {} if local is None else local.prepare(model)
-
-
 def _local_gradients(optimizer, grads_and_vars):
     """In place of the optimizer's all-reduce: this replica's own gradient,
     scaled from the global example count to its share (times the replicas;
@@ -266,3 +234,8 @@ def _local_gradients(optimizer, grads_and_vars):
     if scale == 1:
         return list(grads_and_vars)
     return [(replica_share.scaled_gradient(g, scale), v) for g, v in grads_and_vars]
+
+
+def attached_to(optimizer):
+    """The `LocalSGD` attached to ``optimizer`` (or its inner one), or None."""
+    return getattr(patches.inner_optimizer(optimizer), _WRAPPED, None)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.errors import ConfigurationError
 
 _FIELDS = ("x", "y", "sample_weight", "mask", "global_examples")
@@ -183,7 +183,7 @@ def require_batch(batch, function: str) -> Batch:
 
 
 def _leaves_with_paths(structure):
-    flat = _keras.tree.flatten_with_path(structure)
+    flat = keras_compiled.tree.flatten_with_path(structure)
     return [
         ("/".join(str(p) for p in path) or "<tensor>", leaf) for path, leaf in flat
     ]

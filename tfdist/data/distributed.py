@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from tfdist.data import epochs, options as options_lib, service
 from tfdist.data.batch import Batch, validate_element_spec
-from tfdist.replica import collectives
+from tfdist._internal import collectives
 from tfdist.data.epochs import EpochDataset, epoch_seed  # noqa: F401  (public names)
 from tfdist.errors import ConfigurationError
 

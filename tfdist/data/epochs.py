@@ -29,7 +29,7 @@ class EpochDataset:
     at epoch 3 sees exactly the order an uninterrupted job would:
 
     >>> import tensorflow as tf
-    >>> from tfdist import EpochDataset, epoch_seed
+    >>> from tfdist.data import EpochDataset, epoch_seed
     >>> base = tf.data.Dataset.range(8)
     >>> data = EpochDataset(
     ...     lambda epoch: base.shuffle(8, seed=epoch_seed(7, epoch)).batch(4))
@@ -42,7 +42,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
     """A distinct, reproducible shuffle seed for each (seed, epoch) pair.
 
     >>> import tfdist
-    >>> [tfdist.epoch_seed(7, epoch) for epoch in range(3)]
+    >>> [tfdist.data.epoch_seed(7, epoch) for epoch in range(3)]
     [7000022, 7007941, 7015860]
     """
     return (seed * 1_000_003 + epoch * 7919 + 1) % (2**31 - 1)

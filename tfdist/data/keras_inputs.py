@@ -20,7 +20,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal.keras import compiled as keras_compiled, data_adapters as keras_data
 from tfdist.data.epochs import epoch_seed, EpochDataset
 from tfdist.errors import ConfigurationError
 
@@ -30,13 +30,13 @@ SHUFFLE_CHOICES = (True, False, "batch")
 
 def is_arrays(x) -> bool:
     """NumPy arrays or tensors, possibly nested in dicts / lists / tuples."""
-    leaves = _keras.tree.flatten(x)
+    leaves = keras_compiled.tree.flatten(x)
     return bool(leaves) and all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves)
 
 
 def num_rows(structure) -> int:
     """Rows of arrays (x, y and weights must agree)."""
-    counts = {int(leaf.shape[0]) for leaf in _keras.tree.flatten(structure) if leaf is not None}
+    counts = {int(leaf.shape[0]) for leaf in keras_compiled.tree.flatten(structure) if leaf is not None}
     if len(counts) != 1:
         raise ConfigurationError(
             f"x, y and sample_weight must have the same number of rows; got {sorted(counts)}.")
@@ -75,12 +75,12 @@ def with_class_weight(y, sample_weight, class_weight: Optional[dict]):
     if not isinstance(class_weight, dict):
         raise ConfigurationError(
             f"`class_weight` must be a dict {{class index: weight}}; got {type(class_weight).__name__}.")
-    leaves = _keras.tree.flatten(y)
+    leaves = keras_compiled.tree.flatten(y)
     if len(leaves) != 1:
         raise ConfigurationError(
             f"`class_weight` applies to a model with one output; y has {len(leaves)} "
             "targets. Pass per-output `sample_weight` instead.")
-    weights = np.asarray(_keras.class_weight_to_sample_weights(leaves[0], class_weight),
+    weights = np.asarray(keras_data.class_weight_to_sample_weights(leaves[0], class_weight),
                          "float32")
     return weights
 
@@ -127,10 +127,10 @@ def to_training_data(x, y=None, sample_weight=None, *, batch_size=None, shuffle=
                     f"`{name}` must be None when `{what}` is a dataset: the dataset yields "
                     "batches of (x, y[, sample_weight]).")
         return with_class_weight_map(x, class_weight)
-    if isinstance(x, _keras.PyDataset) and shuffle and _finite(x):
+    if isinstance(x, keras_data.PyDataset) and shuffle and _finite(x):
         return with_class_weight_map(shuffled_py_dataset(x, seed), class_weight)
-    if isinstance(x, _keras.PyDataset) or _is_generator(x):
-        return _keras.keras_data_as_dataset(x, y, sample_weight, batch_size, class_weight)
+    if isinstance(x, keras_data.PyDataset) or _is_generator(x):
+        return keras_data.keras_data_as_dataset(x, y, sample_weight, batch_size, class_weight)
     if callable(x) and y is None and sample_weight is None:
         if class_weight is not None:
             raise ConfigurationError(
@@ -153,7 +153,7 @@ def with_class_weight_map(data, class_weight: Optional[dict]):
     if not isinstance(class_weight, dict):
         raise ConfigurationError(
             f"`class_weight` must be a dict {{class index: weight}}; got {type(class_weight).__name__}.")
-    weigh = _keras.class_weight_map_fn(class_weight)
+    weigh = keras_data.class_weight_map_fn(class_weight)
     if isinstance(data, EpochDataset):
         return EpochDataset(lambda epoch: data.make_dataset(epoch).map(weigh))
     return data.map(weigh)
@@ -182,7 +182,7 @@ def shuffled_py_dataset(py_dataset, seed: int) -> EpochDataset:
     """A `keras.utils.PyDataset` read with its batches in a seeded order per
     epoch (Keras' ``shuffle`` for a PyDataset shuffles batch order), then
     ``on_epoch_end`` as Keras calls it. Batches are read in this process."""
-    spec = _keras.keras_data_as_dataset(py_dataset).element_spec
+    spec = keras_data.keras_data_as_dataset(py_dataset).element_spec
     count = py_dataset.num_batches
 
     def batches(epoch):
@@ -190,7 +190,7 @@ def shuffled_py_dataset(py_dataset, seed: int) -> EpochDataset:
 
         def read():
             for index in order:
-                yield _keras.tree.map_structure(np.asarray, tuple(py_dataset[int(index)]))
+                yield keras_compiled.tree.map_structure(np.asarray, tuple(py_dataset[int(index)]))
             py_dataset.on_epoch_end()
 
         return tf.data.Dataset.from_generator(read, output_signature=spec)
@@ -213,7 +213,7 @@ def split_for_validation(x, y, sample_weight, validation_split: float):
         raise ConfigurationError(
             f"`validation_split` needs arrays; x is a {type(x).__name__}. Pass "
             "`validation_data=` instead.")
-    return _keras.train_validation_split((x, y, sample_weight), validation_split)
+    return keras_data.train_validation_split((x, y, sample_weight), validation_split)
 
 
 def validation_batches(validation_data, batch_size):
@@ -237,8 +237,8 @@ def prediction_batches(x, batch_size=None):
             batch_size or DEFAULT_BATCH_SIZE)
     if isinstance(x, tf.data.Dataset):
         return x
-    if isinstance(x, _keras.PyDataset) or _is_generator(x):
-        return _keras.keras_data_as_dataset(x, batch_size=batch_size)
+    if isinstance(x, keras_data.PyDataset) or _is_generator(x):
+        return keras_data.keras_data_as_dataset(x, batch_size=batch_size)
     raise ConfigurationError(
         f"`x` is a {type(x).__name__}; predict takes arrays, a tf.data.Dataset, a "
         "keras.utils.PyDataset or a generator.")

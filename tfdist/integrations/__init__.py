@@ -3,4 +3,5 @@ and Spark barrier stages (`tfdist.integrations.spark`)."""
 
 from tfdist._internal import lazy
 
+__all__ = ["ray", "spark"]  # public modules
 __getattr__ = lazy.attributes(__name__, {})

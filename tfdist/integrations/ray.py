@@ -160,3 +160,6 @@ def tensorflow_trainer(train_fn: Callable[..., Any], num_workers: int, *,
             checkpoint_config=CheckpointConfig(num_to_keep=num_to_keep),
         ),
     )
+
+
+__all__ = ["ReportToRay", "checkpoint_dir", "tensorflow_trainer", "world_rank"]

@@ -228,3 +228,6 @@ def _task_failure(error: Exception) -> str:
     start = message.find("Traceback (most recent call last):")
     detail = message[start:] if start >= 0 else message
     return "a Spark training task failed; Spark aborted the barrier stage:\n" + detail[:6000]
+
+
+__all__ = ["run"]

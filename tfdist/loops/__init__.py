@@ -15,4 +15,5 @@ False
 
 from tfdist._internal import lazy
 
+__all__ = ["host_loop", "parameter_server_loop", "preemption"]  # public modules
 __getattr__ = lazy.attributes(__name__, {})

@@ -9,7 +9,7 @@ between workers at every step, and, with TensorFlow's default collective
 instance keys, ~1.6 KB of memory per host call (measured with 2 workers: a
 function with 1, 4 separate, or 4 batched all-reduces keeps 1.6, 6.5 and
 1.6 KB per call). tfdist's functions now fix their keys when traced
-(`tfdist.replica.collectives.function`), which removes the memory; the round trip
+(`tfdist._internal.collectives.function`), which removes the memory; the round trip
 is why the agreement stays out of the training call.
 
 `StopAgreement` instead agrees every ``interval`` executions, in a separate
@@ -29,7 +29,7 @@ import time
 
 import tensorflow as tf
 
-from tfdist.replica import collectives
+from tfdist._internal import collectives
 
 
 class StopAgreement:

@@ -6,7 +6,7 @@ step. Keras' ``steps_per_execution`` and the Trainer instead run up to k
 steps inside one ``tf.function`` with a device-side ``tf.range`` loop.
 `HostLoop` is that loop for hand-written training loops, the one public way
 to run one (the Trainer's runners build the same loop internally:
-`tfdist.loops.runners.device_loop`; ``make_loop`` is a deprecated alias):
+`tfdist.loops.runners.device_loop`):
 ``loop.run(iterator)`` until ``execution.end_of_data``, once per epoch.
 
 The loop reads the distributed iterator with ``get_next_as_optional``, so
@@ -19,44 +19,20 @@ with ``next`` as a hand-written loop does.
 Under a multi-worker strategy every worker must stop after the same step
 when any one is asked to (SIGTERM / Ctrl-C): `tfdist.loops.agreement` sums the
 stop requests about once a second in a call of its own, not inside the
-loop. The loop is a `tfdist.replica.collectives.function`: its collectives keep the
+loop. The loop is a `tfdist._internal.collectives.function`: its collectives keep the
 instance keys of its trace, so a worker's memory does not grow per call
 (docs/reliability.md).
 """
 
-import warnings
 from typing import Callable, NamedTuple, Optional
 
 import tensorflow as tf
 
-from tfdist._internal import replica_random, validation
+from tfdist._internal import collectives, replica_random, validation
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 from tfdist.loops.agreement import StopAgreement
 from tfdist.loops.runners.device_loop import device_loop
-from tfdist.replica import collectives
-
-
-def make_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
-              after_step: Optional[Callable] = None, check_end: bool = True):
-    """Deprecated: use `HostLoop`, which runs ``replica_step`` on a
-    `tfdist.Batch`, agrees on stop requests across workers and returns an
-    `Execution`. The ``tf.function(iterator, num_steps)`` built here is the
-    runners' internal loop (`tfdist.loops.runners.device_loop`).
-
-    >>> import warnings, tfdist
-    >>> strategy = tfdist.make_strategy("one_device")
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     loop = tfdist.loops.host_loop.make_loop(strategy, lambda element: None)
-    >>> [w.category.__name__ for w in caught if "make_loop" in str(w.message)]
-    ['DeprecationWarning']
-    """
-    warnings.warn(
-        "tfdist.loops.host_loop.make_loop is deprecated; use "
-        "tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=k) "
-        "and its run(iterator).", DeprecationWarning, stacklevel=2)
-    return device_loop(strategy, replica_step, after_step=after_step, check_end=check_end)
 
 
 class Execution(NamedTuple):
@@ -131,3 +107,6 @@ class HostLoop:
         stop = self._stop_agreement.after_execution(
             stop_requested, last=steps < self.steps_per_execution)
         return Execution(steps, stop, steps < self.steps_per_execution)
+
+
+__all__ = ["Execution", "HostLoop"]

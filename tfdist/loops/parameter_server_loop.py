@@ -104,7 +104,7 @@ def _source(data, what: str) -> epochs.Source:
     if source.per_epoch:
         raise ConfigurationError(
             f"ParameterServerLoop reads one stream of batches; the {what} is a "
-            "tfdist.EpochDataset. Pass a tf.data.Dataset of global batches or a "
+            "tfdist.data.EpochDataset. Pass a tf.data.Dataset of global batches or a "
             "dataset_fn(input_context).")
     return source
 
@@ -275,3 +275,6 @@ class ParameterServerLoop:
                 strategy.run(step, args=(element,))
 
         return evaluate_shard
+
+
+__all__ = ["ParameterServerLoop"]

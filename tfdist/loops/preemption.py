@@ -17,10 +17,10 @@ A hand-written loop does the same with a `PreemptionWatcher` of its own
 Outside `fit`, a multi-worker task still stops on SIGTERM:
 TensorFlow's coordination agent installs a SIGTERM handler that only logs
 the signal (its preemption notifier), so a task would train on after being
-told to stop. `PreemptionWatcher.exit_outside_training` (called by
-``make_strategy("multi_worker_mirrored")``) replaces it: SIGTERM raises
-`Preempted`, Ctrl-C raises KeyboardInterrupt, as in a plain Python program.
-``exit_on_stop_signals`` is its deprecated former name.
+told to stop. `PreemptionWatcher.exit_outside_training` (what
+``make_strategy("multi_worker_mirrored")`` does, through
+`tfdist.cluster.stop_signals`) replaces it: SIGTERM raises `Preempted`,
+Ctrl-C raises KeyboardInterrupt, as in a plain Python program.
 """
 
 import gc
@@ -28,78 +28,14 @@ import os
 import signal
 import sys
 import threading
-import warnings
-from typing import List, Optional
 
+from tfdist.cluster import stop_signals
+from tfdist.cluster.stop_signals import Preempted
 from tfdist.data import iterator_release
 
-PREEMPTED_EXIT_CODE = 143
 # After a stop, how long freeing the data iterators may take
 # (`free_iterators_or_exit`).
 RELEASE_SECONDS = 5.0
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_active: List["PreemptionWatcher"] = []
-
-
-class Preempted(SystemExit):
-    """Training stopped on SIGTERM or Ctrl-C (after saving, with a checkpoint).
-
-    A ``SystemExit`` whose code is 128 + the signal: 143 for SIGTERM, 130
-    for Ctrl-C, which ``tfdist-run --max_restarts`` answers with a restart.
-    A hand-written loop raises it after saving, as `Trainer.fit` does:
-
-    >>> import tfdist
-    >>> stop = tfdist.Preempted(step=120)
-    >>> stop.code, str(stop)
-    (143, 'preempted (SIGTERM): checkpoint saved at step 120')
-    """
-
-    def __init__(self, step: Optional[int] = None, signum: int = signal.SIGTERM,
-                 saved: bool = True):
-        super().__init__(128 + signum)
-        self.step = step
-        self.signum = signum
-        self.saved = saved
-
-    def __str__(self):
-        name = "SIGTERM" if self.signum == signal.SIGTERM else "Ctrl-C"
-        if self.step is None:
-            return f"stopped ({name}) outside training; nothing saved"
-        if self.saved:
-            return f"preempted ({name}): checkpoint saved at step {self.step}"
-        return f"stopped ({name}) at step {self.step}; no checkpoint_dir, nothing saved"
-
-
-def _on_stop_signal(signum, frame):
-    del frame
-    if _active:
-        _active[-1].request(signum)
-    elif signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    else:
-        raise Preempted(signum=signum)
-
-
-def exit_on_stop_signals() -> None:
-    """Deprecated: use `PreemptionWatcher.exit_outside_training` (which
-    ``make_strategy("multi_worker_mirrored")`` already calls).
-
-    >>> import signal, warnings, tfdist
-    >>> previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     tfdist.loops.preemption.exit_on_stop_signals()
-    >>> [w.category.__name__ for w in caught]
-    ['DeprecationWarning']
-    >>> for signum, handler in previous.items():
-    ...     _ = signal.signal(signum, handler)
-    """
-    warnings.warn(
-        "tfdist.loops.preemption.exit_on_stop_signals is deprecated; use "
-        "tfdist.loops.preemption.PreemptionWatcher.exit_outside_training() (which "
-        "make_strategy('multi_worker_mirrored') already calls), or a PreemptionWatcher "
-        "around a hand-written loop.", DeprecationWarning, stacklevel=2)
-    PreemptionWatcher.exit_outside_training()
 
 
 class PreemptionWatcher:
@@ -125,9 +61,7 @@ class PreemptionWatcher:
         MultiWorkerMirroredStrategy made without `tfdist.make_strategy`.
         Only the main thread can install signal handlers; elsewhere it does
         nothing."""
-        if threading.current_thread() is threading.main_thread():
-            for signum in _STOP_SIGNALS:
-                signal.signal(signum, _on_stop_signal)
+        stop_signals.exit_outside_training()
 
     def __init__(self):
         self._flag = threading.Event()
@@ -135,16 +69,11 @@ class PreemptionWatcher:
         self._previous = {}
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for signum in _STOP_SIGNALS:
-                self._previous[signum] = signal.signal(signum, _on_stop_signal)
-        _active.append(self)
+        self._previous = stop_signals.listen(self)
         return self
 
     def __exit__(self, *exc_info):
-        _active.remove(self)
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
+        stop_signals.stop_listening(self, self._previous)
         self._previous = {}
 
     def request(self, signum: int) -> None:
@@ -190,3 +119,6 @@ def free_iterators_or_exit(stop: Preempted) -> Preempted:
     iterator_release.wait(RELEASE_SECONDS)  # what they handed to the release thread
     freed.set()
     return stop
+
+
+__all__ = ["PreemptionWatcher", "free_iterators_or_exit"]

@@ -40,7 +40,8 @@ from typing import Optional
 import tensorflow as tf
 
 from tfdist.errors import ConfigurationError
-from tfdist.replica import collectives, gradients as gradients_lib
+from tfdist._internal import collectives
+from tfdist.replica import gradients as gradients_lib
 
 
 def accumulation_steps(optimizer) -> Optional[int]:
@@ -164,3 +165,6 @@ def accumulator_for(model, strategy) -> Optional[GradientAccumulator]:
             "ParameterServerStrategy: workers apply their steps independently. Use a "
             "global batch `gradient_accumulation_steps` times larger instead.")
     return GradientAccumulator(strategy, model.optimizer, model.trainable_variables, steps)
+
+
+__all__ = ["GradientAccumulator", "accumulation_steps", "accumulator_for"]

@@ -17,8 +17,8 @@ plain ``optimizer.apply_gradients`` (no extra collective).
 
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras, replica_share
-from tfdist.replica import collectives
+from tfdist._internal import collectives, replica_share
+from tfdist._internal.keras import optimizer as keras_optimizer
 
 
 def optimizer_clips(optimizer) -> bool:
@@ -52,7 +52,7 @@ def apply_gradients(optimizer, gradients, variables) -> None:
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
     gradients = list(gradients)
     if replicas > 1 and optimizer_clips(optimizer):
-        clipped = _keras.clip_gradients(optimizer, _batch_gradients(gradients))
+        clipped = keras_optimizer.clip_gradients(optimizer, _batch_gradients(gradients))
         gradients = [replica_share.scaled_gradient(g, 1.0 / replicas) for g in clipped]
     optimizer.apply_gradients(zip(gradients, variables))
 
@@ -77,3 +77,6 @@ def _batch_gradients(gradients):
         else:
             totals.append(next(summed))
     return totals
+
+
+__all__ = ["apply_gradients", "optimizer_clips"]

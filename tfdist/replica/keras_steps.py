@@ -36,10 +36,11 @@ from typing import Dict, Tuple
 import keras
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras, replica_random, replica_share
+from tfdist._internal import collectives, replica_random, replica_share
+from tfdist._internal.keras import model_state as keras_model_state
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
-from tfdist.replica import collectives, loss_scaling
+from tfdist.replica import loss_scaling
 from tfdist.replica.metrics import MetricState, state_variables, TracedReads
 from tfdist.replica.step import ReplicaSteps
 
@@ -204,7 +205,7 @@ def warn_per_replica_statistics(model: keras.Model, strategy: tf.distribute.Stra
     exact (it is the layer's definition), so it says so, naming the layers."""
     if strategy.num_replicas_in_sync < 2:
         return
-    layers = [layer.name for layer in _keras.all_layers(model)
+    layers = [layer.name for layer in keras_model_state.all_layers(model)
               if isinstance(layer, keras.layers.BatchNormalization)
               and not getattr(layer, "synchronized", False)]
     if layers:
@@ -224,7 +225,7 @@ def warn_padded_activity_regularizers(model: keras.Model, *, jit_compile: bool,
     batch it is not one device's. Says so, naming the layers."""
     if not (jit_compile or static_shapes):
         return
-    layers = [layer.name for layer in _keras.all_layers(model)
+    layers = [layer.name for layer in keras_model_state.all_layers(model)
               if getattr(layer, "activity_regularizer", None) is not None]
     if layers:
         option = "static_shapes" if static_shapes else "jit_compile"

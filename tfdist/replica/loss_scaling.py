@@ -31,7 +31,8 @@ import threading
 
 import tensorflow as tf
 
-from tfdist.replica import collectives
+from tfdist._internal import collectives
+from tfdist._internal.keras import patches
 
 _state = threading.local()
 _installed = []
@@ -87,15 +88,12 @@ def _needs_agreement() -> bool:
 def _install() -> None:
     if _installed:
         return
-    from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer  # pylint: disable=import-outside-toplevel
+    def agreeing(keras_apply):
+        def apply(self, grads, trainable_variables=None):
+            if _needs_agreement():
+                grads = agree_on_finite(list(grads))
+            return keras_apply(self, grads, trainable_variables)
+        return apply
 
-    keras_apply = LossScaleOptimizer.apply
-
-    def apply(self, grads, trainable_variables=None):
-        if _needs_agreement():
-            grads = agree_on_finite(list(grads))
-        return keras_apply(self, grads, trainable_variables)
-
-    apply.__doc__ = keras_apply.__doc__
-    LossScaleOptimizer.apply = apply
+    patches.wrap_loss_scale_apply(agreeing)
     _installed.append(True)

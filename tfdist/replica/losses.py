@@ -18,22 +18,35 @@ batch over-weights the short replicas. An empty replica contributes exactly
 A hand-written loop calls `replica_loss` in its replica step, with the
 step's `tfdist.Batch` (``tfdist.Batch.from_structure(element)`` for an
 element of `tfdist.data.distribute`, or ``tfdist.Batch.from_element((x, y))``
-for a pipeline of its own). ``scaled_loss`` is its deprecated former name
-for the second case.
+for a pipeline of its own).
 """
 
 import dataclasses
-import warnings
-from typing import List, Optional
+from typing import List, NamedTuple, Optional
 
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal import collectives, replica_share
+from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.data.batch import Batch, require_batch
 from tfdist.errors import ConfigurationError
-from tfdist.replica import collectives
 
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
+
+
+class LossParts(NamedTuple):
+    """One replica's loss in the parts the metrics report.
+
+    Attributes:
+      data_share: this replica's share of the global batch's data loss (the
+        replicas' shares sum to it; an empty replica's is 0).
+      output_shares: the same per output, unweighted.
+      regularization: the full regularization loss (`regularization_loss`).
+    """
+
+    data_share: tf.Tensor
+    output_shares: List[tf.Tensor]
+    regularization: tf.Tensor
 
 
 @dataclasses.dataclass
@@ -84,7 +97,7 @@ def _resolve(structure, path):
 
 
 def _align_structure(y_true, y_pred):
-    tree = _keras.tree
+    tree = keras_compiled.tree
     if not tree.is_nested(y_pred):
         return y_true
     try:
@@ -115,9 +128,9 @@ def _to_rank(tensor, values, name: str = "sample_weight", loss_name: str = "the 
 def _output_terms(loss_fn, y_true, y_pred, sample_weight, example_mask):
     dtype = loss_fn.dtype or "float32"
     name = f"loss {loss_fn.name!r}"
-    in_mask = _keras.get_keras_mask(y_pred)
+    in_mask = keras_compiled.get_keras_mask(y_pred)
     values = loss_fn.call(tf.cast(y_true, dtype), tf.cast(y_pred, dtype))
-    out_mask = _keras.get_keras_mask(values)
+    out_mask = keras_compiled.get_keras_mask(values)
     values = tf.convert_to_tensor(values)
     if values.shape.rank == 0:
         raise ConfigurationError(
@@ -175,14 +188,14 @@ def compute_loss_terms(
     model, y, y_pred, sample_weight=None, example_mask=None
 ) -> LossTerms:
     """Per-output local sums and counts of ``model``'s compiled loss."""
-    losses = _keras.flat_losses(model)
+    losses = keras_compiled.flat_losses(model)
     if not losses:
         raise ConfigurationError(
             "The model has no compiled loss. Call "
             "`model.compile(optimizer=..., loss=...)` before training."
         )
     y = _align_structure(y, y_pred)
-    tree = _keras.tree
+    tree = keras_compiled.tree
     terms = LossTerms([], [], [], [], [], False)
     for path, loss_fn, loss_weight, _ in losses:
         weight = sample_weight
@@ -319,34 +332,23 @@ def replica_loss(per_example_loss, batch, model=None) -> tf.Tensor:
     return loss
 
 
-def scaled_loss(per_example_loss, sample_weight=None, global_count=None):
-    """Deprecated: use `replica_loss` with a `tfdist.Batch`.
+def global_mean(values) -> tf.Tensor:
+    """The mean of ``values`` over the GLOBAL batch, as a replica's loss.
 
-    ``scaled_loss(values, sample_weight)`` is
-    ``replica_loss(values, tfdist.Batch.from_element((x, y, sample_weight)))``
-    (the global count all-reduced); a known ``global_count`` of loss
-    elements travels with the batch as ``global_examples``. This alias
-    computes exactly what it did: the sum of ``sample_weight *
-    per_example_loss`` over the global count of loss elements.
+    In a user's ``train_step`` run by tfdist, ``ops.mean(values)`` averages
+    one replica's rows; ``global_mean(values)`` is the replica's term of the
+    global mean (exact on uneven final batches too). Elsewhere (one device,
+    plain Keras) it is ``ops.mean(values)``.
 
-    >>> import warnings, tensorflow as tf, tfdist
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     loss = tfdist.replica.losses.scaled_loss(tf.constant([1.0, 3.0]), global_count=4)
-    >>> float(loss), [w.category.__name__ for w in caught if "scaled_loss" in str(w.message)]
-    (1.0, ['DeprecationWarning'])
+    >>> import tensorflow as tf, tfdist
+    >>> float(tfdist.replica.global_mean(tf.constant([1.0, 2.0, 3.0])))
+    2.0
     """
-    warnings.warn(
-        "tfdist.replica.losses.scaled_loss is deprecated; use "
-        "tfdist.replica.losses.replica_loss(per_example_loss, batch) with the step's "
-        "tfdist.Batch (tfdist.Batch.from_element((x, y, sample_weight)) for a pipeline "
-        "of your own).", DeprecationWarning, stacklevel=2)
-    values = tf.convert_to_tensor(per_example_loss)
-    weights = None
-    if sample_weight is not None:  # broadcast, then one row per loss element
-        weights = _to_rank(tf.cast(sample_weight, values.dtype), values)
-        weights = tf.reshape(tf.broadcast_to(weights, tf.shape(values)), [-1])
-    values = tf.reshape(values, [-1])
-    count = None if global_count is None else tf.fill(
-        tf.shape(values), tf.cast(global_count, tf.float32))
-    return replica_loss(values, Batch(values, sample_weight=weights, global_examples=count))
+    mean = tf.reduce_mean(values)
+    share = replica_share.current_share()
+    if share is None:
+        return mean
+    return tf.math.multiply_no_nan(mean, tf.cast(share, mean.dtype))
+
+
+__all__ = ["regularization_loss", "regularization_share", "replica_loss"]

@@ -15,15 +15,17 @@ the model's compiled metrics.
 cross-replica context only at log points and epoch ends.
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import keras
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal import collectives
+from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.data.batch import require_batch
 from tfdist.errors import ConfigurationError
-from tfdist.replica import collectives, losses
+from tfdist.replica import losses
+from tfdist.replica.losses import LossParts
 
 
 def reads_traced(strategy: Optional[tf.distribute.Strategy]) -> bool:
@@ -99,6 +101,26 @@ class TracedReads:
         self._reset_state()
 
 
+class MetricUpdate(NamedTuple):
+    """One replica's view of one step, for `MetricState.update`.
+
+    Attributes:
+      loss: the replica's `tfdist.replica.losses.LossParts`.
+      global_examples: real examples in the global batch (0 on an empty
+        replica, which contributes nothing).
+      local_examples: this replica's real examples.
+      y, y_pred, sample_weight: its real rows (padding dropped:
+        `without_padding`).
+    """
+
+    loss: LossParts
+    global_examples: tf.Tensor
+    local_examples: tf.Tensor
+    y: Any
+    y_pred: Any
+    sample_weight: Optional[tf.Tensor]
+
+
 class MetricState(TracedReads):
     """The loss mean and compiled metrics of one model under one strategy.
 
@@ -112,33 +134,21 @@ class MetricState(TracedReads):
 
     @property
     def _compiled(self):
-        return _keras.compile_metrics(self._model)
+        return keras_compiled.compile_metrics(self._model)
 
-    def update(
-        self,
-        data_loss_share: tf.Tensor,
-        output_loss_shares,
-        regularization: tf.Tensor,
-        global_examples: tf.Tensor,
-        local_examples: tf.Tensor,
-        y,
-        y_pred,
-        sample_weight: Optional[tf.Tensor],
-    ) -> None:
+    def update(self, update: "MetricUpdate") -> None:
         """Adds one replica's view of one step (replica context).
 
-        ``data_loss_share`` is this replica's share of the global batch's data
-        loss (the shares sum to it; an empty replica's is 0, so its
-        ``global_examples`` may be 0 too); ``output_loss_shares`` likewise per
-        output, unweighted; ``regularization`` the full regularization loss.
-        Summed over replicas, the loss total grows by
-        ``(data_loss + regularization) * global_examples`` and the count by
+        Summed over replicas, the loss total grows by ``(data_loss +
+        regularization) * global_examples`` and the count by
         ``global_examples``: the example-weighted mean Keras reports; each
         output's loss by the batch's mean and its count by 1, the mean of
         batch means Keras 3 reports for per-output losses.
         """
-        global_examples = tf.cast(global_examples, tf.float32)
-        local_examples = tf.cast(local_examples, tf.float32)
+        data_loss_share, output_loss_shares, regularization = update.loss
+        y, y_pred, sample_weight = update.y, update.y_pred, update.sample_weight
+        global_examples = tf.cast(update.global_examples, tf.float32)
+        local_examples = tf.cast(update.local_examples, tf.float32)
         self._loss.total.assign_add(
             data_loss_share * global_examples + regularization * local_examples
         )
@@ -148,7 +158,7 @@ class MetricState(TracedReads):
         # unknown in a traced step), so the replicas' shares sum to the
         # batch's mean and one replica counts the batch once.
         first_replica = tf.cast(_replica_id() == 0, tf.float32)
-        for mean, share in zip(_keras.output_loss_metrics(self._model), output_loss_shares):
+        for mean, share in zip(keras_compiled.output_loss_metrics(self._model), output_loss_shares):
             mean.total.assign_add(share)
             mean.count.assign_add(first_replica)
         if self._compiled is not None:
@@ -156,7 +166,7 @@ class MetricState(TracedReads):
 
     def _result_tensors(self) -> Dict[str, tf.Tensor]:
         values = {"loss": self._loss.result()}
-        for mean in _keras.output_loss_metrics(self._model):
+        for mean in keras_compiled.output_loss_metrics(self._model):
             values[mean.name] = mean.result()
         if self._compiled is not None:
             values.update(self._compiled.result())
@@ -173,14 +183,14 @@ class MetricState(TracedReads):
         replica-local sums; a checkpoint stores their totals, and restoring
         under any replica count spreads them so the totals match again.
         """
-        metrics = [self._loss] + list(_keras.output_loss_metrics(self._model))
+        metrics = [self._loss] + list(keras_compiled.output_loss_metrics(self._model))
         if self._compiled is not None:
             metrics.append(self._compiled)
         return state_variables(metrics)
 
     def _reset_state(self) -> None:
         self._loss.reset_state()
-        for mean in _keras.output_loss_metrics(self._model):
+        for mean in keras_compiled.output_loss_metrics(self._model):
             mean.reset_state()
         if self._compiled is not None:
             self._compiled.reset_state()
@@ -309,3 +319,6 @@ def update_loss_mean(mean: keras.metrics.Mean, per_example_loss, batch, model=No
     mean.total.assign_add(data_share * tf.cast(global_examples, tf.float32)
                           + regularization * local)
     mean.count.assign_add(local)
+
+
+__all__ = ["update_loss_mean", "update_metrics"]

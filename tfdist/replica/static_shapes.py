@@ -92,3 +92,6 @@ def resolve(strategy, *, static_shapes: Optional[bool], partial_batch: Optional[
     # A TPUStrategy compiles the whole step itself; elsewhere the
     # forward/backward pass is compiled as one XLA program.
     return StepOptions(partial_batch or "pad", not tpu, True)
+
+
+__all__ = ["StepOptions", "is_tpu", "resolve"]

@@ -22,14 +22,27 @@ from the data, or all-reduced first. The ``"pad"`` policy keeps XLA shapes
 static.
 """
 
+from typing import Any, NamedTuple
+
 import keras
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras, replica_random
+from tfdist._internal import collectives, replica_random
+from tfdist._internal.keras import batch_statistics as keras_statistics
 from tfdist.data.batch import Batch
-from tfdist.replica import collectives, gradients as gradients_lib, loss_scaling, losses
-from tfdist.replica.metrics import MetricState, without_padding
+from tfdist.replica import gradients as gradients_lib, loss_scaling, losses
+from tfdist.replica.losses import LossParts
+from tfdist.replica.metrics import MetricState, MetricUpdate, without_padding
 from tfdist.strategies import sharded
+
+
+class ForwardBackward(NamedTuple):
+    """What `forward_backward` computed on one replica's batch."""
+
+    gradients: list
+    loss: LossParts
+    global_examples: tf.Tensor
+    y_pred: Any
 
 
 def _global_denominators(terms, local_examples, data_global_examples):
@@ -50,32 +63,41 @@ def _global_denominators(terms, local_examples, data_global_examples):
 
 
 def _replica_loss(model, terms, denominators, local_examples, global_examples):
-    """(this replica's loss, its data-loss share, output shares, reg)."""
+    """(this replica's loss, its `LossParts`)."""
     shares = terms.output_shares(denominators)
     data_share = terms.combine(shares)
     regularization = losses.regularization_loss(model)
     share = losses.regularization_share(regularization, local_examples, global_examples)
-    return data_share + share, data_share, shares, regularization
+    return data_share + share, LossParts(data_share, shares, regularization)
 
 
 @tf.autograph.experimental.do_not_convert
-def forward_backward(model, x, y, sample_weight, mask, global_examples):
-    """Forward + backward with denominators from the global example count.
+def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
+                     count_only: bool = False) -> ForwardBackward:
+    """Forward + backward of one replica's batch, its loss scaled by the
+    GLOBAL counts: from ``global_examples`` (the batch's carried count, or
+    None) when the loss's denominators follow from it, else all-reduced with
+    the loss's own denominators (masks, per-output weights) after the
+    forward pass, in one collective.
 
-    The part of a training step that XLA compiles (the static-shape / TPU
-    path); `tfdist.tpu.preflight` compiles this same function.
-    Returns (gradients, data-loss share, output shares, regularization, y_pred).
+    ``count_only=True``: the denominators come from ``global_examples``
+    alone, with no collective: what XLA compiles (collectives cannot run
+    inside XLA on CPU/GPU mirrored strategies), the static-shape / TPU path
+    and `tfdist.tpu.preflight`'s check of it.
     """
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
-        denominators = losses.example_count_denominators(terms, global_examples)
         local_examples = Batch(x, mask=mask).real_examples()
-        loss, data_share, shares, regularization = _replica_loss(
-            model, terms, denominators, local_examples, global_examples)
+        if count_only:
+            denominators = losses.example_count_denominators(terms, global_examples)
+        else:
+            denominators, global_examples = _global_denominators(
+                terms, local_examples, global_examples)
+        loss, parts = _replica_loss(model, terms, denominators, local_examples, global_examples)
         scaled = model.optimizer.scale_loss(loss)
     gradients = sharded.gradients(tape, scaled, model.trainable_variables)
-    return gradients, data_share, shares, regularization, y_pred
+    return ForwardBackward(gradients, parts, global_examples, y_pred)
 
 
 class ReplicaSteps:
@@ -107,12 +129,10 @@ class ReplicaSteps:
         whose shapes stay as the data gives them (padding masked)."""
         return batch if self._jit_compile else batch.without_padding()
 
-    def _loss(self, terms, denominators, local_examples, global_examples):
-        return _replica_loss(self._model, terms, denominators, local_examples, global_examples)
-
     @tf.autograph.experimental.do_not_convert
     def _forward_backward(self, x, y, sample_weight, mask, global_examples):
-        return forward_backward(self._model, x, y, sample_weight, mask, global_examples)
+        return forward_backward(self._model, x, y, sample_weight, mask, global_examples,
+                                count_only=True)
 
     # Like Keras' own step functions, no autograph: the step has no
     # tensor-dependent Python control flow, and user models run as written.
@@ -120,7 +140,7 @@ class ReplicaSteps:
     def train(self, structure: dict) -> None:
         """One replica's training step on a `Batch` structure (replica context)."""
         batch = self._rows(Batch.from_structure(structure))
-        with _keras.statistics_over_real_rows(batch.mask), loss_scaling.agreement(), \
+        with keras_statistics.statistics_over_real_rows(batch.mask), loss_scaling.agreement(), \
                 replica_random.independent_draws():
             self._train(batch)
 
@@ -131,30 +151,19 @@ class ReplicaSteps:
         local_examples = batch.real_examples()
         global_examples = batch.carried_global_examples()
         if self._jit_compile:
-            if global_examples is None:
+            if global_examples is None:  # (no collective inside XLA: count first)
                 global_examples = collectives.all_reduce_sum(local_examples)
-            gradients, data_share, shares, regularization, y_pred = (
-                self._xla_forward_backward(x, y, sample_weight, mask, global_examples)
-            )
+            result = self._xla_forward_backward(x, y, sample_weight, mask, global_examples)
         else:
-            with tf.GradientTape() as tape:
-                y_pred = model(x, training=True)
-                terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
-                denominators, global_examples = _global_denominators(
-                    terms, local_examples, global_examples
-                )
-                loss, data_share, shares, regularization = self._loss(
-                    terms, denominators, local_examples, global_examples)
-                scaled = model.optimizer.scale_loss(loss)
-            gradients = sharded.gradients(tape, scaled, model.trainable_variables)
+            result = forward_backward(model, x, y, sample_weight, mask, global_examples)
         if self.accumulator is None:
-            gradients_lib.apply_gradients(model.optimizer, gradients, model.trainable_variables)
+            gradients_lib.apply_gradients(
+                model.optimizer, result.gradients, model.trainable_variables)
         else:
-            self.accumulator.add(gradients, global_examples)
-        self._metrics.update(
-            data_share, shares, regularization, global_examples, local_examples,
-            *without_padding(mask, y, y_pred, sample_weight),
-        )
+            self.accumulator.add(result.gradients, result.global_examples)
+        self._metrics.update(MetricUpdate(
+            result.loss, result.global_examples, local_examples,
+            *without_padding(mask, y, result.y_pred, sample_weight)))
 
     def use_accumulator(self, accumulator) -> None:
         """Gradients go to ``accumulator`` (`tfdist.replica.accumulation`;
@@ -179,9 +188,7 @@ class ReplicaSteps:
         denominators, global_examples = _global_denominators(
             terms, local_examples, batch.carried_global_examples()
         )
-        _, data_share, shares, regularization = self._loss(
-            terms, denominators, local_examples, global_examples)
-        self._metrics.update(
-            data_share, shares, regularization, global_examples, local_examples,
-            *without_padding(mask, y, y_pred, sample_weight),
-        )
+        _, parts = _replica_loss(model, terms, denominators, local_examples, global_examples)
+        self._metrics.update(MetricUpdate(
+            parts, global_examples, local_examples,
+            *without_padding(mask, y, y_pred, sample_weight)))

@@ -37,6 +37,8 @@ import threading
 
 import tensorflow as tf
 
+from tfdist._internal.keras import patches
+
 _lock = threading.Lock()
 _installed = []
 # Process-wide, not per thread: strategies may run a replica's updates in
@@ -62,11 +64,7 @@ def _install() -> None:
     with _lock:
         if _installed:
             return
-        from keras.src.backend.common.stateless_scope import in_stateless_scope  # pylint: disable=import-outside-toplevel
-        from keras.src.backend.tensorflow.core import Variable  # pylint: disable=import-outside-toplevel
-
-        for name in ("assign_add", "assign_sub"):
-            setattr(Variable, name, _one_op(getattr(Variable, name), name, in_stateless_scope))
+        patches.wrap_variable_increments(_one_op)
         _installed.append(True)
 
 

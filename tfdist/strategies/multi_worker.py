@@ -22,10 +22,9 @@ import tensorflow as tf
 from tensorflow.python.distribute import collective_all_reduce_strategy as _cars
 
 from tfdist import cluster
-from tfdist.cluster import peers
+from tfdist._internal import collectives
+from tfdist.cluster import peers, stop_signals
 from tfdist.errors import ConfigurationError
-from tfdist.loops import preemption
-from tfdist.replica import collectives
 from tfdist.strategies import local_devices
 from tfdist.strategies.local_devices import configure_logical_cpus
 
@@ -107,7 +106,7 @@ def multi_worker_mirrored(
     # TensorFlow's coordination agent now catches SIGTERM and only logs it;
     # a stop request must still stop this task.
     if config is not None:
-        preemption.PreemptionWatcher.exit_outside_training()
+        stop_signals.exit_outside_training()
     collectives.barrier(strategy)
     if config is not None:
         cluster.signal_ready()

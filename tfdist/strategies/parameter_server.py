@@ -23,7 +23,7 @@ from typing import Callable, List, Optional
 
 import tensorflow as tf
 
-from tfdist import cluster
+from tfdist import cluster, errors
 from tfdist.errors import ConfigurationError
 from tfdist.strategies import sharded
 
@@ -66,17 +66,17 @@ def parameter_server(
 ) -> tf.distribute.Strategy:
     config = cluster.parse_tf_config()
     if config is None:
-        raise cluster.TFConfigError(
+        raise errors.TFConfigError(
             "TF_CONFIG is not set; parameter-server training needs a cluster "
             "with 'ps' and 'worker' jobs (tfdist-run --num_ps=... starts one)."
         )
     missing: List[str] = [job for job in ("ps", "worker") if job not in config.cluster]
     if missing:
-        raise cluster.TFConfigError(
+        raise errors.TFConfigError(
             f"TF_CONFIG: parameter-server training needs jobs {missing} in 'cluster'."
         )
     if config.task_type != "chief":
-        raise cluster.TFConfigError(
+        raise errors.TFConfigError(
             f"TF_CONFIG: the training program runs as the chief; task.type is "
             f"{config.task_type!r}. Run ps and worker tasks with `python -m tfdist.server`."
         )

@@ -8,7 +8,7 @@ One call picks the devices a job trains on:
 1
 
 The registry imports the modules that build strategies (`tfdist.strategies.local_devices`,
-`tfdist.strategies.multi_worker`, `tfdist.strategies.parameter_server`, `tfdist.tpu.connect`); none
+`tfdist.strategies.multi_worker`, `tfdist.strategies.parameter_server`, `tfdist.strategies.tpu`); none
 of them imports this module back. A new strategy is one factory function in its own module plus
 one line in `_REGISTRY`; users can add their own with `register_strategy`.
 """
@@ -17,8 +17,7 @@ from typing import Callable, Dict
 
 import tensorflow as tf
 
-from tfdist.strategies import local_devices, multi_worker, parameter_server
-from tfdist.tpu import connect as tpu_connect
+from tfdist.strategies import local_devices, multi_worker, parameter_server, tpu
 from tfdist.strategies.local_devices import configure_logical_cpus  # noqa: F401  (public)
 
 StrategyFactory = Callable[..., tf.distribute.Strategy]
@@ -28,7 +27,7 @@ _REGISTRY: Dict[str, StrategyFactory] = {
     "mirrored": local_devices.mirrored,
     "multi_worker_mirrored": multi_worker.multi_worker_mirrored,
     "parameter_server": parameter_server.parameter_server,
-    "tpu": tpu_connect.tpu_strategy,
+    "tpu": tpu.tpu_strategy,
 }
 
 
@@ -36,7 +35,7 @@ def register_strategy(name: str, factory: StrategyFactory) -> None:
     """Makes ``make_strategy(name, **options)`` call ``factory(**options)``.
 
     >>> import tensorflow as tf, tfdist
-    >>> tfdist.register_strategy("first_cpu", lambda: tf.distribute.OneDeviceStrategy("/cpu:0"))
+    >>> tfdist.strategies.register_strategy("first_cpu", lambda: tf.distribute.OneDeviceStrategy("/cpu:0"))
     >>> tfdist.make_strategy("first_cpu").num_replicas_in_sync
     1
     """
@@ -47,7 +46,7 @@ def known_strategies():
     """Sorted names that `make_strategy` accepts.
 
     >>> import tfdist
-    >>> tfdist.known_strategies()
+    >>> tfdist.strategies.known_strategies()
     ['mirrored', 'multi_worker_mirrored', 'one_device', 'parameter_server', 'tpu']
     """
     return sorted(_REGISTRY)

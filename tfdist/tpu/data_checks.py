@@ -10,7 +10,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.tpu.report import PreflightReport
 
 _NAMES = ("x", "y", "sample_weight")
@@ -18,7 +18,7 @@ _NAMES = ("x", "y", "sample_weight")
 
 def _components(element_spec):
     for name, part in zip(_NAMES, element_spec):
-        for path, spec in _keras.tree.flatten_with_path(part):
+        for path, spec in keras_compiled.tree.flatten_with_path(part):
             yield f"{name}/" + "/".join(str(p) for p in path) if path else name, spec
 
 

@@ -16,7 +16,8 @@ import re
 
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal.keras import (
+    batch_statistics as keras_statistics, model_state as keras_model_state)
 from tfdist.replica import step
 from tfdist.tpu.report import PreflightReport
 
@@ -46,7 +47,7 @@ class _Layers:
     """Maps op names to the Keras layer whose name scope made them."""
 
     def __init__(self, model):
-        self._names = {layer.name for layer in _keras.all_layers(model)}
+        self._names = {layer.name for layer in keras_model_state.all_layers(model)}
 
     def layer_of(self, op_name: str):
         """The deepest layer name in the op's name scope, or None."""
@@ -70,7 +71,7 @@ def check_model_dtypes(model, report: PreflightReport) -> None:
             report.add("float64", f"variable {variable.path!r}", "is float64.",
                        "Build the model with dtype='float32' (or the mixed policy "
                        "'mixed_bfloat16'): `keras.config.set_floatx('float32')`.")
-    for layer in _keras.all_layers(model):
+    for layer in keras_model_state.all_layers(model):
         if getattr(layer, "compute_dtype", None) == "float64":
             report.add("float64", f"layer {layer.name!r}", "computes in float64.",
                        "Create the layer with dtype='float32' (or 'mixed_bfloat16').")
@@ -80,10 +81,11 @@ def _step_function(model, has_weight):
     """The per-replica step with tensors only as arguments."""
 
     def traced(x, y, mask, global_examples, *weight):
-        with _keras.statistics_over_real_rows(mask):
-            gradients, *_ = step.forward_backward(
-                model, x, y, weight[0] if has_weight else None, mask, global_examples)
-        return gradients
+        with keras_statistics.statistics_over_real_rows(mask):
+            result = step.forward_backward(
+                model, x, y, weight[0] if has_weight else None, mask, global_examples,
+                count_only=True)
+        return result.gradients
 
     return traced
 
@@ -104,7 +106,7 @@ def _build(model, element_spec) -> None:
     Trainer does, in the scope the model was created in."""
     strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
     with strategy.scope():
-        _keras.build_model_state(model, element_spec)
+        keras_model_state.build_model_state(model, element_spec)
 
 
 def _walk_graph(graph, layers: _Layers, report: PreflightReport) -> None:

@@ -5,4 +5,5 @@
 
 from tfdist._internal import lazy
 
+__all__ = []  # public modules: none (tfdist.Trainer, tfdist.attach)
 __getattr__ = lazy.attributes(__name__, {})

@@ -14,7 +14,8 @@ import warnings
 import keras
 import tensorflow as tf
 
-from tfdist._internal import keras_internals as _keras, validation
+from tfdist._internal import validation
+from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.data import keras_inputs
 from tfdist.errors import ConfigurationError
 from tfdist.replica.keras_steps import overridden
@@ -47,7 +48,7 @@ class Attachment:
 
         model = self._model
         validation.check_compiled(model)
-        key = _keras.compile_identity(model)
+        key = keras_compiled.compile_identity(model)
         if self._trainer is None or key != self._compiled_with:
             self._trainer = Trainer(model, self._strategy, seed=self._seed,
                                     keras_progress_bar=True,
@@ -118,7 +119,7 @@ class Attachment:
                                              batch_size=keras_inputs.num_rows(x))
 
     def _returned(self, logs, return_dict):
-        return logs if return_dict else _keras.flatten_metrics_in_order(self._model, logs)
+        return logs if return_dict else keras_compiled.flatten_metrics_in_order(self._model, logs)
 
 
 def _check_strategy(model, strategy) -> None:
@@ -175,12 +176,28 @@ def attach(model, strategy=None, *, seed: int = 0, **trainer_options):
             f"`strategy` must be a tf.distribute.Strategy (e.g. tfdist.make_strategy("
             f"'mirrored')); got {type(strategy).__name__}.")
     _check_strategy(model, strategy)
+    _check_trainer_options(trainer_options)
     detach(model)
     attachment = Attachment(model, strategy, trainer_options, seed)
     object.__setattr__(model, _ATTACHMENT, attachment)
     for name in _METHODS:
         object.__setattr__(model, name, getattr(attachment, name))
     return model
+
+
+def _check_trainer_options(options: dict) -> None:
+    """Names and values checked now, not at the first ``fit``."""
+    from tfdist.data import distributed  # pylint: disable=import-outside-toplevel
+    from tfdist.training.trainer import Trainer  # pylint: disable=import-outside-toplevel
+
+    set_by_attach = {"seed", "keras_progress_bar"}  # (seed is attach's own argument)
+    validation.check_option_names(
+        options, set(Trainer.option_names()) - set_by_attach, "tfdist.attach")
+    loop_options = ("steps_per_execution", "log_every_steps", "checkpoint_every_steps",
+                    "partial_batch")
+    validation.check_loop_options(
+        **{name: options[name] for name in loop_options if name in options},
+        partial_batch_policies=distributed.PARTIAL_BATCH_POLICIES)
 
 
 def detach(model):

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist import data as data_lib
-from tfdist._internal import keras_internals as _keras
+from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 
@@ -57,7 +57,7 @@ def _concatenate(chunks):
     """Per-batch output structures -> one structure of NumPy arrays."""
     if not chunks:
         raise ConfigurationError("predict got no data: the dataset yielded no batch.")
-    return _keras.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
+    return keras_compiled.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *chunks)
 
 
 class Predictor:

@@ -10,6 +10,7 @@ epoch reads, `tfdist.loops.runners` how a step is dispatched,
 
 import contextlib
 import functools
+import inspect
 import warnings
 from typing import Dict, Optional
 
@@ -17,9 +18,10 @@ import keras
 import tensorflow as tf
 
 from tfdist import cluster, data as data_lib
-from tfdist._internal import keras_internals as _keras, validation
+from tfdist._internal import validation
+from tfdist._internal.keras import callbacks as keras_callbacks, model_state as keras_model_state
 from tfdist.checkpoint import Position, TrainingCheckpoint
-from tfdist.communication import compression, local_sgd
+from tfdist.communication.plan import Communication
 from tfdist.data import epochs as epochs_lib, keras_inputs
 from tfdist.loops import runners
 from tfdist.loops.cadence import Cadence, ExecutionPlan
@@ -27,6 +29,7 @@ from tfdist.loops.runners.base import ignore_steps
 from tfdist.loops.preemption import free_iterators_or_exit, Preempted, PreemptionWatcher
 from tfdist.replica import accumulation, keras_steps, static_shapes as static_shapes_lib
 from tfdist.training.epoch_loop import BatchReporting, EpochLoop, TrainerActions
+from tfdist.training.options import CheckpointOptions, DataOptions, ReportingOptions, summary_dir
 from tfdist.training.predict import Predictor
 from tfdist.training.progress import ProgressReporter
 
@@ -91,29 +94,29 @@ class Trainer:
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
-        validation.positive_int("steps_per_execution", steps_per_execution)
-        validation.positive_int("log_every_steps", log_every_steps)
-        validation.positive_int("checkpoint_every_steps", checkpoint_every_steps, True)
-        validation.one_of("partial_batch", partial_batch, (None,) + data_lib.PARTIAL_BATCH_POLICIES)
+        validation.check_loop_options(
+            steps_per_execution=steps_per_execution, log_every_steps=log_every_steps,
+            checkpoint_every_steps=checkpoint_every_steps, partial_batch=partial_batch,
+            partial_batch_policies=data_lib.PARTIAL_BATCH_POLICIES)
         options = static_shapes_lib.resolve(
             strategy, static_shapes=static_shapes, partial_batch=partial_batch,
             jit_compile=jit_compile,
         )
-        partial_batch = options.partial_batch
-        self._local_sgd = compression.attach(communication, model, strategy)
+        self._communication = Communication.attach(communication, model, strategy)
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
-        self._partial_batch = partial_batch
         self.static_shapes = options.static_shapes
-        self._global_batch_size = global_batch_size
-        self._log_every_steps, self._checkpoint_every_steps = log_every_steps, checkpoint_every_steps
-        self._checkpoint_every_epoch, self._seed = checkpoint_every_epoch, seed
-        self._keras_progress_bar = keras_progress_bar
+        self._data = DataOptions(options.partial_batch, global_batch_size, shard_policy,
+                                 data_service, seed)
+        self._reporting = ReportingOptions(summary_dir(strategy, log_dir, checkpoint_dir),
+                                           log_every_steps, keras_progress_bar)
+        self._checkpointing = CheckpointOptions(checkpoint_dir, checkpoint_every_steps,
+                                                checkpoint_every_epoch, max_to_keep,
+                                                async_checkpoint)
         self._built_spec = None  # the element spec the model's state was built for
         # Only the chief writes summaries and prints progress (all compute the history).
         self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
-        self._log_dir = _summary_dir(strategy, log_dir, checkpoint_dir)
         self._metrics, steps = keras_steps.steps_for(
             model, strategy, jit_compile=options.jit_compile, static_shapes=options.static_shapes)
         self._steps = steps
@@ -121,20 +124,24 @@ class Trainer:
         self._data_needs_y = not keras_steps.overridden(model)
         self._runner = runners.make_runner(
             strategy, steps.train, steps.evaluate,
-            after_train_step=local_sgd.chain(steps.after_train_step, self._local_sgd),
-            avoid_empty_replicas=steps.avoid_empty_replicas, shard_policy=shard_policy,
-            data_service=data_service)
-        self._checkpoint = TrainingCheckpoint(
-            model, checkpoint_dir, max_to_keep=max_to_keep, is_chief=self._is_chief,
-            task_name=cluster.task_name(), async_write=async_checkpoint) if checkpoint_dir else None
+            after_train_step=self._communication.after_train_step(steps.after_train_step),
+            avoid_empty_replicas=steps.avoid_empty_replicas,
+            shard_policy=self._data.shard_policy, data_service=self._data.data_service)
+        self._checkpoint = _checkpoint_for(model, self._checkpointing, is_chief=self._is_chief)
         self._position = Position()
         self._predictor = None  # made by the first predict
+
+    @classmethod
+    def option_names(cls):
+        """The keyword options ``Trainer(model, strategy, ...)`` takes."""
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        return [p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
     # -- set-up ------------------------------------------------------------
 
     def _explain_failures(self):
         """A lost peer or parameter server becomes an error naming it."""
-        return self._runner.explain_failures(self._checkpoint.directory if self._checkpoint else None)
+        return self._runner.explain_failures(self._checkpointing.directory or None)
 
     @property
     def step(self) -> int:
@@ -148,20 +155,20 @@ class Trainer:
         keras_steps.check_data(self.model, spec)
         if self._built_spec is None:
             with self.strategy.scope():
-                _keras.build_model_state(self.model, spec)
+                keras_model_state.build_model_state(self.model, spec)
                 accumulator = accumulation.accumulator_for(self.model, self.strategy)
                 self._steps.use_accumulator(accumulator)
-                local_sgd_state = local_sgd.prepare(self._local_sgd, self.model)
+                communication_state = self._communication.prepare(self.model)
             self._built_spec = spec
             if self._checkpoint is not None:
                 self._checkpoint.track_state(self._metrics.variables(), accumulator,
-                                             local_sgd_state)
+                                             communication_state)
         return source
 
     def _fit_sources(self, x, y, sample_weight, **options):
         """Keras fit's data arguments as (training, validation or None) sources."""
         data, validation_data = keras_inputs.fit_data(
-            x, y, sample_weight, seed=self._seed, targets=self._data_needs_y, **options)
+            x, y, sample_weight, seed=self._data.seed, targets=self._data_needs_y, **options)
         return self._source(data, "dataset"), (
             None if validation_data is None else self._source(validation_data, "validation_data"))
 
@@ -179,14 +186,14 @@ class Trainer:
         return path
 
     def _save(self, synchronous: bool = False) -> None:
-        local_sgd.average_now(self._local_sgd)  # (also at epoch ends: identical weights)
+        self._communication.average_now()  # (also at epoch ends: identical weights)
         if self._checkpoint is not None:
             self._checkpoint.save_position(self._position, synchronous=synchronous)
 
     def _iterator(self, source, epoch: int, skip_steps: int):
         return self._runner.iterator(
-            source, epoch=epoch, skip_steps=skip_steps, partial_batch=self._partial_batch,
-            global_batch_size=self._global_batch_size)
+            source, epoch=epoch, skip_steps=skip_steps, partial_batch=self._data.partial_batch,
+            global_batch_size=self._data.global_batch_size)
 
     # -- training ----------------------------------------------------------
 
@@ -212,18 +219,19 @@ class Trainer:
             x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, class_weight=class_weight,
             validation_split=validation_split, validation_data=validation_data,
             validation_batch_size=validation_batch_size)
-        reporter = ProgressReporter(verbose=0 if self._keras_progress_bar else verbose,
-                                    log_dir=self._log_dir)
+        reporter = ProgressReporter(verbose=0 if self._reporting.keras_progress_bar else verbose,
+                                    log_dir=self._reporting.log_dir)
         callback_list = self._callback_list(
             callbacks, verbose, epochs, steps_per_epoch or source.known_steps(initial_epoch))
         reporting = self._batch_reporting(callback_list)
         # SIGTERM / Ctrl-C -> every worker stops at one step (saving first).
         watcher = PreemptionWatcher()
-        initial_epoch = _keras.begin_training(self.model, callback_list, initial_epoch)
+        initial_epoch = keras_callbacks.begin_training(self.model, callback_list, initial_epoch)
         self._restore(verbose, initial_epoch)
         epoch_loop = self._epoch_loop(  # (after the restore: it advances the restored position)
             steps_per_epoch, reporter, callback_list, reporting, watcher)
-        written = self._checkpoint.writes_finished() if self._checkpoint else contextlib.nullcontext()
+        written = (self._checkpoint.writes_finished() if self._checkpoint
+                   else contextlib.nullcontext())
         with self._explain_failures(), watcher, contextlib.closing(reporter), written:
             try:
                 for epoch_data in epochs_lib.epoch_iterators(
@@ -245,13 +253,13 @@ class Trainer:
             except Preempted as stop:
                 epoch_data = None  # (its iterator is freed before the exit)
                 raise free_iterators_or_exit(stop) from None
-        _keras.end_training(self.model, callback_list, epochs)
+        keras_callbacks.end_training(self.model, callback_list, epochs)
         return self.model.history
 
     def _epoch_loop(self, steps_per_epoch, reporter, callback_list, reporting,
                     watcher) -> EpochLoop:
-        cadence = Cadence(self.steps_per_execution, self._log_every_steps,
-                          self._checkpoint_every_steps, steps_per_epoch)
+        cadence = Cadence(self.steps_per_execution, self._reporting.log_every_steps,
+                          self._checkpointing.every_steps, steps_per_epoch)
         actions = TrainerActions(save=self._save, stop=functools.partial(self._stop, watcher),
                                  check_writes=self._check_writes)
         return EpochLoop(self.model, self._runner, cadence, self._position,
@@ -260,16 +268,16 @@ class Trainer:
                          actions=actions)
 
     def _callback_list(self, callbacks, verbose, epochs, steps):
-        return _keras.callback_list(
-            callbacks, self.model, add_progbar=self._keras_progress_bar and verbose != 0,
+        return keras_callbacks.callback_list(
+            callbacks, self.model, add_progbar=self._reporting.keras_progress_bar and verbose != 0,
             verbose=verbose, epochs=epochs, steps=steps)
 
     def _batch_reporting(self, callback_list) -> BatchReporting:
         # Metrics are read at every batch only if a callback reads them (on any worker).
-        reads_metrics = self._runner.any_worker(_keras.wants_batch_logs(callback_list))
+        reads_metrics = self._runner.any_worker(keras_callbacks.wants_batch_logs(callback_list))
         # One at a time for a batch hook here or batch logs anywhere (reads: collectives).
         return BatchReporting(reads_metrics=reads_metrics, report_each=(
-            reads_metrics or _keras.has_train_batch_hooks(callback_list)))
+            reads_metrics or keras_callbacks.has_train_batch_hooks(callback_list)))
 
     def _check_writes(self) -> None:
         if self._checkpoint is not None:  # a failed background write stops here
@@ -277,7 +285,7 @@ class Trainer:
 
     def _end_epoch_steps(self, ran_out: bool) -> None:
         """Applies a partial accumulation, averages local SGD; stops if out of data."""
-        local_sgd.average_now(self._local_sgd)
+        self._communication.average_now()
         if self._steps.accumulator is not None:
             self._steps.accumulator.flush()
         if ran_out:  # as Keras: a warning, and training stops
@@ -301,7 +309,7 @@ class Trainer:
         """Moves to the next epoch (saving when asked); returns the epoch's steps."""
         steps_done = self._position.step_in_epoch
         self._position.next_epoch()
-        if self._checkpoint_every_epoch:
+        if self._checkpointing.every_epoch:
             self._save()
         return steps_done
 
@@ -357,20 +365,19 @@ class Trainer:
 
     def _evaluate(self, source, steps: Optional[int]) -> Dict[str, float]:
         # Static shapes (TPU) pad the last batch; otherwise nothing is dropped.
-        policy = "pad" if self.static_shapes or self._partial_batch == "pad" else "exact"
+        policy = self._data.evaluation_policy(self.static_shapes)
         with self._explain_failures():
             self._metrics.reset()
             self._runner.evaluate(source, steps=steps, partial_batch=policy,
-                                  global_batch_size=self._global_batch_size)
+                                  global_batch_size=self._data.global_batch_size)
             self._runner.sync()
             return self._metrics.results()
 
 
-def _summary_dir(strategy, log_dir: Optional[str], checkpoint_dir: Optional[str]) -> Optional[str]:
-    """Where summaries go: ``log_dir``, else ``<checkpoint_dir>/logs``; None
-    on a task that writes none (multi-worker: the chief writes them)."""
-    if not getattr(strategy.extended, "should_save_summary", True):
+def _checkpoint_for(model, options: CheckpointOptions, *, is_chief: bool):
+    """The run's `TrainingCheckpoint` (None without a directory)."""
+    if not options.directory:
         return None
-    if log_dir:
-        return log_dir
-    return f"{checkpoint_dir}/logs" if checkpoint_dir else None
+    return TrainingCheckpoint(model, options.directory, max_to_keep=options.max_to_keep,
+                              is_chief=is_chief, task_name=cluster.task_name(),
+                              async_write=options.async_write)

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from tfdist.replica import collectives
+from tfdist._internal import collectives
 
 
 def device_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,

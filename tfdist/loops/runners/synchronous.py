@@ -20,7 +20,7 @@ from tfdist.loops.agreement import StopAgreement
 from tfdist.loops.cadence import ExecutionPlan
 from tfdist.loops.runners.base import Execution, ignore_steps, run_each
 from tfdist.loops.runners.device_loop import device_loop
-from tfdist.replica import collectives
+from tfdist._internal import collectives
 
 
 @dataclasses.dataclass

@@ -1,0 +1,52 @@
+"""What ``model.compile`` made: the compiled losses and metrics, their
+per-output trackers, the masks Keras attaches to outputs. Users:
+`tfdist.replica` (losses, metrics), `tfdist.training` (attach, evaluate).
+Tested with Keras 3.15; `tests/test_keras_contract.py` pins what it reads.
+"""
+
+import keras
+from keras.src import backend as keras_backend
+from keras.src import tree
+
+get_keras_mask = keras_backend.get_keras_mask
+
+
+def flatten_metrics_in_order(model: keras.Model, logs: dict):
+    """What Keras ``evaluate(return_dict=False)`` returns for ``logs``: a
+    scalar for one entry, else a list in ``model.metrics_names`` order."""
+    return model._flatten_metrics_in_order(logs)
+
+
+def compile_identity(model: keras.Model) -> tuple:
+    """Changes whenever ``model.compile`` runs again (new loss, metrics and
+    optimizer objects), so a Trainer built for the old ones can be replaced."""
+    return (id(model.optimizer), id(getattr(model, "_compile_loss", None)),
+            id(getattr(model, "_compile_metrics", None)))
+
+
+def compile_metrics(model: keras.Model):
+    """The model's compiled metrics container (a Keras Metric), or None."""
+    return model._compile_metrics
+
+
+def flat_losses(model: keras.Model):
+    """``[(path, loss_fn, loss_weight, name), ...]`` of the compiled loss.
+
+    ``path`` indexes into the y / y_pred structure; ``loss_fn`` is a
+    ``keras.losses.Loss`` whose ``call`` returns unreduced values.
+    """
+    compile_loss = model._compile_loss
+    if compile_loss is None:
+        return []
+    return list(compile_loss._flat_losses)
+
+
+def output_loss_metrics(model: keras.Model) -> list:
+    """Keras' per-output ``<name>_loss`` Means (multi-output models only).
+
+    Aligned with `flat_losses`; empty when the model has a single loss.
+    """
+    compile_loss = model._compile_loss
+    if compile_loss is None or not compile_loss.built:
+        return []
+    return list(compile_loss.metrics)

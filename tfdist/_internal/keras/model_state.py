@@ -1,0 +1,40 @@
+"""A model's layers and state: building every variable before the first
+step, listing layers, the random layers' seed generators. Users: the
+Trainer, the checkpoint, the TPU preflight, tfdist's warnings.
+Tested with Keras 3.15; `tests/test_keras_contract.py` pins what it reads.
+"""
+
+import keras
+
+
+def seed_generator_states(model: keras.Model) -> dict:
+    """The state variables of the random layers' ``SeedGenerator``s (which
+    ``tf.train.Checkpoint`` does not reach through the model), named by the
+    layer's position in ``model`` and the generator's in the layer: stable
+    for the same architecture, whatever Keras named the layers."""
+    return {f"layer_{index}_seed_{number}": generator.state
+            for index, layer in enumerate(model._flatten_layers(include_self=True))
+            for number, generator in enumerate(getattr(layer, "_seed_generators", []))}
+
+
+def all_layers(model: keras.Model) -> list:
+    """Every layer inside ``model``, nested ones included (not the model)."""
+    return list(model._flatten_layers(include_self=False))
+
+
+def build_model_state(model: keras.Model, element_spec) -> None:
+    """Creates model, compiled-loss, metric and optimizer variables.
+
+    ``element_spec`` is a dataset's ``(x, y[, sample_weight])`` TensorSpecs;
+    no data is read. Must run inside ``strategy.scope()`` so the variables
+    become distributed variables.
+
+    A model without ``call()`` whose layers are built (keras.io's GAN: two
+    built sub-models, its own ``train_step``) cannot be run symbolically;
+    on one device Keras leaves it to its first step, which builds what is
+    left (its optimizers, in ``apply``): so does tfdist.
+    """
+    if type(model).call is keras.Model.call and all(
+            layer.built for layer in model._flatten_layers(include_self=False)):
+        model.built = True
+    model._symbolic_build(data_batch=element_spec)

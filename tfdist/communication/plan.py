@@ -1,0 +1,97 @@
+"""One object for what a Trainer sends over the network: `Communication`.
+
+``communication=`` of `tfdist.Trainer` / `tfdist.attach` takes None, a
+`tfdist.communication.Compression`, a `tfdist.communication.LocalSGD`, or
+a tuple of them. `Communication.attach` checks the combination, attaches
+each part to the model's optimizer, and gives the Trainer one object with
+the same four calls whatever was asked for: none (the default) makes them
+no-ops, so the Trainer never tests for a part.
+
+>>> import keras, tfdist
+>>> from tfdist.communication.plan import Communication
+>>> strategy = tfdist.make_strategy("one_device")
+>>> with strategy.scope():
+...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+...     model.compile(optimizer="sgd", loss="mse")
+>>> plan = Communication.attach(None, model, strategy)
+>>> plan.after_train_step(None) is None, plan.prepare(model)
+(True, {})
+"""
+
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from tfdist.communication import compression, local_sgd
+from tfdist.communication.compression import Compression
+from tfdist.communication.local_sgd import LocalSGD
+from tfdist.errors import ConfigurationError
+
+
+class Communication:
+    """The parts asked for (`attach`); each call is a no-op without them."""
+
+    def __init__(self, compression: Optional[Compression] = None,
+                 local_sgd: Optional[LocalSGD] = None):
+        self.compression = compression
+        self.local_sgd = local_sgd
+
+    @classmethod
+    def attach(cls, communication, model, strategy: tf.distribute.Strategy) -> "Communication":
+        """Checks ``communication`` (the argument), attaches its parts to
+        ``model``'s optimizer and returns them as one object."""
+        items = communication if isinstance(communication, (tuple, list)) else (
+            () if communication is None else (communication,))
+        compressions = [item for item in items if isinstance(item, Compression)]
+        locals_ = [item for item in items if isinstance(item, LocalSGD)]
+        unknown = [item for item in items if not isinstance(item, (Compression, LocalSGD))]
+        if unknown:
+            raise ConfigurationError(
+                f"`communication` ({unknown[0]!r}) must be a tfdist.communication.Compression, "
+                "a tfdist.communication.LocalSGD, a tuple of them, or None.")
+        if len(compressions) > 1 or len(locals_) > 1:
+            raise ConfigurationError(
+                f"`communication` ({communication!r}) takes at most one Compression or one "
+                "LocalSGD.")
+        plan = cls(compressions[0] if compressions else None, locals_[0] if locals_ else None)
+        # Either part may already sit on the optimizer, from an earlier Trainer.
+        local = plan.local_sgd or (plan.compression and local_sgd.attached_to(model.optimizer))
+        compressed = plan.compression or (
+            plan.local_sgd and compression.attached_to(model.optimizer))
+        if local and compressed:
+            raise ConfigurationError(
+                f"communication=({local!r}, {compressed!r}): under local SGD no gradient "
+                "all-reduce is left to compress (the weights are averaged in their own dtype). "
+                "Use one of the two.")
+        if plan.compression is not None:
+            plan.compression.attach_to(model.optimizer, strategy)
+        if plan.local_sgd is not None:
+            plan.local_sgd.attach_to(model, strategy)
+        return plan
+
+    def after_train_step(self, after_train_step: Optional[Callable]) -> Optional[Callable]:
+        """``after_train_step`` (cross-replica, after each step) followed by
+        local SGD's averaging check, when there is one."""
+        local = self.local_sgd
+        if local is None:
+            return after_train_step
+
+        def after_step():
+            if after_train_step is not None:
+                after_train_step()
+            local.after_step()
+
+        return after_step
+
+    def prepare(self, model) -> dict:
+        """Once the model is built: the state to checkpoint ({} without local SGD)."""
+        return {} if self.local_sgd is None else self.local_sgd.prepare(model)
+
+    def average_now(self) -> None:
+        """Before a save or an epoch's end: every replica's weights identical."""
+        if self.local_sgd is not None:
+            self.local_sgd.average_now()
+
+    def __repr__(self):
+        parts = [repr(part) for part in (self.compression, self.local_sgd) if part is not None]
+        return f"Communication({', '.join(parts)})"
