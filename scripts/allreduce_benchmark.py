@@ -43,9 +43,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import outputs, patterns_mlp  # noqa: E402
+from bench import flags as bench_flags, outputs, patterns_mlp  # noqa: E402
 
-flags.DEFINE_string("output_dir", "/tmp/tfdist_allreduce_benchmark", "Where results go.")
+bench_flags.define_common("allreduce_benchmark", quick="2 workers, 1gbit, tiny.")
 flags.DEFINE_list("bandwidths", ["1gbit", "10gbit"],
                   "Simulated networks (tc rates); 'none': the machine's own loopback, no "
                   "limit (what the machine itself allows; no bound).")
@@ -55,7 +55,6 @@ flags.DEFINE_list("widths", ["900", "3000", "7000"],
 flags.DEFINE_list("packings", ["0", "4194304", "33554432"],
                   "bytes_per_pack values to measure (0: TensorFlow's default, one pack).")
 flags.DEFINE_integer("reps", 3, "Timed repetitions per measurement.")
-flags.DEFINE_bool("quick", False, "A check that every path works: 2 workers, 1gbit, tiny.")
 flags.DEFINE_string("worker_output", None, "(internal) run as a worker, write here.")
 FLAGS = flags.FLAGS
 

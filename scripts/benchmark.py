@@ -38,9 +38,10 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench import contenders, report, workloads  # noqa: E402
+from bench import flags as bench_flags, contenders, report, workloads  # noqa: E402
 
-flags.DEFINE_string("output_dir", "/tmp/tfdist_benchmark", "Where results go.")
+bench_flags.define_common(
+    "benchmark", quick="one_device, mirrored:2, multi_worker:2 and parameter_server:1, the mlp, spe 2, 2 rounds of 0.2 s windows.")
 flags.DEFINE_list("strategies", ["one_device", "mirrored:2", "mirrored:4", "multi_worker:2",
                                  "parameter_server:1", "parameter_server:2"],
                   "one_device, mirrored:N, multi_worker:N, parameter_server:N.")
@@ -52,10 +53,6 @@ flags.DEFINE_integer("global_batch_size", 256, "Global batch size.")
 flags.DEFINE_float("window_seconds", 1.5, "Length of one timed window.")
 flags.DEFINE_integer("rounds", 10, "Timed rounds (each contender once per round, each between two windows of the hand-written loop).")
 flags.DEFINE_integer("probe_steps", 64, "Warm-up / calibration steps.")
-flags.DEFINE_bool("quick", False,
-                  "A check that every path works, not a measurement: one_device, "
-                  "mirrored:2, multi_worker:2 and parameter_server:1, the mlp, "
-                  "spe 2, 2 rounds of 0.2 s windows.")
 flags.DEFINE_bool("keep_teardown_stall", False,
                   "Keep TensorFlow's iterator-teardown stall in the windows (bench.teardown): "
                   "what an epoch's end costs a user, but it decides most windows' rates.")

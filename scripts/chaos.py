@@ -2,7 +2,7 @@
 
     python scripts/chaos.py --trials=20 --seed=1             # long form, 2 workers
     python scripts/chaos.py --mode=ps --trials=10 --seed=1   # long form, parameter servers
-    python scripts/chaos.py --trials=3 --seed=7              # short form (tests/test_chaos.py)
+    python scripts/chaos.py --trials=3 --seed=7              # short form (tests/scenarios/test_chaos.py)
 
 Each trial starts a real local cluster with ``tfdist-run --max_restarts=2``:
 ``--mode=mwms``: 2 workers running tests/programs/train_reference_mlp.py;
@@ -206,7 +206,7 @@ def judge(cluster: Cluster, code, workdir: str, reference, bound_seconds: float,
 
 
 def keras_reference():
-    from tests import reference as ref  # pylint: disable=import-outside-toplevel
+    from tests.support import reference as ref  # pylint: disable=import-outside-toplevel
 
     model, _ = ref.keras_fit(ref.global_batches(70, 16), 3, "adam")
     return model.get_weights()

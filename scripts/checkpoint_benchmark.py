@@ -43,17 +43,16 @@ from absl import app, flags, logging
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench import outputs, teardown, timing  # noqa: E402
+from bench import flags as bench_flags, outputs, teardown, timing  # noqa: E402
 
-flags.DEFINE_string("output_dir", "/tmp/tfdist_checkpoint_benchmark", "Where results go.")
+bench_flags.define_common(
+    "checkpoint_benchmark", quick="a 1,000-row table, 1 round of 40-step windows.")
 flags.DEFINE_integer("vocabulary", 400_000, "Rows of the embedding table.")
 flags.DEFINE_integer("dimension", 64, "Columns of the embedding table.")
 flags.DEFINE_integer("every", 20, "Steps between checkpoints.")
 flags.DEFINE_integer("window_steps", 240, "Steps per timed window (one fit).")
 flags.DEFINE_integer("rounds", 5, "Timed rounds.")
 flags.DEFINE_integer("global_batch_size", 256, "Global batch size.")
-flags.DEFINE_bool("quick", False, "A check that every path works, not a measurement: "
-                  "a 1,000-row table, 1 round of 40-step windows.")
 flags.DEFINE_string("memory_of", None, "(internal) measure one form in this process.")
 FLAGS = flags.FLAGS
 

@@ -34,9 +34,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import limited_cluster, outputs, patterns_mlp  # noqa: E402
+from bench import flags as bench_flags, limited_cluster, outputs, patterns_mlp  # noqa: E402
 
-flags.DEFINE_string("output_dir", "/tmp/tfdist_compression_benchmark", "Where results go.")
+bench_flags.define_common("compression_benchmark", quick="width 64, 1 round, 1 epoch.")
 flags.DEFINE_string("bandwidth", "1gbit", "The simulated network (a tc rate).")
 flags.DEFINE_integer("width", 2048, "Hidden units (2048: 4.7M parameters).")
 flags.DEFINE_integer("rounds", 3, "Timed rounds.")
@@ -45,7 +45,6 @@ flags.DEFINE_integer("epochs", 2, "Epochs of the accuracy runs.")
 flags.DEFINE_integer("global_batch_size", 256, "Global batch size.")
 flags.DEFINE_string("data_dir", "/tmp/tfdist_compression_benchmark/tensorflow_datasets",
                     "Where the embedded dataset is generated (once).")
-flags.DEFINE_bool("quick", False, "A check that every path works: width 64, 1 round, 1 epoch.")
 flags.DEFINE_string("worker_output", None, "(internal) run as a training worker.")
 FLAGS = flags.FLAGS
 

@@ -47,15 +47,14 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import outputs  # noqa: E402
+from bench import flags as bench_flags, outputs  # noqa: E402
 
-flags.DEFINE_string("output_dir", "/tmp/tfdist_data_service_benchmark", "Where results go.")
+bench_flags.define_common(
+    "data_service_benchmark", quick="1 round of 6 steps, mwms with 1 and ps with 2 service workers.")
 flags.DEFINE_integer("rounds", 3, "Rounds (each runs both configurations).")
 flags.DEFINE_integer("steps", 100, "Timed steps per run.")
 flags.DEFINE_integer("work", 64, "Chained matmuls per example (the preprocessing's cost).")
 flags.DEFINE_integer("global_batch_size", 32, "Global batch size.")
-flags.DEFINE_bool("quick", False, "A check that every path works: 1 round of 6 steps, "
-                  "mwms with 1 and ps with 2 service workers.")
 flags.DEFINE_string("worker_output", None, "(internal) run as a training task, write here.")
 flags.DEFINE_enum("strategy", "multi_worker_mirrored",
                   ["multi_worker_mirrored", "parameter_server"], "(internal) the training task's.")

@@ -1,6 +1,6 @@
 """What Keras 3 ``fit`` gets wrong under tf.distribute, measured next to tfdist.
 
-Each case trains the test MLP (tests/reference.py) three ways on the same
+Each case trains the test MLP (tests/support/reference.py) three ways on the same
 data in the same order: one device with plain Keras (the reference), Keras
 ``model.fit`` under the strategy, and the same unchanged ``model.fit`` after
 ``tfdist.attach``. It prints the largest weight difference from the
@@ -85,7 +85,7 @@ IN_PROCESS_CASES = [
 
 
 def in_process_rows():
-    from tests import reference as ref  # pylint: disable=import-outside-toplevel
+    from tests.support import reference as ref  # pylint: disable=import-outside-toplevel
 
     rows = []
     for name, replicas, num_rows, batch, reference_batch, options, spe in IN_PROCESS_CASES:
@@ -105,7 +105,7 @@ def in_process_rows():
 
 def cluster_worker(args):
     """One task of a cluster row: Keras fit, then tfdist fit; the chief writes."""
-    from tests import reference as ref  # pylint: disable=import-outside-toplevel
+    from tests.support import reference as ref  # pylint: disable=import-outside-toplevel
 
     name = "parameter_server" if args.worker_of == "ps" else "multi_worker_mirrored"
     strategy = tfdist.make_strategy(name)
@@ -123,7 +123,7 @@ def cluster_worker(args):
 
 
 def cluster_row(kind: str) -> str:
-    from tests import reference as ref  # pylint: disable=import-outside-toplevel
+    from tests.support import reference as ref  # pylint: disable=import-outside-toplevel
 
     output = os.path.join(tempfile.mkdtemp(prefix="tfdist-keras-vs-"), "result.json")
     launcher = ["--num_workers=2"] if kind == "mwms" else ["--num_workers=1", "--num_ps=1"]

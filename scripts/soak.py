@@ -3,7 +3,7 @@ threads, resident memory and open files are sampled from /proc.
 
     python scripts/soak.py --mode=mwms --minutes=10   # long form: 2 workers (MWMS)
     python scripts/soak.py --mode=ps --minutes=10     # long form: 1 worker + 1 ps
-    python scripts/soak.py --mode=mwms --minutes=1 --epoch_steps=512   # short form (tests/test_soak.py)
+    python scripts/soak.py --mode=mwms --minutes=1 --epoch_steps=512   # short form (tests/scenarios/test_soak.py)
     python scripts/soak.py --mode=mwms --minutes=10 --epoch_steps=512  # epoch ends: iterators made and freed
     python scripts/soak.py --mode=mwms --minutes=10 --endless_data     # executions without an end check
     python scripts/soak.py --mode=mwms --minutes=3 --model=embedding   # sparse gradients, varying shapes

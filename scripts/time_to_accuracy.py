@@ -43,9 +43,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import accuracy_curves, limited_cluster, outputs, patterns_mlp  # noqa: E402
+from bench import flags as bench_flags, accuracy_curves, limited_cluster, outputs, patterns_mlp  # noqa: E402
 
-flags.DEFINE_string("output_dir", "/tmp/tfdist_time_to_accuracy", "Where results go.")
+bench_flags.define_common(
+    "time_to_accuracy", quick="width 64, 1 pass, a copy every 16 steps, target 0.1.")
 flags.DEFINE_string("bandwidth", "1gbit", "The simulated network (a tc rate).")
 flags.DEFINE_integer("width", 3072, "Hidden units (3072: 10.3M parameters).")
 flags.DEFINE_integer("epochs", 6, "Passes over the training data per configuration.")
@@ -55,8 +56,6 @@ flags.DEFINE_float("learning_rate", 0.05, "SGD's learning rate (momentum 0.9).")
 flags.DEFINE_integer("global_batch_size", 256, "Global batch size.")
 flags.DEFINE_string("data_dir", "/tmp/tfdist_time_to_accuracy/tensorflow_datasets",
                     "Where the embedded dataset is generated (once).")
-flags.DEFINE_bool("quick", False, "A check that every path works: width 64, 1 pass, "
-                  "a copy every 16 steps, target 0.1.")
 flags.DEFINE_string("worker_output", None, "(internal) run as a training worker.")
 FLAGS = flags.FLAGS
 

@@ -14,7 +14,7 @@ no extra collective), cross-replica metrics read once per epoch
 (`tfdist.replica.gradients`, `tfdist.replica.accumulation`), a checkpoint that resumes
 mid-epoch (`tfdist.checkpoint`), and k steps per host call (`tfdist.loops.host_loop`).
 It gives the weights, loss and accuracy of single-device Keras ``fit`` on the
-same batches (tests/test_custom_loop.py).
+same batches (tests/loops/test_custom_loop.py).
 """
 
 import json

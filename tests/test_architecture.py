@@ -182,3 +182,13 @@ def test_only_internal_keras_reaches_into_keras_src():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             found += [f"{name}: {n}" for n in names if n.startswith("keras.src")]
     assert found == []
+
+
+def test_the_tests_mirror_the_package():
+    """Each test folder is a tfdist package, or one of the four shared ones."""
+    tests = pathlib.Path(__file__).resolve().parent
+    folders = {path.name for path in tests.iterdir()
+               if path.is_dir() and not path.name.startswith((".", "__"))}
+    shared = {"scenarios", "conformance", "support", "programs"}
+    assert folders - shared <= set(LAYERS), folders - shared - set(LAYERS)
+    assert not list(tests.glob("support/test_*.py")) and not list(tests.glob("programs/test_*.py"))

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tests import reference as ref
+from tests.support import reference as ref
 
 
 def _compiled_in(strategy):

@@ -16,7 +16,6 @@ import signal
 import threading
 import warnings
 
-import numpy as np
 import pytest
 import tensorflow as tf
 

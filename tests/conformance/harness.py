@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist
+from tests.support import reference as ref
 
 # Batch shapes: examples for a global batch of 24 (a multiple of 1, 2, 3, 4).
 GLOBAL_BATCH = 24
@@ -81,7 +82,7 @@ def sensitivity(case, examples: int, reference: Result) -> float:
     """How far float32 round-off alone moves this case on one device: the
     largest weight difference after reordering each batch's rows."""
     _, reordered = run_keras(case, examples, dataset_transform=_reverse_rows)
-    return max(float(np.max(np.abs(a - b))) for a, b in zip(reference.weights, reordered.weights))
+    return ref.largest_difference(reference.weights, reordered.weights)
 
 
 def _model_under(case, strategy, initial):
@@ -134,11 +135,6 @@ def run_custom_loop(case, strategy, examples: int, initial) -> Result:
 
 
 ENTRY_POINTS = {"attach": run_attached, "trainer": run_trainer, "custom_loop": run_custom_loop}
-
-
-def _largest_difference(expected, actual) -> float:
-    return max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-               for a, b in zip(expected, actual))
 
 
 def assert_matches(reference: Result, result: Result, tolerance: float, *,

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from conformance import harness, zoo
-from tests.launcher_harness import LauncherRun
+from tests.support import reference as ref
+from tests.support.launcher_harness import LauncherRun
 
 pytestmark = pytest.mark.conformance  # and serial: tests/conftest.py SERIAL_MODULES
 
@@ -94,7 +95,7 @@ def test_cluster_equals_one_device(tmp_path, case_name, cluster, shape):
         except AssertionError:
             _record(dict(row, outcome="failed"))
             raise
-    difference = max(float(abs(a - b).max()) for a, b in zip(reference.weights, result.weights))
+    difference = ref.largest_difference(reference.weights, result.weights)
     _record(dict(row, outcome="passed", difference=difference))
 
 

@@ -1,6 +1,6 @@
 """The training function engine tests hand to Spark and Ray workers.
 
-It trains tests/reference.py's MLP with ``tfdist.Trainer`` under
+It trains tests/support/reference.py's MLP with ``tfdist.Trainer`` under
 MultiWorkerMirroredStrategy, the cluster read from the ``TF_CONFIG`` the
 engine set, and returns what the tests compare with single-device Keras.
 Imported by reference on the workers, so ``tests`` must be importable there
@@ -17,7 +17,7 @@ def train_reference_mlp(epochs: int = EPOCHS, checkpoint_dir=None, callbacks=(),
     """Trains on the reference's global batches; returns this task's name,
     pid, history and weights (lists, so any pickler can carry them)."""
     import tfdist
-    from tests import reference as ref
+    from tests.support import reference as ref
 
     strategy = tfdist.make_strategy("multi_worker_mirrored")
     with strategy.scope():

@@ -3,7 +3,7 @@ Train's TensorflowTrainer over `engine_train.ray_train_loop` (via
 `tfdist.integrations.ray.tensorflow_trainer`) and writes, per run, Ray's result and each
 worker's output as JSON.
 
-Run as its own process by tests/test_ray.py, which kills it and every
+Run as its own process by tests/integrations/test_ray.py, which kills it and every
 process it started (Ray's GCS, raylet and worker actors) by pid.
 """
 

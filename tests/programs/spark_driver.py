@@ -1,7 +1,7 @@
 """A Spark driver for tests: a local Spark on 127.0.0.1 runs
 `tfdist.integrations.spark.run` and writes the chief's result (or the error) as JSON.
 
-Run as its own process group by tests/test_spark.py, so the JVM, Spark's
+Run as its own process group by tests/integrations/test_spark.py, so the JVM, Spark's
 Python workers and the training processes all end with it.
 """
 

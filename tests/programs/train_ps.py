@@ -1,6 +1,6 @@
 """Chief program for parameter-server tests (run under tfdist-run --num_ps).
 
---model=mlp: tests/reference.py's MLP on its data (exactness with 1 worker).
+--model=mlp: tests/support/reference.py's MLP on its data (exactness with 1 worker).
 --model=embedding: tfdist.data.recipes' embedding model on synthetic_patterns
 (built in --data_dir), its table sharded when there are 2+ ps tasks.
 --model=count_ids: 70 examples whose first feature is their id, and a layer
@@ -33,7 +33,7 @@ def main():
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--checkpoint_dir", default=None)
     parser.add_argument("--model", default="mlp", choices=["mlp", "embedding", "penalty_loss", "count_ids"],
-                        help="penalty_loss: tests/test_keras_overrides.py's compute_loss "
+                        help="penalty_loss: tests/support/models.py's compute_loss "
                              "override (a model's own step) on (x, y) batches")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps_per_epoch", type=int, default=5)
@@ -51,7 +51,7 @@ def main():
     strategy = tfdist.make_strategy("parameter_server", timeout_seconds=60, min_shard_bytes=16 << 10)
     import keras  # pylint: disable=import-outside-toplevel
 
-    from tests import reference as ref  # pylint: disable=import-outside-toplevel
+    from tests.support import reference as ref  # pylint: disable=import-outside-toplevel
 
     counts_per_epoch, extra_callbacks = [], []
     if args.model == "count_ids":
@@ -64,11 +64,11 @@ def main():
 
         extra_callbacks.append(ReadCounts())
     elif args.model == "penalty_loss":
-        from tests import test_keras_overrides as overrides  # pylint: disable=import-outside-toplevel
+        from tests.support import models  # pylint: disable=import-outside-toplevel
 
         train = test = ref.global_batches(70, 16, weighted=False)
         with strategy.scope():
-            model = overrides._compiled(overrides.PenaltyLoss)  # pylint: disable=protected-access
+            model = models.compiled_model(models.PenaltyLoss)
     elif args.model == "mlp":
         train = test = ref.global_batches(70, 16)
         if args.input == "dataset_fn":

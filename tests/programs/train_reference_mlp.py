@@ -1,4 +1,4 @@
-"""A worker program for multi-process tests: trains tests/reference.py's MLP.
+"""A worker program for multi-process tests: trains tests/support/reference.py's MLP.
 
 Run under tfdist-run (or with TF_CONFIG by hand). Writes
 ``<output_dir>/<task>.json`` with the history and final weights, which the
@@ -112,12 +112,12 @@ def _own_step(args, strategy, ref):
     """A model's own step (keras.io's patterns), after tfdist.attach."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    from tests import test_keras_overrides as overrides  # pylint: disable=import-outside-toplevel
+    from tests.support import models  # pylint: disable=import-outside-toplevel
 
-    cls = {"guide_train_step": overrides.GuideTrainStep,
-           "penalty_loss": overrides.PenaltyLoss}[args.own_step]
+    cls = {"guide_train_step": models.GuideTrainStep,
+           "penalty_loss": models.PenaltyLoss}[args.own_step]
     with strategy.scope():
-        model = overrides._compiled(cls)  # pylint: disable=protected-access
+        model = models.compiled_model(cls)
     tfdist.attach(model, strategy)
     x, y, _ = ref.classification_arrays(args.examples)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch_size)
@@ -159,7 +159,7 @@ def main():
                              "LossScaleOptimizer) and make row 15's gradient overflow")
     parser.add_argument("--own_step", choices=("guide_train_step", "penalty_loss"),
                         default=None,
-                        help="train tests/test_keras_overrides.py's model with its own "
+                        help="train tests/support/models.py's model with its own "
                              "train_step or compute_loss (tfdist.attach + fit on "
                              "(x, y) batches)")
     parser.add_argument("--data_service", default=None,
@@ -173,7 +173,7 @@ def main():
                              "second model with gradient_accumulation_steps=2")
     parser.add_argument("--local_sgd", type=int, default=None,
                         help="Trainer(communication=LocalSGD(every_steps=N, outer_optimizer="
-                             "tests/test_local_sgd.py's)) on its SGD-with-momentum model")
+                             "tests/communication/test_local_sgd.py's)) on its SGD-with-momentum model")
     args = parser.parse_args()
     broken = _broken_host(args)
 
@@ -183,7 +183,7 @@ def main():
     )
     import keras  # pylint: disable=import-outside-toplevel
 
-    from tests import reference as ref  # pylint: disable=import-outside-toplevel
+    from tests.support import reference as ref  # pylint: disable=import-outside-toplevel
 
     class Slow(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -192,7 +192,7 @@ def main():
     communication = None
     with strategy.scope():
         if args.local_sgd:
-            from tests import test_local_sgd as local  # pylint: disable=import-outside-toplevel
+            from tests.communication import test_local_sgd as local  # pylint: disable=import-outside-toplevel
 
             model = local._model()  # pylint: disable=protected-access
             communication = tfdist.communication.LocalSGD(

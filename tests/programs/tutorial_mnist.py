@@ -1,7 +1,7 @@
 """``mnist.py`` of TensorFlow's "Multi-worker training with a custom training
 loop" tutorial (tensorflow/docs,
 site/en/tutorials/distribute/multi_worker_with_ctl.ipynb), on generated data
-(`tutorial_mnist_setup.load_data`), for tests/test_tutorials.py.
+(`tutorial_mnist_setup.load_data`), for tests/scenarios/tutorials/.
 
 `NUM_TRAIN` = 143 examples: sharded over 2 workers they are 72 and 71, so in
 per-replica batches of 16 each worker's pass is 5 steps whose last batch has

@@ -1,6 +1,6 @@
 """``mnist_setup.py`` of TensorFlow's "Multi-worker training with Keras"
 tutorial (tensorflow/docs, site/en/tutorials/distribute/multi_worker_with_keras.ipynb),
-on generated data of MNIST's shapes, for tests/test_tutorials.py.
+on generated data of MNIST's shapes, for tests/scenarios/tutorials/.
 
 `load_data` stands in for ``tf.keras.datasets.mnist.load_data()`` (no
 downloads) in every tutorial port: uint8 images 28x28 and uint8 labels

@@ -2,7 +2,7 @@
 adopted with tfdist (tensorflow/docs,
 site/en/tutorials/distribute/multi_worker_with_ctl.ipynb: its ``main.py``).
 
-Run by tests/test_tutorials.py under ``tfdist-run --num_workers=2``. The
+Run by tests/scenarios/tutorials/test_multi_worker_ctl.py under ``tfdist-run --num_workers=2``. The
 tutorial's code, with each change marked:
 
 - ``# tfdist:`` ``tfdist.make_strategy``; ``tfdist.data.distribute`` for

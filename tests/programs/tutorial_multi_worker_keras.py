@@ -2,7 +2,7 @@
 (tensorflow/docs, site/en/tutorials/distribute/multi_worker_with_keras.ipynb:
 its ``main.py``, the model-saving section and the BackupAndRestore section).
 
-Run by tests/test_tutorials.py under ``tfdist-run --num_workers=2``. The
+Run by tests/scenarios/tutorials/test_multi_worker_keras.py under ``tfdist-run --num_workers=2``. The
 tutorial's code, with each change marked:
 
 - ``# tfdist:`` ``tfdist.make_strategy("multi_worker_mirrored")`` for

@@ -5,7 +5,7 @@ with ``Model.fit``, the custom training loop with ``ClusterCoordinator``,
 inline and scheduled evaluation.
 
 The chief program of a ``tfdist-run --num_workers=1 --num_ps=2`` cluster
-(tests/test_tutorials.py); its functions also build the one-device
+(tests/scenarios/tutorials/test_parameter_server_tutorial.py); its functions also build the one-device
 reference there. The tutorial's code, with each change marked:
 
 - ``# tfdist:`` ``tfdist.make_strategy("parameter_server")`` for the

@@ -206,7 +206,7 @@ def spare_iterators(source: Source) -> int:
     start and, when the dataset's cardinality is known, one more at its
     end: a shuffled dataset's epoch ``e`` then sees the order of the
     ``2e``-th iterator, not the ``e``-th. tfdist makes the same number, so
-    its epochs see Keras' orders (tests/test_data_order.py holds Keras to
+    its epochs see Keras' orders (tests/data/test_data_order.py holds Keras to
     this count).
     """
     if source.per_replica or source.per_epoch:

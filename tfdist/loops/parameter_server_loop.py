@@ -1,6 +1,6 @@
 """Hand-written parameter-server loops: ``ClusterCoordinator`` with tfdist's data.
 
-Tested on local clusters (tests/test_tutorials.py): TensorFlow's
+Tested on local clusters (tests/scenarios/tutorials/test_parameter_server_tutorial.py): TensorFlow's
 parameter-server tutorial adopted with it equals one device on 1 worker
 and 2 ps; on 2 workers every scheduled step is applied and counted once
 and the scheduled evaluation sees each example once; the example below

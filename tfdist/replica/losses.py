@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share
 from tfdist._internal.keras import compiled as keras_compiled
-from tfdist.data.batch import Batch, require_batch
+from tfdist.data.batch import require_batch
 from tfdist.errors import ConfigurationError
 
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")

@@ -1,6 +1,6 @@
 """Batch statistics over real rows only: BatchNormalization's moments skip
 padding rows. User: `tfdist.replica.step` (and the TPU preflight).
-Tested with Keras 3.15; `tests/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import contextlib

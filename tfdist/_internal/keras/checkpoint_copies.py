@@ -1,6 +1,6 @@
 """Host copies of Keras variables for background checkpoint saves. User:
 `tfdist.checkpoint.background_writes`.
-Tested with Keras 3.15; `tests/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import contextlib

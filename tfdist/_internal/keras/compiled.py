@@ -1,12 +1,12 @@
 """What ``model.compile`` made: the compiled losses and metrics, their
 per-output trackers, the masks Keras attaches to outputs. Users:
 `tfdist.replica` (losses, metrics), `tfdist.training` (attach, evaluate).
-Tested with Keras 3.15; `tests/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import keras
 from keras.src import backend as keras_backend
-from keras.src import tree
+from keras.src import tree  # noqa: F401  (keras_compiled.tree: Keras' nest utilities)
 
 get_keras_mask = keras_backend.get_keras_mask
 

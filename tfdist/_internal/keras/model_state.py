@@ -1,7 +1,7 @@
 """A model's layers and state: building every variable before the first
 step, listing layers, the random layers' seed generators. Users: the
 Trainer, the checkpoint, the TPU preflight, tfdist's warnings.
-Tested with Keras 3.15; `tests/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import keras

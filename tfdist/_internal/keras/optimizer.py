@@ -1,5 +1,5 @@
 """The optimizer's own clipping. User: `tfdist.replica.gradients`.
-Tested with Keras 3.15; `tests/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 

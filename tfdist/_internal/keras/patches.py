@@ -12,7 +12,7 @@ all-reduce of a user's own step), `tfdist._internal.replica_random`
 (per-replica seeds), `tfdist.replica.loss_scaling` (finite-gradient
 agreement), `tfdist.strategies.atomic_updates` (parameter-server counters),
 `tfdist.communication` (compression and local SGD on one optimizer).
-Tested with Keras 3.15; `tests/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 from typing import Callable

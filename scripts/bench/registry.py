@@ -1,0 +1,42 @@
+"""Every measuring tool, by name: the benchmark suite and the reliability tools.
+
+`python -m scripts.bench NAME [flags]` runs one (`scripts.bench.__main__`);
+``python -m scripts.bench`` lists them. Each benchmark takes the common
+``--quick`` (every code path, not a measurement) and ``--output_dir``
+(`scripts.bench.flags`); its run times and figures are on the docs site
+(docs/performance.md, docs/reliability.md), stated there once.
+"""
+
+import dataclasses
+from typing import Dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    """One measuring program: ``scripts/<script>`` and what it measures."""
+
+    script: str
+    kind: str  # "benchmark" (speed, memory) or "reliability" (soak, chaos, conformance)
+    measures: str
+
+
+TOOLS: Dict[str, Tool] = {
+    "training": Tool("benchmark.py", "benchmark",
+                     "tfdist against Keras fit and a hand-written loop, every strategy"),
+    "allreduce": Tool("allreduce_benchmark.py", "benchmark",
+                      "the gradient all-reduce on a simulated network, against its bound"),
+    "compression": Tool("compression_benchmark.py", "benchmark",
+                        "16-bit gradient compression on a slow network: time and accuracy"),
+    "time_to_accuracy": Tool("time_to_accuracy.py", "benchmark",
+                             "local SGD and compression: time to a target accuracy"),
+    "checkpoint": Tool("checkpoint_benchmark.py", "benchmark",
+                       "the cost of saves, synchronous and in the background"),
+    "data_service": Tool("data_service_benchmark.py", "benchmark",
+                         "input preprocessing on tf.data service workers"),
+    "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",
+                            "exactness: Keras fit under a strategy against tfdist.attach"),
+    "soak": Tool("soak.py", "reliability", "threads, RSS and files over a long run"),
+    "chaos": Tool("chaos.py", "reliability", "random SIGKILL / SIGTERM / SIGSTOP, exact resume"),
+    "conformance": Tool("conformance.py", "reliability",
+                        "every model family on every strategy and batch shape"),
+}

@@ -1,0 +1,96 @@
+"""Exact gradient accumulation (Keras' ``optimizer.gradient_accumulation_steps``):
+batch B with k steps under tfdist equals one-device Keras on batches of k·B,
+with the epoch's last, smaller union applied at the epoch end."""
+
+import keras
+import numpy as np
+import pytest
+
+import tfdist
+from tests.support import reference as ref
+
+ROWS, MICRO, K = 37, 8, 3  # micro-batches 8,8,8 | 8,5 -> one device: 24 | 13
+
+
+def _accumulating_model(strategy, optimizer="adam", **options):
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), optimizer)
+        model.optimizer.gradient_accumulation_steps = K
+        for name, value in options.items():
+            setattr(model.optimizer, name, value)
+    return model
+
+
+def _one_device_on_unions(optimizer="adam", epochs=3, **options):
+    x, y, _ = ref.classification_arrays(ROWS)
+    expected = ref.compile_model(ref.build_mlp(), optimizer)
+    for name, value in options.items():
+        setattr(expected.optimizer, name, value)
+    history = expected.fit(x, y, batch_size=MICRO * K, epochs=epochs, shuffle=False, verbose=0)
+    return expected, history
+
+
+@pytest.mark.parametrize("num_replicas", [1, 2, 4])
+def test_accumulation_equals_one_device_on_the_union_batches(make_strategy, num_replicas):
+    x, y, _ = ref.classification_arrays(ROWS)
+    expected, expected_history = _one_device_on_unions()
+    model = tfdist.attach(_accumulating_model(make_strategy(num_replicas)))
+    history = model.fit(x, y, batch_size=MICRO, epochs=3, shuffle=False, verbose=0)
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history.history, history.history)
+
+
+def test_keras_own_accumulation_is_what_tfdist_replaces():
+    """Keras averages micro-batch means and counts micro-batches as steps."""
+    x, y, _ = ref.classification_arrays(ROWS)
+    expected, _ = _one_device_on_unions()
+    keras_model = ref.compile_model(ref.build_mlp(), "adam")
+    keras_model.optimizer.gradient_accumulation_steps = K
+    keras_model.fit(x, y, batch_size=MICRO, epochs=3, shuffle=False, verbose=0)
+    difference = max(np.abs(a - b).max()
+                     for a, b in zip(expected.get_weights(), keras_model.get_weights()))
+    assert difference > 1e-2
+
+
+def test_accumulation_with_clipping_and_executions_that_straddle_updates(make_strategy):
+    dataset = ref.global_batches(ROWS, MICRO, weighted=False)
+    expected, expected_history = _one_device_on_unions("sgd", global_clipnorm=0.05)
+    strategy = make_strategy(4)
+    model = _accumulating_model(strategy, "sgd", global_clipnorm=0.05)
+    history = tfdist.Trainer(model, strategy, steps_per_execution=2).fit(
+        dataset, epochs=3, verbose=0)
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history.history, history.history)
+
+
+class _InterruptAt(keras.callbacks.Callback):
+    def __init__(self, epoch, batch):
+        super().__init__()
+        self.at, self.epoch = (epoch, batch), None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if (self.epoch, batch) == self.at:
+            raise KeyboardInterrupt(f"interrupted at epoch {self.epoch}, batch {batch}")
+
+
+def test_resume_mid_accumulation_on_another_replica_count(make_strategy, tmp_path):
+    dataset = ref.global_batches(ROWS, MICRO, weighted=False)
+    expected, expected_history = _one_device_on_unions(epochs=2)
+    first_strategy = make_strategy(4)
+    first = _accumulating_model(first_strategy)
+    with pytest.raises(KeyboardInterrupt):
+        # Saved at step 7 (epoch 2, micro-batch 2 of 3), stopped before step 8.
+        tfdist.Trainer(first, first_strategy, checkpoint_dir=str(tmp_path),
+                       checkpoint_every_steps=7).fit(
+            dataset, epochs=2, verbose=0, callbacks=[_InterruptAt(1, 2)])
+    strategy = make_strategy(2)
+    model = _accumulating_model(strategy)
+    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path))
+    history = trainer.fit(dataset, epochs=2, verbose=0)
+    assert trainer.step == 10 and history.epoch == [1]
+    ref.assert_weights_close(expected, model)
+    np.testing.assert_allclose(history.history["loss"], expected_history.history["loss"][1:],
+                               rtol=1e-5)

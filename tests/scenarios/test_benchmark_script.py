@@ -1,0 +1,222 @@
+"""scripts/benchmark.py --quick runs every kind of configuration end to end.
+
+One device, MirroredStrategy(2), 2 workers under tfdist-run and a
+parameter-server cluster: every contender is built, warmed up and timed
+(in tiny windows: a check that the paths work, not a measurement; no
+timing asserts). The benchmark and every process under it are killed by pid
+when it ends or times out.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.engine_harness import kill_tree
+from tests.support.network_limits import needs_namespaces
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _run_benchmark(output_dir, flags, timeout, script="benchmark.py"):
+    """Runs scripts/``script`` with ``flags`` into ``output_dir``; it and
+    every process under it are killed by pid when it ends or times out."""
+    command = [sys.executable, str(REPO / "scripts" / script),
+               f"--output_dir={output_dir}"] + flags
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    try:
+        log, _ = process.communicate(timeout=timeout)
+    finally:
+        kill_tree(process.pid)
+    assert process.returncode == 0, log[-5000:]
+
+
+def test_benchmark_quick_covers_every_strategy_kind(tmp_path):
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    _run_benchmark(tmp_path, ["--quick"] + (["--plot"] if has_matplotlib else []), timeout=900)
+
+    runs = json.loads((tmp_path / "benchmark.json").read_text())
+    by_strategy = {run["config"]["strategy"]: run for run in runs}
+    assert set(by_strategy) == {"one_device", "mirrored:2", "multi_worker:2",
+                                "parameter_server:1"}
+    for strategy, run in by_strategy.items():
+        results = run["results"]
+        expected = ({"tfdist", "custom_loop"} if strategy.startswith("parameter_server")
+                    else {"tfdist", "tfdist_attach", "keras_fit", "custom_loop"})
+        assert set(results) == expected, strategy
+        for name in expected - {"keras_fit"}:  # Keras may fail; tfdist and the loop may not
+            rates = results[name]["rates"]
+            assert min(rates) > 0, (strategy, name, results[name])
+            # One window per round; the loop's around every other window.
+            assert len(rates) >= 2 if name == "custom_loop" else len(rates) == 2, (strategy, name)
+        # Each of tfdist's 2 windows paired with the loop windows on both sides.
+        assert results["tfdist"]["vs_loop"]["n"] == 4
+        if "keras_fit" in expected:  # Keras 3 fit fails under some strategies: recorded
+            assert "examples_per_s" in results["keras_fit"] or "error" in results["keras_fit"]
+    table = (tmp_path / "benchmark.txt").read_text()
+    assert "multi_worker:2" in table and "parameter_server:1" in table
+    markdown = (tmp_path / "benchmark.md").read_text()
+    assert "| tfdist vs loop |" in markdown and "| mlp |" in markdown
+    if has_matplotlib:
+        assert (tmp_path / "ratios.png").stat().st_size > 0
+        assert (tmp_path / "scaling.png").stat().st_size > 0
+    else:
+        pytest.skip("matplotlib not installed: --plot not exercised (pip install '.[plot]')")
+
+
+def test_every_optional_contender_runs(tmp_path, monkeypatch):
+    """The contenders that take tfdist's gap apart (its data, its step, its
+    log points...) are built, warmed up and timed like the default ones."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from bench import contenders  # pylint: disable=import-outside-toplevel
+
+    names = list(contenders.OPTIONAL) + [contenders.REFERENCE]
+    _run_benchmark(tmp_path, ["--strategies=one_device", "--models=mlp",
+                              "--steps_per_execution=2", f"--contenders={','.join(names)}",
+                              "--rounds=1", "--window_seconds=0.05", "--probe_steps=4"],
+                   timeout=600)
+    (run,) = json.loads((tmp_path / "benchmark.json").read_text())
+    assert set(run["results"]) == set(names)
+    for name in names:
+        assert "error" not in run["results"][name], (name, run["results"][name])
+        assert min(run["results"][name]["rates"]) > 0, name
+
+
+def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
+    """scripts/checkpoint_benchmark.py --quick: no saves, synchronous and
+    background saves each timed (paired with no saves) and measured for
+    memory and save duration in a process of its own (no timing asserts)."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "checkpoint_benchmark.py")
+    result = json.loads((tmp_path / "checkpoint_benchmark.json").read_text())
+    assert set(result["rates"]) == {"none", "sync", "async"}
+    assert set(result["vs_none"]) == {"sync", "async"}
+    assert all(min(rates) > 0 for rates in result["rates"].values())
+    for form in ("sync", "async"):
+        memory = result["memory"][form]
+        assert memory["checkpoint_mb"] > 0 and memory["complete_ms"] > 0, memory
+    assert "| async |" in (tmp_path / "checkpoint_benchmark.md").read_text()
+
+
+def test_data_service_benchmark_quick_runs_both_strategies(tmp_path):
+    """2 training workers with 1 tf.data service worker (mwms) and with 2
+    (parameter servers, dynamic sharding), real tfdist-run clusters; CPU
+    figures recorded, no timing asserts."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "data_service_benchmark.py")
+    result = json.loads((tmp_path / "data_service_benchmark.json").read_text())
+    medians = result["medians"]
+    assert set(medians) == {"mwms, 1", "ps, 2"}
+    assert all(m["steps_per_s"] > 0 and m["trainer_cpu_ms_per_step"] > 0
+               and m["service_cpu_ms_per_step"] > 0 for m in medians.values())
+
+
+@needs_namespaces
+def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
+    """Under tfdist-run --bandwidth=1gbit: every configuration timed, its
+    link bytes counted, its accuracy measured (no timing asserts)."""
+    _run_benchmark(tmp_path, ["--quick", f"--data_dir={tmp_path / 'tensorflow_datasets'}"],
+                   900, "compression_benchmark.py")
+    result = json.loads((tmp_path / "compression_benchmark.json").read_text())
+    assert set(result["medians"]) == {"none", "bf16", "fp16"}
+    assert all(m["bytes_per_step"] > 0 for m in result["medians"].values())
+    assert all(0 <= a <= 1 for a in result["accuracy"].values())
+
+
+@needs_namespaces
+def test_allreduce_benchmark_quick_measures_against_the_ring_bound(tmp_path):
+    """Under tfdist-run --bandwidth=1gbit, 2 workers: compute and all-reduce
+    timed for each packing, the shared-link ring bound computed, the plot
+    drawn (no timing asserts)."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "allreduce_benchmark.py")
+    result = json.loads((tmp_path / "allreduce_benchmark.json").read_text())
+    (row,) = result["results"]["2 workers, 1gbit"]
+    # 2 (N - 1) x bytes over 1 Gbit/s, every task on one link.
+    assert row["bound_seconds"] == pytest.approx(2 * row["bytes"] * 8 / 1e9)
+    assert set(row["all_reduce_seconds"]) == {"0", "4194304"}
+    assert all(s > 0 for s in row["all_reduce_seconds"].values()) and row["compute_seconds"] > 0
+    assert (tmp_path / "allreduce_benchmark.png").stat().st_size > 0
+
+
+@needs_namespaces
+def test_time_to_accuracy_quick_times_every_configuration_to_its_target(tmp_path):
+    """Under tfdist-run --bandwidth=1gbit, 2 workers: synchronous, bf16 and
+    local SGD (H = 4, 16) runs, each evaluated off the clock at every copy;
+    the table's times and steps are read from those curves (no timing
+    asserts)."""
+    _run_benchmark(tmp_path, ["--quick", f"--data_dir={tmp_path / 'tensorflow_datasets'}"],
+                   900, "time_to_accuracy.py")
+    result = json.loads((tmp_path / "time_to_accuracy.json").read_text())
+    curves = result["curves"]
+    assert list(curves) == ["synchronous", "bf16", "LocalSGD(H=4)", "LocalSGD(H=16)"]
+    for name, curve in curves.items():
+        assert [point["steps"] for point in curve] == [16, 32], name  # 39 steps: 2 copies
+        assert 0 < curve[0]["seconds"] < curve[1]["seconds"], name
+        assert all(0 <= point["accuracy"] <= 1 for point in curve), name
+        first = next((p for p in curve if p["accuracy"] >= 0.1), None)
+        assert result["time_to_target"][name] == first, name
+    table = (tmp_path / "time_to_accuracy.md").read_text()
+    assert table.count("\n") == 2 + len(curves)
+    assert "| synchronous |" in table and "| LocalSGD(H=16) |" in table
+
+
+def test_time_to_accuracy_table_reads_the_first_evaluation_at_the_target(monkeypatch):
+    """Hand-made curves: the first evaluation at or above the target is
+    taken (not the best), a run that never reaches it says so, and the
+    speed-up divides the baseline's time by the run's."""
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))
+    from bench import accuracy_curves  # pylint: disable=import-outside-toplevel
+
+    point = lambda steps, seconds, accuracy: {  # noqa: E731
+        "steps": steps, "seconds": seconds, "accuracy": accuracy}
+    curves = {"synchronous": [point(16, 12.0, 0.80), point(32, 24.0, 0.91), point(48, 36.0, 0.93)],
+              "fast": [point(16, 3.0, 0.905), point(32, 6.0, 0.89), point(48, 9.0, 0.92)],
+              "never": [point(16, 1.0, 0.5), point(32, 2.0, 0.6)]}
+    assert accuracy_curves.time_to(curves["fast"], 0.9) == curves["fast"][0]
+    assert accuracy_curves.time_to(curves["never"], 0.9) is None
+    rows = accuracy_curves.table(curves, 0.9, passes=3).splitlines()
+    # The second target: the synchronous run's last accuracy (93%) less half a point.
+    assert rows[0].startswith("| training | seconds to 90% | steps | speed-up | seconds to "
+                              "92.50% | steps | speed-up | s per step | accuracy after 3 epochs |")
+    assert rows[2] == "| synchronous | 24 | 32 | 1.00x | 36 | 48 | 1.00x | 0.750 | 93.00% |"
+    assert rows[3] == "| fast | 3 | 16 | 8.00x | not reached | - | - | 0.188 | 92.00% |"
+    assert rows[4] == "| never | not reached | - | - | not reached | - | - | 0.062 | 60.00% |"
+
+
+# -- the one entry point: python -m scripts.bench --------------------------------
+
+CHILD_PROGRAMS = {"soak_train.py"}  # started by soak.py, not run by hand
+
+
+def test_every_measuring_script_is_in_the_one_entry_point():
+    from scripts.bench.registry import TOOLS  # pylint: disable=import-outside-toplevel
+
+    scripts = {path.name for path in (REPO / "scripts").glob("*.py")} - CHILD_PROGRAMS
+    assert {tool.script for tool in TOOLS.values()} == scripts
+
+
+def test_the_entry_point_lists_the_tools_and_names_an_unknown_one():
+    listed = subprocess.run([sys.executable, "-m", "scripts.bench"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert "training" in listed.stdout and "conformance" in listed.stdout
+    unknown = subprocess.run([sys.executable, "-m", "scripts.bench", "trainig"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    assert unknown.returncode == 2 and "no tool 'trainig'" in unknown.stderr
+
+
+def test_the_entry_point_passes_flags_to_the_tool():
+    shown = subprocess.run([sys.executable, "-m", "scripts.bench", "chaos", "--help"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120, check=True)
+    assert "--trials" in shown.stdout
+
+
+def test_every_benchmark_declares_the_common_flags_once():
+    for name in ("allreduce_benchmark", "benchmark", "checkpoint_benchmark",
+                 "compression_benchmark", "data_service_benchmark", "time_to_accuracy"):
+        source = (REPO / "scripts" / f"{name}.py").read_text()
+        assert 'DEFINE_bool("quick"' not in source and 'DEFINE_string("output_dir"' not in source
+        assert f'define_common(\n    "{name}"' in source or f'define_common("{name}"' in source

@@ -1,0 +1,49 @@
+"""Models several tests train: a model's own Keras step (keras.io
+"Customizing what happens in fit()") and a ``compute_loss`` override, on
+the reference MLP (`tests.support.reference`)."""
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from tests.support import reference as ref
+
+
+class GuideTrainStep(keras.Model):
+    """keras.io's custom ``train_step``: compute_loss, optimizer.apply, metrics."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(gradients, self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+class PenaltyLoss(keras.Model):
+    """A ``compute_loss`` override adding a weight penalty (Keras' train_step)."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+        return loss + 0.05 * ops.sum(ops.square(self.layers[-1].kernel))
+
+
+def functional_as(cls, seed=1):
+    """The reference MLP (`tests.support.reference.build_mlp`) as a ``cls`` model."""
+    base = ref.build_mlp(seed)
+    return cls(base.inputs, base.outputs)
+
+
+def compiled_model(cls):
+    """`functional_as` compiled: SGD with momentum, sparse crossentropy, accuracy."""
+    model = functional_as(cls)
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+                  loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
