@@ -43,7 +43,7 @@ from absl import app, flags, logging
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench import flags as bench_flags, outputs, teardown, timing  # noqa: E402
+from bench import flags as bench_flags, outputs, teardown, timing, workloads  # noqa: E402
 
 bench_flags.define_common(
     "checkpoint_benchmark", quick="a 1,000-row table, 1 round of 40-step windows.")
@@ -90,7 +90,7 @@ class _Form:
         import keras  # pylint: disable=import-outside-toplevel
 
         with strategy.scope():
-            model = tfdist.data.recipes.build_embedding_model(
+            model = workloads.examples_recipes().build_embedding_model(
                 FLAGS.vocabulary, SEQUENCE, CLASSES, dimension=FLAGS.dimension)
             model.compile(optimizer=keras.optimizers.SGD(0.1),
                           loss="sparse_categorical_crossentropy")

@@ -24,6 +24,8 @@ from absl import app, flags, logging
 
 import tfdist
 
+import recipes  # strategies/recipes.py: data and models of the examples
+
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("strategy", "mirrored",
                   ["one_device", "mirrored", "multi_worker_mirrored", "tpu"],
@@ -128,12 +130,12 @@ def main(argv):
     strategy = tfdist.make_strategy(FLAGS.strategy, **options)
     import keras  # pylint: disable=import-outside-toplevel
 
-    train_data, _, info = tfdist.data.recipes.image_classification_data(
+    train_data, _, info = recipes.image_classification_data(
         "synthetic_patterns", global_batch_size=FLAGS.batch_size, data_dir=FLAGS.data_dir,
         train_examples=FLAGS.train_examples)
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = tfdist.data.recipes.build_model("mlp", info["input_shape"], info["num_classes"])
+        model = recipes.build_model("mlp", info["input_shape"], info["num_classes"])
         optimizer, learning_rate = {"adam": (keras.optimizers.Adam, 1e-3),
                                     "sgd": (keras.optimizers.SGD, 0.05)}[FLAGS.optimizer]
         model.compile(optimizer=optimizer(

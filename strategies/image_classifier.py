@@ -11,11 +11,13 @@ tfdist.import_tensorflow()  # without C++ start-up noise (TFDIST_TF_LOGS=1 shows
 
 import keras  # noqa: E402
 
+import recipes  # noqa: E402  (strategies/recipes.py: data and models of the examples)
+
 
 def build_classifier(model: str, info: dict, learning_rate: float, seed: int):
     """The compiled classifier (call inside the strategy's scope)."""
     keras.utils.set_random_seed(seed)
-    classifier = tfdist.data.recipes.build_model(model, info["input_shape"], info["num_classes"])
+    classifier = recipes.build_model(model, info["input_shape"], info["num_classes"])
     classifier.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
         loss="sparse_categorical_crossentropy",
@@ -34,7 +36,7 @@ def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=N
     Returns the final evaluation. Progress lines, checkpoints (resume by
     running again) and summaries follow `tfdist.Trainer`.
     """
-    train, test, info = tfdist.data.recipes.image_classification_data(
+    train, test, info = recipes.image_classification_data(
         dataset, global_batch_size=batch_size, data_dir=data_dir, seed=seed
     )
     with strategy.scope():
@@ -66,7 +68,7 @@ def keras_fit_image_classifier(strategy, *, dataset="synthetic_patterns", data_d
     """
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    _, test, info = tfdist.data.recipes.image_classification_data(
+    _, test, info = recipes.image_classification_data(
         dataset, global_batch_size=batch_size, data_dir=data_dir, seed=seed)
     rows = list(tfdist.data.datasets.load_supervised(dataset, "train", data_dir=data_dir)
                 .as_numpy_iterator())

@@ -29,6 +29,8 @@ import keras
 
 import tfdist
 
+import recipes  # strategies/recipes.py: data and models of the examples
+
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("epochs", 3, "Epochs to train.")
 flags.DEFINE_integer("steps_per_epoch", 100, "Steps per epoch (workers read endlessly).")
@@ -51,13 +53,13 @@ def main(argv):
         "parameter_server", min_shard_bytes=FLAGS.min_shard_kib << 10,
         timeout_seconds=FLAGS.timeout_seconds,
     )
-    train, test, info = tfdist.data.recipes.token_classification_data(
+    train, test, info = recipes.token_classification_data(
         FLAGS.dataset, global_batch_size=FLAGS.batch_size, data_dir=FLAGS.data_dir,
         seed=FLAGS.seed,
     )
     keras.utils.set_random_seed(FLAGS.seed)
     with strategy.scope():
-        model = tfdist.data.recipes.build_embedding_model(
+        model = recipes.build_embedding_model(
             info["vocabulary"], info["sequence_length"], info["num_classes"]
         )
         model.compile(optimizer=keras.optimizers.Adam(FLAGS.learning_rate),

@@ -27,6 +27,7 @@ from absl import app, flags, logging
 
 import tfdist
 from image_classifier import build_classifier, train_image_classifier
+import recipes  # strategies/recipes.py: data and models of the examples
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("tpu", None, "'local' on a Cloud TPU VM, a TPU node's name, "
@@ -52,7 +53,7 @@ flags.DEFINE_integer("seed", 0, "Shuffle and initialisation seed.")
 
 def run_preflight() -> int:
     """Builds the program's model and data on CPU and prints the preflight."""
-    train, _, info = tfdist.data.recipes.image_classification_data(
+    train, _, info = recipes.image_classification_data(
         FLAGS.dataset, global_batch_size=FLAGS.batch_size, data_dir=FLAGS.data_dir,
         seed=FLAGS.seed)
     model = build_classifier(FLAGS.model, info, FLAGS.learning_rate, FLAGS.seed)

@@ -11,7 +11,7 @@ MODELS = ("mlp", "convnet", "embedding")
 IMAGE_SHAPE = (16, 16, 1)
 NUM_CLASSES = 10
 # The embedding model reads a 16x16 image as 256 tokens of 16 buckets each
-# (tfdist.data.recipes.pixel_tokens): a 4096 x 16 table.
+# (strategies/recipes.py: pixel_tokens): a 4096 x 16 table.
 SEQUENCE_LENGTH = 256
 VOCABULARY = SEQUENCE_LENGTH * 16
 
@@ -36,11 +36,23 @@ def endless_dataset(model: str, batch_size: int):
     return teardown.without_autotune(dataset) if teardown.stall_removed() else dataset
 
 
+def examples_recipes():
+    """strategies/recipes.py: the example programs' data and models."""
+    import importlib  # pylint: disable=import-outside-toplevel
+    import pathlib  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    examples = str(pathlib.Path(__file__).resolve().parents[2] / "strategies")
+    if examples not in sys.path:
+        sys.path.append(examples)
+    return importlib.import_module("recipes")
+
+
 def compiled_model(strategy, model: str, steps_per_execution: int):
     """A freshly seeded, compiled ``model`` under ``strategy``'s scope."""
     import keras  # pylint: disable=import-outside-toplevel
 
-    from tfdist.data import recipes  # pylint: disable=import-outside-toplevel
+    recipes = examples_recipes()
 
     if model not in MODELS:
         raise ValueError(f"--models: {model!r} is not one of {MODELS}.")

@@ -5,7 +5,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 import tfdist
-from tfdist.data import recipes
+from tests.support.program_loader import load_program
 from tfdist.data.datasets import load_supervised, synthetic_patterns
 
 
@@ -34,6 +34,7 @@ def test_unprepared_tfds_dataset_is_a_clear_error_not_a_download(tmp_path):
 
 def test_other_tfds_datasets_go_through_the_same_pipeline():
     with tfds.testing.mock_data(num_examples=48):
+        recipes = load_program("recipes")  # strategies/recipes.py, the examples' data
         train, test, info = recipes.image_classification_data("mnist", global_batch_size=16)
         x, y = next(iter(train.make_dataset(0)))
     assert info["input_shape"] == (28, 28, 1)

@@ -20,6 +20,7 @@ from tests.support.program_loader import load_program
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 custom_loop = load_program("custom_loop")
+recipes = load_program("recipes")  # strategies/recipes.py, the examples' data and models
 EPOCHS, BATCH = 3, 16
 
 
@@ -221,11 +222,11 @@ def _keras_on_the_programs_data(data_dir):
     with ``--optimizer=sgd``. (With Adam(1e-3) this trajectory amplifies
     float32 round-off: one-device Keras itself, its weights nudged by 1e-7
     after epoch 1, ends epoch 2 2.8e-2 away; SGD stays within 4e-7.)"""
-    train, _, info = tfdist.data.recipes.image_classification_data(
+    train, _, info = recipes.image_classification_data(
         "synthetic_patterns", global_batch_size=PROGRAM_BATCH, data_dir=data_dir,
         train_examples=TRAIN_EXAMPLES)
     keras.utils.set_random_seed(0)
-    model = tfdist.data.recipes.build_model("mlp", info["input_shape"], info["num_classes"])
+    model = recipes.build_model("mlp", info["input_shape"], info["num_classes"])
     model.compile(optimizer=keras.optimizers.SGD(0.05),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     for epoch in range(PROGRAM_EPOCHS):

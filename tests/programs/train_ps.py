@@ -1,7 +1,7 @@
 """Chief program for parameter-server tests (run under tfdist-run --num_ps).
 
 --model=mlp: tests/support/reference.py's MLP on its data (exactness with 1 worker).
---model=embedding: tfdist.data.recipes' embedding model on synthetic_patterns
+--model=embedding: strategies/recipes.py's embedding model on synthetic_patterns
 (built in --data_dir), its table sharded when there are 2+ ps tasks.
 --model=count_ids: 70 examples whose first feature is their id, and a layer
 that counts (on the ps) how often each id is trained on; the counts of
@@ -24,6 +24,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+# strategies/recipes.py: the example programs' data and models.
+sys.path.append(str(pathlib.Path(__file__).resolve().parents[2] / "strategies"))
 
 import tfdist  # noqa: E402
 
@@ -78,11 +80,13 @@ def main():
         with strategy.scope():
             model = ref.compile_model(ref.build_mlp(), "adam")
     else:
-        train, test, info = tfdist.data.recipes.token_classification_data(
+        import recipes  # pylint: disable=import-outside-toplevel
+
+        train, test, info = recipes.token_classification_data(
             "synthetic_patterns", global_batch_size=64, data_dir=args.data_dir)
         keras.utils.set_random_seed(0)
         with strategy.scope():
-            model = tfdist.data.recipes.build_embedding_model(
+            model = recipes.build_embedding_model(
                 info["vocabulary"], info["sequence_length"], info["num_classes"])
             model.compile(optimizer=keras.optimizers.Adam(0.05),
                           loss="sparse_categorical_crossentropy", metrics=["accuracy"])

@@ -19,6 +19,7 @@ import pytest
 import tfdist
 from tests.support import reference as ref
 from tests.support.launcher_harness import REPO, LauncherRun
+from tests.support.program_loader import load_program
 
 PROGRAM = ["python", "tests/programs/train_ps.py"]
 EPOCHS, STEPS, EXAMPLES, BATCH = 3, 5, 70, 16  # 5 steps: one pass per epoch
@@ -108,9 +109,10 @@ def test_checkpoint_from_two_ps_restores_on_one_ps_and_on_one_device(embedding_r
     # One device, in this process, no strategy: a plain Keras model for serving.
     import keras  # pylint: disable=import-outside-toplevel
 
-    _, test, info = tfdist.data.recipes.token_classification_data(
+    recipes = load_program("recipes")  # strategies/recipes.py
+    _, test, info = recipes.token_classification_data(
         "synthetic_patterns", global_batch_size=64, data_dir=synthetic_data_dir)
-    model = tfdist.data.recipes.build_embedding_model(
+    model = recipes.build_embedding_model(
         info["vocabulary"], info["sequence_length"], info["num_classes"])
     model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy")
     model.optimizer.build(model.trainable_variables)

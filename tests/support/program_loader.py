@@ -10,6 +10,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 def load_program(name: str):
     """``strategies/<name>.py`` as a module (cached in ``sys.modules``)."""
+    if str(REPO / "strategies") not in sys.path:  # as `python strategies/<name>.py` has it
+        sys.path.append(str(REPO / "strategies"))
     key = f"tfdist_program_{name}"
     if key not in sys.modules:
         spec = importlib.util.spec_from_file_location(key, REPO / "strategies" / f"{name}.py")

@@ -5,8 +5,8 @@
 records, with an exact policy for the partial final batch
 (`tfdist.data.distributed`). `tfdist.data.keras_inputs` reads what
 ``model.fit`` accepts; `tfdist.data.epochs` makes one pass per epoch;
-`tfdist.data.datasets` holds the embedded default dataset and
-`tfdist.data.recipes` the example programs' pipelines.
+`tfdist.data.datasets` holds the embedded default dataset (the example
+programs' pipelines and models are theirs: strategies/recipes.py).
 
 >>> import tensorflow as tf, tfdist
 >>> strategy = tfdist.make_strategy("one_device")

@@ -1,9 +1,9 @@
-"""Building blocks shared by the runnable programs in ``strategies/``.
+"""Building blocks shared by the example programs in ``strategies/`` (and
+the benchmarks in ``scripts/``): example scaffolding, not library API.
 
 An image-classification input pipeline over any supervised TFDS dataset
 (``synthetic_patterns`` by default, ``mnist`` and friends where prepared)
-and two small models. Kept in the library so every program, benchmark and
-test uses the same ones; the programs stay short enough to copy.
+and two small models, so the programs stay short enough to copy.
 """
 
 from typing import Optional
