@@ -38,8 +38,7 @@ def test_vertex_cluster_spec_becomes_tf_config(monkeypatch, pool, index, job, is
 
 def test_vertex_with_parameter_servers():
     spec = dict(VERTEX_CLUSTER, workerpool2=["cmle-training-workerpool2-1a2b-0:2222"])
-    raw = platforms.from_vertex(_vertex_env("workerpool2", 0, spec))
-    config = cluster.validate(raw)
+    config = platforms.from_vertex(_vertex_env("workerpool2", 0, spec))
     assert (config.task_type, sorted(config.cluster)) == ("ps", ["chief", "ps", "worker"])
 
 

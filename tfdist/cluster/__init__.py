@@ -16,10 +16,13 @@ SageMaker: `tfdist.cluster.platforms`), and lost-task detection
 from tfdist._internal import lazy
 
 _NAMES = {name: "tfdist.cluster.tf_config" for name in (
-    "JOB_NAMES", "READY_FILE_ENV", "TFConfig", "build_tf_config",
-    "expand_slurm_nodelist", "from_slurm", "from_tfjob", "is_chief", "num_workers",
-    "parse_tf_config", "signal_ready", "slurm_base_port", "task_id", "task_name", "task_type",
-    "validate",
+    "JOB_NAMES", "READY_FILE_ENV", "TFConfig", "build_tf_config", "is_chief", "num_workers",
+    "parse_tf_config", "signal_ready", "task_id", "task_name", "task_type", "validate",
 )}
+# Every resolver returns a TFConfig (`tfdist.cluster.platforms`).
+_NAMES.update({name: "tfdist.cluster.platforms" for name in (
+    "expand_slurm_nodelist", "from_sagemaker", "from_slurm", "from_tfjob", "from_vertex",
+    "platform_tf_config", "slurm_base_port",
+)})
 __all__ = sorted(_NAMES)
 __getattr__ = lazy.attributes(__name__, _NAMES)

@@ -21,14 +21,12 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional
 
-from tfdist.cluster import platforms
 from tfdist.errors import TFConfigError
 
 JOB_NAMES = ("chief", "worker", "ps", "evaluator")
 # Set by tfdist-run: a task writes this file once it has joined the cluster.
 READY_FILE_ENV = "TFDIST_READY_FILE"
 # Slurm tasks' ports: a block of SLURM_PORT_BLOCK per job id mod SLURM_JOB_SLOTS.
-SLURM_BASE_PORT, SLURM_PORT_BLOCK, SLURM_JOB_SLOTS = 20000, 16, 1000
 _ADDRESS = re.compile(r"^(?P<host>\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>\d+)$")
 
 
@@ -152,11 +150,11 @@ def parse_tf_config(text: Optional[str] = None) -> Optional[TFConfig]:
     if text is None:
         text = os.environ.get("TF_CONFIG", "")
         if not text.strip():
-            raw = platforms.platform_tf_config(os.environ)
-            if raw is None:
-                return None
-            config = validate(raw)
-            os.environ["TF_CONFIG"] = config.to_json()
+            from tfdist.cluster import platforms  # pylint: disable=import-outside-toplevel
+
+            config = platforms.platform_tf_config(os.environ)
+            if config is not None:  # exported for TensorFlow's own resolver
+                os.environ["TF_CONFIG"] = config.to_json()
             return config
     if not text.strip():
         return None
@@ -252,111 +250,6 @@ def build_tf_config(
         {"cluster": {job: list(a) for job, a in cluster.items()},
          "task": {"type": task_type, "index": task_index}}
     )
-
-
-def expand_slurm_nodelist(nodelist: str) -> List[str]:
-    """Slurm's compressed host list, expanded.
-
-    >>> from tfdist import cluster
-    >>> cluster.expand_slurm_nodelist("node[01-03,07],gpu5")
-    ['node01', 'node02', 'node03', 'node07', 'gpu5']
-    """
-    hosts = []
-    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
-        prefix, ranges = match.group(1), match.group(2)
-        if not ranges:
-            hosts.append(prefix)
-            continue
-        for part in ranges.split(","):
-            low, _, high = part.partition("-")
-            width = len(low)
-            for number in range(int(low), int(high or low) + 1):
-                hosts.append(f"{prefix}{number:0{width}d}")
-    return hosts
-
-
-def _expand_tasks_per_node(value: str) -> List[int]:
-    """``"2(x3),1"`` -> ``[2, 2, 2, 1]``."""
-    counts = []
-    for part in value.split(","):
-        match = re.match(r"^(\d+)(?:\(x(\d+)\))?$", part.strip())
-        if not match:
-            raise TFConfigError(f"SLURM_TASKS_PER_NODE ({value!r}) is not understood.")
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
-
-
-def slurm_base_port(env: Mapping[str, str] = None) -> int:
-    """The first port of this Slurm job's tasks on each node:
-    ``20000 + 16 * (SLURM_JOB_ID mod 1000)``, a block of 16 ports per job (up
-    to 16 tasks per node) between 20000 and 35999, so two jobs sharing a node
-    do not collide (unless their ids are equal modulo 1000). Without
-    ``SLURM_JOB_ID``: 20000.
-
-    >>> from tfdist import cluster
-    >>> cluster.slurm_base_port({"SLURM_JOB_ID": "4242"})
-    23872
-    """
-    env = os.environ if env is None else env
-    job_id = env.get("SLURM_JOB_ID", "0")
-    if not job_id.isdigit():
-        raise TFConfigError(
-            f"SLURM_JOB_ID ({job_id!r}) is not a number. Run inside a Slurm job "
-            "(sbatch / srun set it), or pass `base_port=` explicitly.")
-    return SLURM_BASE_PORT + SLURM_PORT_BLOCK * (int(job_id) % SLURM_JOB_SLOTS)
-
-
-def from_slurm(env: Mapping[str, str] = None, *, base_port: Optional[int] = None) -> TFConfig:
-    """The cluster of a Slurm job step: one worker per task (task 0 is chief).
-
-    Task ``i`` on a node listens on ``base_port + its rank on that node``;
-    ``base_port`` defaults to `slurm_base_port` (derived from
-    ``SLURM_JOB_ID``), the ports ``python -m tfdist.launch.slurm_task`` (the
-    ``tfdist-run --emit=slurm`` scripts) uses.
-
-    >>> from tfdist import cluster
-    >>> env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[3-4]",
-    ...        "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_PROCID": "1"}
-    >>> config = cluster.from_slurm(env)
-    >>> config.cluster["worker"], config.task_index, config.is_chief
-    (['node3:23872', 'node3:23873', 'node4:23872', 'node4:23873'], 1, False)
-    """
-    env = os.environ if env is None else env
-    for name in ("SLURM_JOB_NODELIST", "SLURM_PROCID", "SLURM_TASKS_PER_NODE"):
-        if name not in env:
-            raise TFConfigError(f"{name} is not set: not inside a Slurm job step (srun)?")
-    if base_port is None:
-        base_port = slurm_base_port(env)
-    hosts = expand_slurm_nodelist(env["SLURM_JOB_NODELIST"])
-    per_node = _expand_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
-    if len(per_node) != len(hosts):
-        raise TFConfigError(
-            f"SLURM_TASKS_PER_NODE ({env['SLURM_TASKS_PER_NODE']!r}) describes "
-            f"{len(per_node)} nodes but SLURM_JOB_NODELIST has {len(hosts)}."
-        )
-    workers = [
-        f"{host}:{base_port + rank}" for host, count in zip(hosts, per_node) for rank in range(count)
-    ]
-    return build_tf_config({"worker": workers}, "worker", int(env["SLURM_PROCID"]))
-
-
-def from_tfjob(env: Mapping[str, str] = None) -> TFConfig:
-    """The cluster of a Kubernetes TFJob (its operator sets TF_CONFIG).
-
-    The operator's extra keys (``environment``, ``rpc_layer``) are allowed.
-
-    >>> import json
-    >>> from tfdist import cluster
-    >>> env = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["run-worker-0:2222"]},
-    ...                                 "task": {"type": "worker", "index": 0},
-    ...                                 "environment": "cloud"})}
-    >>> cluster.from_tfjob(env).address
-    'run-worker-0:2222'
-    """
-    env = os.environ if env is None else env
-    if "TF_CONFIG" not in env:
-        raise TFConfigError("TF_CONFIG is not set: not inside a TFJob replica?")
-    return parse_tf_config(env["TF_CONFIG"])
 
 
 def signal_ready() -> None:
