@@ -32,12 +32,9 @@ tfdist.strategies.configure_logical_cpus(MAX_REPLICAS)
 def make_strategy():
     """``make_strategy(num_replicas)``: one_device for 1, else mirrored."""
 
-    def make(num_replicas: int):
-        if num_replicas == 1:
-            return tfdist.make_strategy("one_device")
-        return tfdist.make_strategy("mirrored", num_replicas=num_replicas)
+    from tests.support import strategy_columns  # pylint: disable=import-outside-toplevel
 
-    return make
+    return strategy_columns.in_process
 
 
 @pytest.fixture(scope="session")

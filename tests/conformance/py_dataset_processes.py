@@ -4,6 +4,7 @@ worker processes from a process whose TensorFlow has run other tests'
 collectives can deadlock, in Keras alone too). Prints the largest weight
 difference; exits 1 when over 1e-5."""
 
+import faulthandler
 import pathlib
 import sys
 
@@ -19,12 +20,16 @@ from conformance import test_fit_options as options  # noqa: E402
 
 
 def main():
+    # A hang (forked workers of a process running TensorFlow) prints every
+    # thread's stack and exits, well before the test's own 300 s bound.
+    faulthandler.dump_traceback_later(240, exit=True)
     case = options.CASE
     expected = case.build()
     case.compile(expected)
     initial = expected.get_weights()
     batches = lambda: options.TokenBatches(workers=2, use_multiprocessing=True)  # noqa: E731
     expected_history = expected.fit(batches(), epochs=2, shuffle=False, verbose=0).history
+    print("plain Keras fit done", flush=True)
     strategy = tfdist.make_strategy("mirrored", num_replicas=3)
     with strategy.scope():
         model = case.build()

@@ -15,16 +15,13 @@ import numpy as np
 import pytest
 
 from conformance import harness, zoo
-from tests.support import reference as ref
+from tests.support import reference as ref, strategy_columns
 from tests.support.launcher_harness import LauncherRun
 
 pytestmark = pytest.mark.conformance  # and serial: tests/conftest.py SERIAL_MODULES
 
 PROGRAM = ["python", "tests/conformance/cluster_program.py"]
-CLUSTERS = {
-    "multi_worker_2": (["--num_workers=2"], "multi_worker_mirrored", ["worker-0", "worker-1"]),
-    "ps_1_worker": (["--num_workers=1", "--num_ps=1"], "parameter_server", ["chief-0"]),
-}
+CLUSTERS = strategy_columns.CLUSTERS
 SHORT_FORM = {("embedding_pooling", "multi_worker_2", "partial"),
               ("embedding_lstm_masked", "multi_worker_2", "tiny_last"),
               ("embedding_pooling", "ps_1_worker", "partial"),
@@ -66,7 +63,8 @@ def test_cluster_equals_one_device(tmp_path, case_name, cluster, shape):
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = harness.run_keras(case, examples)
     np.savez(tmp_path / "initial.npz", *initial)
-    launcher_args, strategy, tasks = CLUSTERS[cluster]
+    column = CLUSTERS[cluster]
+    launcher_args, strategy, tasks = column.launcher_args, column.strategy, column.reporting_tasks
     args = [f"--case={case_name}", f"--examples={examples}", f"--strategy={strategy}",
             f"--initial={tmp_path / 'initial.npz'}", f"--output_dir={tmp_path / 'out'}"]
     with LauncherRun(launcher_args, PROGRAM + args) as run:

@@ -14,7 +14,6 @@ partial batches), the data 107 rows in batches of 24 (an uneven last batch).
 CI runs each on 3 replicas; ``--conformance=full`` on 1, 2, 3 and 4.
 """
 
-import json
 import pathlib
 import subprocess
 import sys
@@ -22,10 +21,10 @@ import sys
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tfdist
 from conformance import harness, zoo
+from tests.support import strategy_columns
 
 pytestmark = pytest.mark.conformance
 
@@ -136,9 +135,7 @@ def _matrix():
 
 
 def _strategy(replicas):
-    if replicas == 1:
-        return tfdist.make_strategy("one_device")
-    return tfdist.make_strategy("mirrored", num_replicas=replicas)
+    return strategy_columns.in_process(replicas)
 
 
 def _run(option, model, tmp):

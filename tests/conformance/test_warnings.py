@@ -1,10 +1,10 @@
 """What tfdist cannot make exact is a warning naming it, never silence."""
 
-import keras
 import pytest
 
 import tfdist
 from conformance import zoo
+from tests.support import strategy_columns
 
 pytestmark = pytest.mark.conformance
 
@@ -35,8 +35,7 @@ def test_activity_regularizers_under_xla_are_named():
                                              (zoo.cnn(synchronized=True), 2),
                                              (zoo.mlp(activity_l2=0.01), 3)])
 def test_nothing_to_say_when_exact(recwarn, build, replicas):
-    strategy = (tfdist.make_strategy("one_device") if replicas == 1
-                else tfdist.make_strategy("mirrored", num_replicas=replicas))
+    strategy = strategy_columns.in_process(replicas)
     _attached_fit(build, strategy)
     assert not [w for w in recwarn if "synchronized" in str(w.message)
                 or "activity_regularizer" in str(w.message)]

@@ -14,12 +14,12 @@ import os
 
 import pytest
 
-import tfdist
 from conformance import harness, zoo
+from tests.support import strategy_columns
 
 pytestmark = pytest.mark.conformance
 
-STRATEGIES = {"one_device": 1, "mirrored_2": 2, "mirrored_3": 3, "mirrored_4": 4}
+STRATEGIES = strategy_columns.IN_PROCESS
 EMBEDDING_FAMILIES = {"embedding_pooling", "embedding_lstm_masked", "tied_embedding",
                       "embedding_global_clipnorm",
                       "transformer_encoder", "dict_multi_io", "mixed_float16_embedding"}
@@ -91,10 +91,7 @@ def test_equals_one_device(case_name, strategy_name, shape, entry):
         pytest.skip(reason)
     replicas = STRATEGIES[strategy_name]
     examples = harness.BATCH_SHAPES[shape]
-    if replicas == 1:
-        strategy = tfdist.make_strategy("one_device")
-    else:
-        strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
+    strategy = strategy_columns.in_process(replicas)
     initial, reference = _reference(case_name, examples)
     tolerance = _tolerance(case_name, examples)
     if case.not_exact_over_replicas and replicas > 1:
