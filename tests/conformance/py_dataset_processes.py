@@ -2,7 +2,9 @@
 Keras on one device, then tfdist on 3 replicas, in a fresh process (forking
 worker processes from a process whose TensorFlow has run other tests'
 collectives can deadlock, in Keras alone too). Prints the largest weight
-difference; exits 1 when over 1e-5."""
+difference; exits 1 when over 1e-5. The process must also exit: its forked
+pool workers are ended by SIGTERM at exit, which they once swallowed
+(tfdist's stop-signal handler, inherited)."""
 
 import faulthandler
 import pathlib
@@ -20,8 +22,8 @@ from conformance import test_fit_options as options  # noqa: E402
 
 
 def main():
-    # A hang (forked workers of a process running TensorFlow) prints every
-    # thread's stack and exits, well before the test's own 300 s bound.
+    # A hang prints every thread's stack and exits, well before the test's
+    # own 300 s bound.
     faulthandler.dump_traceback_later(240, exit=True)
     case = options.CASE
     expected = case.build()

@@ -9,14 +9,23 @@ raises `Preempted`, Ctrl-C raises KeyboardInterrupt, as in a plain Python
 program. While a listener is active (`listen`: a
 `tfdist.loops.preemption.PreemptionWatcher` around training), a signal is
 handed to the newest one instead, which turns it into a flag.
+
+A process forked while these handlers are installed (a
+``keras.utils.PyDataset(use_multiprocessing=True)`` pool worker) inherits
+them, but not the training they belong to: in it, a stop signal does what
+it does in a plain Python program. Otherwise a pool worker would swallow the
+SIGTERM with which ``multiprocessing`` ends it at exit, and the exit would
+wait on it forever.
 """
 
+import os
 import signal
 import threading
 from typing import Dict, List, Optional
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _listeners: List = []  # objects with request(signum), newest last
+_installed_by_pid = os.getpid()  # the process whose training the handlers serve
 
 
 class Preempted(SystemExit):
@@ -50,12 +59,28 @@ class Preempted(SystemExit):
 
 def _on_stop_signal(signum, frame):
     del frame
-    if _listeners:
+    if os.getpid() != _installed_by_pid:
+        _as_a_plain_program(signum)
+    elif _listeners:
         _listeners[-1].request(signum)
     elif signum == signal.SIGINT:
         raise KeyboardInterrupt
     else:
         raise Preempted(signum=signum)
+
+
+def _as_a_plain_program(signum) -> None:
+    """A forked child's answer: Ctrl-C raises KeyboardInterrupt, SIGTERM
+    ends the process, as without tfdist."""
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _installing() -> None:
+    global _installed_by_pid
+    _installed_by_pid = os.getpid()
 
 
 def _in_main_thread() -> bool:
@@ -67,6 +92,7 @@ def exit_outside_training() -> None:
     process while no listener is active. Only the main thread can install
     signal handlers; elsewhere it does nothing."""
     if _in_main_thread():
+        _installing()
         for signum in STOP_SIGNALS:
             signal.signal(signum, _on_stop_signal)
 
@@ -76,6 +102,7 @@ def listen(listener) -> Dict[int, object]:
     `stop_listening`; returns the handlers it replaced (to restore)."""
     previous = {}
     if _in_main_thread():
+        _installing()
         for signum in STOP_SIGNALS:
             previous[signum] = signal.signal(signum, _on_stop_signal)
     _listeners.append(listener)
