@@ -49,7 +49,8 @@ setup(
         "tensorboard>=2.20",  # tf.summary writes nothing without it
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "psutil>=5.9", "matplotlib>=3.7", "pyyaml>=6"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "psutil>=5.9", "matplotlib>=3.7", "pyyaml>=6",
+                 "jsonschema>=4"],
         "plot": ["matplotlib>=3.7"],
         # Engines (issue 15): Ray Train's TensorflowTrainer; Spark barrier
         # stages (needs a Java runtime). Tested: ray 2.60, pyspark 4.3.

@@ -87,7 +87,7 @@ def test_from_tfjob_outside_a_tfjob_is_a_clear_error():
 
 @pytest.mark.parametrize("args, message", [
     (["--emit=tfjob", "--num_workers=2"], "`--emit=tfjob` needs `--image=IMAGE`"),
-    (["--emit=yaml", "--num_workers=2"], r"`--emit` \('yaml'\) must be one of tfjob, slurm"),
+    (["--emit=yaml", "--num_workers=2"], r"`--emit` \('yaml'\) must be one of trainjob, tfjob, slurm"),
     (["--emit=tfjob", "--image=i", "--num_workers=2", "--restart_policy=Sometimes"],
      r"`--restart_policy` \('Sometimes'\) must be one of OnFailure"),
     (["--emit=tfjob", "--image=i", "--num_workers=2", "--name=my_job"],

@@ -63,14 +63,20 @@ Options:
 
 Job definitions for other clusters (printed, nothing started; `emit`):
 
-    tfdist-run --emit=tfjob --image=IMAGE --num_workers=2 [--num_ps=1] [--chief] -- CMD...
+    tfdist-run --emit=trainjob --image=IMAGE --num_workers=2 [--num_ps=1] [--chief] -- CMD...
     tfdist-run --emit=slurm --num_workers=4 [--gpus=1] [--time=02:00:00] -- CMD... > job.sbatch
 
-  --emit KIND           tfjob (a Kubeflow TFJob manifest) or slurm (an sbatch script)
-  --image IMAGE         the container image (tfjob; required)
-  --chief               add a Chief replica that also runs CMD (tfjob; implied with ps)
-  --name NAME           the job name (default tfdist)
-  --restart_policy P    OnFailure (default), Never, Always or ExitCode (tfjob)
+  --emit KIND           trainjob (a Kubeflow Trainer v2 TrainJob and its
+                        TrainingRuntime), tfjob (a Kubeflow v1 TFJob: Kubeflow
+                        deprecated TFJob; for clusters still on the v1 training
+                        operator) or slurm (an sbatch script)
+  --image IMAGE         the container image (trainjob, tfjob; required)
+  --chief               add a chief that also runs CMD (trainjob, tfjob; implied
+                        with ps)
+  --name NAME           the job name (default tfdist; trainjob: lower case, it
+                        names the pods' hostnames)
+  --port P              each pod's TensorFlow port (trainjob; default 2222)
+  --restart_policy P    OnFailure (default) or Never; tfjob also Always, ExitCode
   --cpu N, --memory M, --gpus G
                         resources per replica / node (e.g. --cpu=4 --memory=16Gi)
   --time T              Slurm time limit (--time of sbatch)
@@ -149,6 +155,7 @@ def parse_emit_args(argv: Sequence[str]) -> Tuple[str, JobSpec]:
     parser.add_argument("--memory", default=None)
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--time", default=None)
+    parser.add_argument("--port", type=int, default=2222)
     args = parser.parse_args(own)
     if args.emit not in EMIT_KINDS:
         raise ConfigurationError(
@@ -157,7 +164,8 @@ def parse_emit_args(argv: Sequence[str]) -> Tuple[str, JobSpec]:
     return args.emit, JobSpec(
         command=command, num_workers=args.num_workers, num_ps=args.num_ps, chief=args.chief,
         image=args.image, name=args.name, restart_policy=args.restart_policy,
-        cpu=args.cpu, memory=args.memory, gpus=args.gpus, time_limit=args.time)
+        cpu=args.cpu, memory=args.memory, gpus=args.gpus, time_limit=args.time,
+        port=args.port)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,8 +1,9 @@
 """Job definitions for clusters tfdist-run does not start itself.
 
-``tfdist-run --emit=tfjob`` prints a Kubeflow ``TFJob`` (kubeflow.org/v1):
-the training operator starts the replicas and gives each the ``TF_CONFIG``
-tfdist reads (`tfdist.cluster.from_tfjob`). ``tfdist-run --emit=slurm``
+``tfdist-run --emit=trainjob`` prints a Kubeflow Trainer v2 ``TrainJob``
+and its training runtime; ``--emit=tfjob`` the v1 ``TFJob`` Kubeflow
+deprecated, for clusters that still run the v1 training operator (both in
+`tfdist.launch.kubeflow`). ``tfdist-run --emit=slurm``
 prints an ``sbatch`` script: ``srun`` starts one task per node, and each
 task builds its ``TF_CONFIG`` from Slurm's variables
 (`tfdist.cluster.from_slurm`, in ``python -m tfdist.launch.slurm_task``).
@@ -14,15 +15,15 @@ coordinator), and workers and ps run ``python -m tfdist.server``.
 """
 
 import dataclasses
-import json
 import shlex
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from tfdist.errors import ConfigurationError
+from tfdist.launch.kubeflow import tfjob_manifest, trainjob_manifests
+from tfdist.launch.yaml_text import documents, to_yaml
 
-EMIT_KINDS = ("tfjob", "slurm")
+EMIT_KINDS = ("trainjob", "tfjob", "slurm")
 RESTART_POLICIES = ("OnFailure", "Never", "Always", "ExitCode")
-SERVER_COMMAND = ["python", "-m", "tfdist.server"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,101 +41,20 @@ class JobSpec:
     memory: Optional[str] = None
     gpus: int = 0
     time_limit: Optional[str] = None  # Slurm: --time
+    port: int = 2222  # Kubernetes: each pod's TensorFlow server port
 
     def __post_init__(self):
         if self.restart_policy not in RESTART_POLICIES:
             raise ConfigurationError(
                 f"`--restart_policy` ({self.restart_policy!r}) must be one of "
-                f"{', '.join(RESTART_POLICIES)} (the TFJob replica restart policies).")
+                f"{', '.join(RESTART_POLICIES)} (the TFJob replica restart policies; "
+                "a TrainJob allows OnFailure and Never).")
         if not isinstance(self.gpus, int) or self.gpus < 0:
             raise ConfigurationError(f"`--gpus` ({self.gpus!r}) must be 0 or more.")
         if not self.name or not all(c.isalnum() or c == "-" for c in self.name):
             raise ConfigurationError(
                 f"`--name` ({self.name!r}) must be letters, digits and '-' (a Kubernetes "
                 "object name).")
-
-
-# -- Kubernetes TFJob ---------------------------------------------------------
-
-
-def tfjob_manifest(spec: JobSpec) -> dict:
-    """The ``TFJob`` object (kubeflow.org/v1) for ``spec``."""
-    if not spec.image:
-        raise ConfigurationError(
-            "`--emit=tfjob` needs `--image=IMAGE`: the container image with tfdist and "
-            "your program, e.g. --image=us-docker.pkg.dev/PROJECT/REPO/train:latest.")
-    parameter_servers = spec.num_ps > 0
-    replicas = {}
-    if spec.chief or parameter_servers:
-        replicas["Chief"] = _replica_spec(spec, 1, list(spec.command))
-    worker_command = SERVER_COMMAND if parameter_servers else list(spec.command)
-    replicas["Worker"] = _replica_spec(spec, spec.num_workers, worker_command)
-    if parameter_servers:
-        replicas["PS"] = _replica_spec(spec, spec.num_ps, SERVER_COMMAND, gpus=0)
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "TFJob",
-        "metadata": {"name": spec.name},
-        "spec": {"runPolicy": {"cleanPodPolicy": "Running"}, "tfReplicaSpecs": replicas},
-    }
-
-
-def _replica_spec(spec: JobSpec, count: int, command: List[str], gpus=None) -> dict:
-    container = {
-        "name": "tensorflow",  # the operator finds the training container by this name
-        "image": spec.image,
-        "command": [str(part) for part in command],
-    }
-    limits = {}
-    if spec.cpu:
-        limits["cpu"] = str(spec.cpu)
-    if spec.memory:
-        limits["memory"] = str(spec.memory)
-    gpus = spec.gpus if gpus is None else gpus
-    if gpus:
-        limits["nvidia.com/gpu"] = gpus
-    if limits:
-        container["resources"] = {"limits": limits}
-    return {
-        "replicas": count,
-        "restartPolicy": spec.restart_policy,
-        "template": {"spec": {"containers": [container]}},
-    }
-
-
-def to_yaml(value, indent: int = 0) -> str:
-    """Block-style YAML for dicts, lists, strings, numbers and booleans
-    (strings are JSON-quoted, which YAML reads as the same strings)."""
-    pad = "  " * indent
-    if isinstance(value, dict):
-        lines = []
-        for key, item in value.items():
-            if isinstance(item, (dict, list)) and item:
-                lines.append(f"{pad}{key}:\n{to_yaml(item, indent + 1)}")
-            else:
-                lines.append(f"{pad}{key}: {_scalar(item)}")
-        return "\n".join(lines)
-    if isinstance(value, list):
-        lines = []
-        for item in value:
-            if isinstance(item, dict) and item:
-                first, *rest = to_yaml(item, indent + 1).split("\n")
-                lines.append(f"{pad}- {first.lstrip()}")
-                lines.extend(rest)
-            else:
-                lines.append(f"{pad}- {_scalar(item)}")
-        return "\n".join(lines)
-    return pad + _scalar(value)
-
-
-def _scalar(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return str(value)
-    if isinstance(value, (dict, list)):  # empty
-        return json.dumps(value)
-    return json.dumps(str(value))
 
 
 # -- Slurm ----------------------------------------------------------------------
@@ -172,7 +92,9 @@ def slurm_script(spec: JobSpec) -> str:
 
 
 def emit(kind: str, spec: JobSpec) -> str:
-    """The text of a ``kind`` ("tfjob" or "slurm") job for ``spec``."""
+    """The text of a ``kind`` ("trainjob", "tfjob" or "slurm") job for ``spec``."""
+    if kind == "trainjob":
+        return documents(trainjob_manifests(spec))
     if kind == "tfjob":
         return to_yaml(tfjob_manifest(spec)) + "\n"
     if kind == "slurm":
