@@ -1,6 +1,6 @@
 """Cloud TPU support: ``tfdist.make_strategy("tpu")`` connects to the TPU
 (`tfdist.strategies.tpu`), and a CPU preflight finds what would stop a step
-from running on a TPU (`tfdist.tpu.preflight`). The TPU's static-shape
+from running on a TPU, and what would waste it (`tfdist.tpu.preflight`). The TPU's static-shape
 training path itself is `tfdist.replica.static_shapes`, usable (and tested)
 on CPU replicas.
 
@@ -11,6 +11,6 @@ on CPU replicas.
 """
 
 from tfdist.tpu.preflight import preflight
-from tfdist.tpu.report import PreflightReport, Problem
+from tfdist.tpu.report import Advice, PreflightReport, Problem
 
-__all__ = ["PreflightReport", "Problem", "preflight"]
+__all__ = ["Advice", "PreflightReport", "Problem", "preflight"]

@@ -136,9 +136,10 @@ def _first_batch_size(data: tf.data.Dataset, spec, report: PreflightReport) -> O
 
 
 def check_batch_size(global_batch_size: int, report: PreflightReport) -> int:
-    """The per-replica batch size; a problem when it is uneven or not a
-    multiple of 8, a note when not a multiple of 128 (a TPU core's matrix
-    unit works on tiles of 8 x 128)."""
+    """The per-replica batch size. A problem when the global batch does not
+    split evenly over the cores (the cores' shapes would differ); advice
+    when the per-core batch is not a multiple of 8, or of 128: it runs, but
+    a TPU core's matrix unit works on tiles of 8 x 128 and pads the rest."""
     replicas = report.num_replicas
     if global_batch_size % replicas:
         report.add("batch size", "data",
@@ -148,14 +149,16 @@ def check_batch_size(global_batch_size: int, report: PreflightReport) -> int:
         return global_batch_size // replicas or 1
     per_replica = global_batch_size // replicas
     if per_replica % 8:
-        report.add("batch size", "data",
-                   f"the per-core batch is {per_replica} ({global_batch_size} / {replicas} "
-                   "cores), not a multiple of 8: the TPU pads every core's batch "
-                   "to 8 rows and wastes the rest.",
-                   f"Use a global batch of {replicas * 8 * max(1, round(per_replica / 8))} "
-                   f"(a multiple of {replicas * 8}).")
+        padded = 8 * (per_replica // 8 + 1)
+        report.advise("batch size", "data",
+                      f"the per-core batch is {per_replica} ({global_batch_size} / {replicas} "
+                      f"cores), not a multiple of 8: each core pads it to {padded} rows, so "
+                      f"{padded - per_replica} of every {padded} rows of its work are wasted.",
+                      f"a global batch of {replicas * 8 * max(1, round(per_replica / 8))} "
+                      f"(a multiple of {replicas * 8}).")
     elif per_replica % 128:
-        report.notes.append(
-            f"The per-core batch is {per_replica}; multiples of 128 (global "
-            f"{replicas * 128}) fill a TPU core's 128 x 128 matrix unit.")
+        report.advise("batch size", "data",
+                      f"the per-core batch is {per_replica}; the 128 x 128 matrix unit "
+                      "is partly idle.",
+                      f"a multiple of 128 per core (a global batch of {replicas * 128} or more).")
     return per_replica

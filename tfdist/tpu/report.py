@@ -1,4 +1,6 @@
-"""What `tfdist.tpu.preflight` found: a list of problems, each with its fix."""
+"""What `tfdist.tpu.preflight` found: problems (the step would not run on a
+TPU), each with its fix, and advice (it runs, but leaves the TPU partly
+idle), each with what to change."""
 
 import dataclasses
 from typing import List
@@ -27,26 +29,50 @@ class Problem:
         return f"[{self.check}] {self.where}: {self.detail} Fix: {self.fix}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """Something that runs on a TPU but wastes it (e.g. a per-core batch
+    the matrix unit pads), and what to change.
+
+    >>> from tfdist.tpu.report import Advice
+    >>> print(Advice("batch size", "data", "the per-core batch is 2; the TPU pads it to 8.",
+    ...              "use a global batch of 64."))
+    [batch size] data: the per-core batch is 2; the TPU pads it to 8. Better: use a global batch of 64.
+    """
+
+    check: str
+    where: str
+    detail: str
+    change: str
+
+    def __str__(self) -> str:
+        return f"[{self.check}] {self.where}: {self.detail} Better: {self.change}"
+
+
 @dataclasses.dataclass
 class PreflightReport:
-    """The preflight's findings. ``ok`` when there are no problems; ``notes``
-    are advice that does not stop a TPU run (e.g. batch sizes that are
-    valid but leave the matrix units partly idle).
+    """The preflight's findings. ``ok``: the step will run on a TPU (no
+    problems). ``advice`` lists what runs but wastes the TPU (batch sizes
+    the matrix unit pads), and never makes ``ok`` false; ``notes`` say how
+    the preflight read the data.
 
     >>> from tfdist.tpu.report import PreflightReport
-    >>> report = PreflightReport(num_replicas=8, per_replica_batch_size=16, compiled=True)
+    >>> report = PreflightReport(num_replicas=8, per_replica_batch_size=2, compiled=True)
+    >>> report.advise("batch size", "data", "the per-core batch is 2.", "use 64.")
     >>> report.ok
     True
     >>> report.add("float64", "data x", "is float64.", "cast it to float32.")
     >>> print(report)
-    TPU preflight: 1 problem(s) (8 replicas, per-replica batch 16, XLA compile passed)
+    TPU preflight: 1 problem(s) (8 replicas, per-replica batch 2, XLA compile passed)
       - [float64] data x: is float64. Fix: cast it to float32.
+      advice: [batch size] data: the per-core batch is 2. Better: use 64.
     """
 
     num_replicas: int
     per_replica_batch_size: int = 0
     compiled: bool = False
     problems: List[Problem] = dataclasses.field(default_factory=list)
+    advice: List[Advice] = dataclasses.field(default_factory=list)
     notes: List[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -59,11 +85,16 @@ class PreflightReport:
             return
         self.problems.append(Problem(check, where, detail, fix))
 
+    def advise(self, check: str, where: str, detail: str, change: str) -> None:
+        """Adds advice: the step runs on a TPU, but ``change`` would use it better."""
+        self.advice.append(Advice(check, where, detail, change))
+
     def __str__(self) -> str:
         head = (f"TPU preflight: {'OK' if self.ok else f'{len(self.problems)} problem(s)'}"
                 f" ({self.num_replicas} replicas, per-replica batch "
                 f"{self.per_replica_batch_size or '?'}, XLA compile "
                 f"{'passed' if self.compiled else 'not passed'})")
         lines = [head] + [f"  - {p}" for p in self.problems]
+        lines += [f"  advice: {a}" for a in self.advice]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
