@@ -91,3 +91,20 @@ def test_every_keras_function_tfdist_wraps_is_where_it_looks():
     assert callable(Variable.assign_add) and callable(Variable.assign_sub)
     inner = keras.optimizers.SGD()
     assert patches.inner_optimizer(keras.optimizers.LossScaleOptimizer(inner)) is inner
+
+
+def test_file_writing_callbacks_have_the_paths_tfdist_redirects(tmp_path):
+    """`tfdist._internal.keras.callback_files`: BackupAndRestore's four file
+    paths and its loader, TensorBoard's directories recomputed by set_model."""
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    for name in ("_weights_path", "_training_metadata_path", "_prev_weights_path",
+                 "_prev_training_metadata_path"):
+        assert getattr(backup, name).startswith(str(tmp_path / "backup")), name
+    assert callable(backup._load_model)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    board = keras.callbacks.TensorBoard(str(tmp_path / "a"))
+    board.set_model(model)
+    board.log_dir = str(tmp_path / "b")
+    board.set_model(model)
+    assert board._train_dir == str(tmp_path / "b" / "train")
+    assert keras.callbacks.CSVLogger(str(tmp_path / "log.csv")).csv_file is None

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tfdist import cluster, data as data_lib
 from tfdist._internal import validation
 from tfdist._internal.keras import callbacks as keras_callbacks, model_state as keras_model_state
+from tfdist._internal.keras.callback_files import ChiefOnlyFiles
 from tfdist.checkpoint import Position, TrainingCheckpoint
 from tfdist.communication.plan import Communication
 from tfdist.data import epochs as epochs_lib, keras_inputs
@@ -221,40 +222,44 @@ class Trainer:
             validation_batch_size=validation_batch_size)
         reporter = ProgressReporter(verbose=0 if self._reporting.keras_progress_bar else verbose,
                                     log_dir=self._reporting.log_dir)
-        callback_list = self._callback_list(
-            callbacks, verbose, epochs, steps_per_epoch or source.known_steps(initial_epoch))
-        reporting = self._batch_reporting(callback_list)
-        # SIGTERM / Ctrl-C -> every worker stops at one step (saving first).
-        watcher = PreemptionWatcher()
-        initial_epoch = keras_callbacks.begin_training(self.model, callback_list, initial_epoch)
-        self._restore(verbose, initial_epoch)
-        epoch_loop = self._epoch_loop(  # (after the restore: it advances the restored position)
-            steps_per_epoch, reporter, callback_list, reporting, watcher)
-        written = (self._checkpoint.writes_finished() if self._checkpoint
-                   else contextlib.nullcontext())
-        with self._explain_failures(), watcher, contextlib.closing(reporter), written:
-            try:
-                for epoch_data in epochs_lib.epoch_iterators(
-                        source, functools.partial(self._iterator, source), self._position,
-                        epochs=epochs, steps_per_epoch=steps_per_epoch, first_epoch=initial_epoch,
-                        fresh_each_epoch=self._runner.new_pass_each_epoch()):
-                    epoch = epoch_data.epoch
-                    callback_list.on_epoch_begin(epoch)
-                    ran_out = epoch_loop.run(epoch_data.iterator, epoch_data.total_steps)
-                    self._end_epoch_steps(ran_out=ran_out and epoch_data.outlives_epoch)
-                    validates = (epoch + 1) % validation_freq == 0
-                    logs = self._epoch_logs(validation_source if validates else None,
-                                            validation_steps, callback_list)
-                    steps_done = self._end_epoch()
-                    reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
-                    callback_list.on_epoch_end(epoch, logs)
-                    if self.model.stop_training:
-                        break
-            except Preempted as stop:
-                epoch_data = None  # (its iterator is freed before the exit)
-                raise free_iterators_or_exit(stop) from None
-        keras_callbacks.end_training(self.model, callback_list, epochs)
-        return self.model.history
+        # Keras callbacks that write files: the chief writes to the paths given,
+        # the other workers to private temporary paths removed at the end.
+        with ChiefOnlyFiles(_callbacks_in(callbacks), is_chief=self._is_chief):
+            callback_list = self._callback_list(
+                callbacks, verbose, epochs, steps_per_epoch or source.known_steps(initial_epoch))
+            reporting = self._batch_reporting(callback_list)
+            # SIGTERM / Ctrl-C -> every worker stops at one step (saving first).
+            watcher = PreemptionWatcher()
+            initial_epoch = keras_callbacks.begin_training(self.model, callback_list, initial_epoch)
+            self._restore(verbose, initial_epoch)
+            epoch_loop = self._epoch_loop(  # (after the restore: it advances the restored position)
+                steps_per_epoch, reporter, callback_list, reporting, watcher)
+            written = (self._checkpoint.writes_finished() if self._checkpoint
+                       else contextlib.nullcontext())
+            with self._explain_failures(), watcher, contextlib.closing(reporter), written:
+                try:
+                    for epoch_data in epochs_lib.epoch_iterators(
+                            source, functools.partial(self._iterator, source), self._position,
+                            epochs=epochs, steps_per_epoch=steps_per_epoch,
+                            first_epoch=initial_epoch,
+                            fresh_each_epoch=self._runner.new_pass_each_epoch()):
+                        epoch = epoch_data.epoch
+                        callback_list.on_epoch_begin(epoch)
+                        ran_out = epoch_loop.run(epoch_data.iterator, epoch_data.total_steps)
+                        self._end_epoch_steps(ran_out=ran_out and epoch_data.outlives_epoch)
+                        validates = (epoch + 1) % validation_freq == 0
+                        logs = self._epoch_logs(validation_source if validates else None,
+                                                validation_steps, callback_list)
+                        steps_done = self._end_epoch()
+                        reporter.epoch_end(epoch=epoch, steps=steps_done, logs=logs)
+                        callback_list.on_epoch_end(epoch, logs)
+                        if self.model.stop_training:
+                            break
+                except Preempted as stop:
+                    epoch_data = None  # (its iterator is freed before the exit)
+                    raise free_iterators_or_exit(stop) from None
+            keras_callbacks.end_training(self.model, callback_list, epochs)
+            return self.model.history
 
     def _epoch_loop(self, steps_per_epoch, reporter, callback_list, reporting,
                     watcher) -> EpochLoop:
@@ -381,3 +386,10 @@ def _checkpoint_for(model, options: CheckpointOptions, *, is_chief: bool):
     return TrainingCheckpoint(model, options.directory, max_to_keep=options.max_to_keep,
                               is_chief=is_chief, task_name=cluster.task_name(),
                               async_write=options.async_write)
+
+
+def _callbacks_in(callbacks) -> list:
+    """The callbacks of ``fit(callbacks=...)``: a list, a CallbackList or None."""
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return list(callbacks.callbacks)
+    return list(callbacks or [])
