@@ -25,7 +25,7 @@ strategies/custom_loop.py): `tfdist.data.distribute` (batches as
 Names load on first use, so ``import tfdist`` (and the ``tfdist-run``
 launcher, which needs no TensorFlow) starts in milliseconds; TensorFlow is
 imported by the first name that needs it, without its C++ start-up noise
-(`tfdist._internal.tf_logs`; ``TFDIST_TF_LOGS=1`` shows it).
+(`tfdist.import_tensorflow`; ``TFDIST_TF_LOGS=1`` shows it).
 """
 
 from tfdist._internal import lazy, runtime_start, tf_logs
@@ -43,7 +43,7 @@ _NAMES = {
     "Trainer": "tfdist.training.trainer",
     "attach": "tfdist.training.keras_fit",
     "detach": "tfdist.training.keras_fit",
-    "import_tensorflow": "tfdist._internal.tf_logs",
+    "import_tensorflow": "tfdist.tensorflow_import",
     "make_strategy": "tfdist.strategies.registry",
 }
 _PACKAGES = (

@@ -22,7 +22,7 @@ from tfdist.errors import ConfigurationError
 
 
 def _versions() -> List[str]:
-    tf = tf_logs.import_tensorflow()
+    tf = tf_logs.import_module("tensorflow")
     import keras  # pylint: disable=import-outside-toplevel
 
     return [f"tfdist {tfdist.__version__}", f"tensorflow {tf.__version__}",
@@ -31,7 +31,7 @@ def _versions() -> List[str]:
 
 
 def _devices(environ: Mapping[str, str]) -> List[str]:
-    tf = tf_logs.import_tensorflow()
+    tf = tf_logs.import_module("tensorflow")
     lines = []
     for kind in ("CPU", "GPU", "TPU"):
         found = tf.config.list_physical_devices(kind)

@@ -43,7 +43,7 @@ def test_errors_and_program_output_are_not_noise(line):
 SCRIPT = r"""
 import sys
 import tfdist
-tfdist._internal.tf_logs.import_tensorflow()
+tfdist.import_tensorflow()
 import tensorflow as tf
 strategy = tfdist.make_strategy("mirrored", num_replicas=2)
 print("result", strategy.num_replicas_in_sync, flush=True)
@@ -95,11 +95,3 @@ def test_tfdist_run_console_drops_noise_and_log_files_keep_it(tmp_path):
     assert "[worker-0] hello" in console and "cudart_stub" not in console
     assert "cudart_stub" in (tmp_path / "worker-0.log").read_text()
     assert "cudart_stub" in launch("--tf_logs")
-
-
-def test_import_tensorflow_is_public():
-    import tfdist
-    from tfdist._internal import tf_logs as module
-
-    assert "import_tensorflow" in tfdist.__all__
-    assert tfdist.import_tensorflow is module.import_tensorflow

@@ -116,15 +116,3 @@ def import_module(name: str):
             # starts no runtime: logical devices can still be configured.
             tensorflow.config.list_physical_devices()
         return module
-
-
-def import_tensorflow():
-    """Imports TensorFlow (and starts nothing else) without its start-up
-    noise; for scripts, before they import ``keras`` or ``tensorflow``.
-
-    >>> import tfdist
-    >>> tf = tfdist.import_tensorflow()
-    >>> tf.__name__
-    'tensorflow'
-    """
-    return import_module("tensorflow")
