@@ -13,10 +13,10 @@ import tensorflow as tf
 import tfdist
 from tests.support import reference as ref
 from tests.support.models import GuideTrainStep
-from tests.replica.test_mixed_precision import EPOCHS as MIXED_EPOCHS
-from tests.replica.test_mixed_precision import (OwnStep, dense_model, features_with_an_overflow,
-                                        max_difference, one_device, references,
-                                        sequence_model, tokens)
+from tests.support.mixed_precision import EPOCHS as MIXED_EPOCHS
+from tests.support.mixed_precision import (OwnStep, dense_model, features_with_an_overflow,
+                                           max_difference, one_device, references,
+                                           sequence_model, tokens)
 from tfdist.communication import Compression, LocalSGD
 from tfdist.errors import ConfigurationError
 
