@@ -317,6 +317,27 @@ class TrainingCheckpoint:
             return path
         return None
 
+    def listed(self) -> list:
+        """Paths of the complete checkpoints in the directory, oldest first,
+        read afresh from its state file (which the writer updates after a
+        checkpoint's files are written: one being written is not listed)."""
+        state = None if self.directory is None else tf.train.get_checkpoint_state(self.directory)
+        return list(state.all_model_checkpoint_paths) if state else []
+
+    def read_model(self, path: str) -> Position:
+        """Reads the model's weights and the position from the checkpoint at
+        ``path`` (not the optimizer's or metrics' state: for evaluating it),
+        and returns the position.
+
+        Raises:
+          tf.errors.NotFoundError, tf.errors.DataLossError, IndexError: it is gone or
+            damaged (IndexError: a data file shorter than its index says).
+        """
+        reader = tf.train.Checkpoint(model=self._model, step=self.step, epoch=self.epoch,
+                                     step_in_epoch=self.step_in_epoch)
+        reader.read(path).expect_partial()
+        return self.position()
+
     def position(self) -> Position:
         """The position recorded by the checkpoint last restored or saved."""
         return Position(int(self.step.numpy()), int(self.epoch.numpy()),

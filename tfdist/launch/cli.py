@@ -42,6 +42,12 @@ Options:
                         workers (tasks data-dispatcher, data-worker-0..); every
                         training task gets TFDIST_DATA_SERVICE=grpc://<dispatcher>,
                         which data_service="auto" reads (default 0: none)
+  --evaluator           also run an evaluator task (evaluator-0): the same
+                        command, whose fit evaluates each new checkpoint in
+                        checkpoint_dir on fit's validation data beside
+                        training; it never fails or stops training
+  --evaluator_timeout S seconds the evaluator may take, once training is
+                        done, to evaluate the last checkpoint (default 120)
   --max_restarts K      restarts of the group after a failure (default 0)
   --bandwidth RATE      run every task in a network namespace whose loopback
                         is limited to RATE (a tc rate: 1gbit, 10gbit, 500mbit),
@@ -119,6 +125,8 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     parser.add_argument("--data_service_workers", type=int, default=0)
     parser.add_argument("--bandwidth", default=None)
     parser.add_argument("--max_restarts", type=int, default=0)
+    parser.add_argument("--evaluator", action="store_true")
+    parser.add_argument("--evaluator_timeout", type=float, default=120.0)
     parser.add_argument("--min_workers", type=int, default=None)
     parser.add_argument("--log_dir", default=None)
     parser.add_argument("--start_timeout", type=float, default=180.0)
@@ -133,6 +141,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     config = LaunchConfig(
         num_workers=args.num_workers, num_ps=args.num_ps, max_restarts=args.max_restarts,
         min_workers=args.min_workers, data_service_workers=args.data_service_workers,
+        evaluator=args.evaluator, evaluator_timeout=args.evaluator_timeout,
         bandwidth=args.bandwidth,
         log_dir=args.log_dir, start_timeout=args.start_timeout,
         grace_period=args.grace_period, hang_timeout=args.hang_timeout, ports=ports,

@@ -21,6 +21,11 @@ class LaunchConfig:
         the dispatcher's address in ``TFDIST_DATA_SERVICE``
         (`tfdist.data.service`). They are servers: one that exits fails the
         group (a restart starts them all again).
+      evaluator: also run an ``evaluator`` task: the same command, with a
+        TF_CONFIG naming it ``evaluator``, which evaluates each checkpoint
+        beside training (`tfdist.training.sidecar`). It is not part of the
+        cluster: it never fails or stops the group, which waits for it at
+        the end for at most ``evaluator_timeout`` seconds.
       max_worker_respawns: with ps tasks and 2+ workers, how often a dead
         or hung worker server is started again (the coordinator moves its
         steps to the other workers). With one worker a lost worker fails the
@@ -60,6 +65,8 @@ class LaunchConfig:
     num_workers: int
     num_ps: int = 0
     data_service_workers: int = 0
+    evaluator: bool = False
+    evaluator_timeout: float = 120.0
     max_worker_respawns: int = 3
     max_restarts: int = 0
     min_workers: Optional[int] = None
@@ -90,7 +97,7 @@ class LaunchConfig:
         self._check_min_workers()
         if self.bandwidth is not None:
             bits_per_second(self.bandwidth)  # a clear error for a bad rate
-        for name in ("start_timeout", "grace_period", "hang_timeout"):
+        for name in ("start_timeout", "grace_period", "hang_timeout", "evaluator_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(
                     f"`{name}` ({getattr(self, name)}) must be 0 or more seconds."

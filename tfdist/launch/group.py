@@ -34,7 +34,10 @@ class TaskSpec:
     task (a ps or worker under ParameterServerStrategy) is not expected to
     exit: the group succeeds when every other task exited 0, and a server
     that exits, or hangs (stopped for ``hang_timeout``), is started again,
-    same port, up to ``max_respawns`` times, else it fails the group.
+    same port, up to ``max_respawns`` times, else it fails the group. A
+    ``sidecar`` task (an evaluator) runs beside the others: its exit or
+    hang is reported and never fails the group, which waits for it at the
+    end for a bounded time (`ProcessGroup.wait`'s ``sidecar_timeout``).
 
     >>> from tfdist.launch import TaskSpec
     >>> task = TaskSpec("worker-1", {"TF_CONFIG": '{"task": {"type": "worker", "index": 1}}'})
@@ -48,6 +51,7 @@ class TaskSpec:
     command: Optional[Sequence[str]] = None
     server: bool = False
     max_respawns: int = 0
+    sidecar: bool = False
 
 
 @dataclasses.dataclass
@@ -167,6 +171,7 @@ class ProcessGroup:
         self._tails: Dict[str, collections.deque] = {}
         self._readers: List[threading.Thread] = []
         self._respawns: Dict[str, int] = {}
+        self._sidecars_reported: set = set()
 
     @property
     def pids(self) -> Dict[str, int]:
@@ -241,14 +246,15 @@ class ProcessGroup:
     def wait(self, *, start_timeout: float = 0.0, poll_interval: float = 0.1,
              stop_event: Optional[threading.Event] = None,
              stop_timeout: float = 15.0, hang_timeout: float = 0.0,
-             stop_signal: str = "SIGTERM") -> GroupResult:
+             stop_signal: str = "SIGTERM", sidecar_timeout: float = 120.0) -> GroupResult:
         """Waits for all tasks, or returns at the first failure.
 
         ``stop_event`` set (the launcher got SIGINT/SIGTERM and forwarded
         it) means: wait up to ``stop_timeout`` seconds for every task to
         exit, then return a result naming ``stop_signal`` (close kills the
         rest). A task stopped (SIGSTOP) for ``hang_timeout`` seconds is a
-        failure naming it (0: never).
+        failure naming it (0: never). Once the training tasks exited 0,
+        sidecar tasks get up to ``sidecar_timeout`` seconds to end.
         """
         started = time.monotonic()
         joined = set()
@@ -270,6 +276,9 @@ class ProcessGroup:
                 code = self._processes[task.name].poll()
                 if code is None or (code == 0 and not task.server):
                     continue
+                if task.sidecar:
+                    self._report_sidecar(task.name, code)
+                    continue
                 if task.server and self._respawns.get(task.name, 0) < task.max_respawns:
                     self._respawns[task.name] = self._respawns.get(task.name, 0) + 1
                     self._emit(f"[launcher] {task.name} exited (exit code "
@@ -280,7 +289,9 @@ class ProcessGroup:
                 if hung is not None:  # the root cause, not the peer that noticed it
                     return hung
                 return self._failure(task.name, exit_code_of(code), "exited")
-            if all(self._processes[t.name].poll() == 0 for t in self._tasks if not t.server):
+            if all(self._processes[t.name].poll() == 0 for t in self._tasks
+                   if not t.server and not t.sidecar):
+                self._wait_for_sidecars(sidecar_timeout, poll_interval)
                 return GroupResult(0)
             if hang_timeout:
                 hung = self._hung(stopped_since, now, hang_timeout)
@@ -301,10 +312,37 @@ class ProcessGroup:
                         )
             time.sleep(poll_interval)
 
+    def _report_sidecar(self, name: str, code: int) -> None:
+        if name not in self._sidecars_reported:
+            self._sidecars_reported.add(name)
+            self._emit(f"[launcher] {name} exited (exit code {exit_code_of(code)}); it runs "
+                       "beside training, which goes on")
+
+    def _wait_for_sidecars(self, timeout: float, poll_interval: float) -> None:
+        """Training is done: sidecars (evaluating the last checkpoint) may
+        end on their own for ``timeout`` s; `close` ends any still running."""
+        deadline = time.monotonic() + timeout
+        sidecars = [t.name for t in self._tasks if t.sidecar]
+        while time.monotonic() < deadline and any(
+                self._processes[name].poll() is None and not is_stopped(self._processes[name].pid)
+                for name in sidecars):
+            time.sleep(poll_interval)
+        for name in sidecars:
+            code = self._processes[name].poll()
+            if code is None:
+                self._emit(f"[launcher] training is done; ending {name}, still running after "
+                           f"{timeout:g} s")
+            elif code != 0:
+                self._report_sidecar(name, code)
+
     def _hung(self, stopped_since: Dict[str, float], now: float,
               hang_timeout: float) -> Optional[GroupResult]:
-        """A failure naming a task stopped for ``hang_timeout`` s, if any."""
+        """A failure naming a task stopped for ``hang_timeout`` s, if any
+        (sidecars never fail the group)."""
+        sidecars = {t.name for t in self._tasks if t.sidecar}
         for name, process in self._processes.items():
+            if name in sidecars:
+                continue
             if process.poll() is None and is_stopped(process.pid):
                 stopped_since.setdefault(name, now)
             else:

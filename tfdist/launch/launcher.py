@@ -69,7 +69,8 @@ def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
     Without ps tasks every worker runs the command. With them the command
     runs as the chief, and workers and ps tasks run `tfdist.server`. With
     ``data_service_workers`` a dispatcher and its workers come last, and
-    every training task learns the dispatcher's address.
+    every training task learns the dispatcher's address. With ``evaluator``
+    an ``evaluator-0`` task runs the command beside the cluster.
     """
     data_tasks, data_env = _data_service_tasks(config, ports, ready_dir)
     layout = _cluster_layout(config, ports)
@@ -91,7 +92,12 @@ def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
                 max_respawns=(config.max_worker_respawns
                               if job == "worker" and server and config.num_workers > 1 else 0),
             ))
-    return tasks + data_tasks
+    tasks += data_tasks
+    if config.evaluator:  # beside the cluster, not in it: no port, no join; last
+        evaluator = cluster.build_tf_config(layout, "evaluator", 0)
+        tasks.append(TaskSpec(name="evaluator-0",
+                              env={"TF_CONFIG": evaluator.to_json(), **data_env}, sidecar=True))
+    return tasks
 
 
 def _lost_worker(result: GroupResult, tasks, restarts: int) -> Optional[str]:
@@ -202,6 +208,7 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
                     result = group.wait(
                         start_timeout=config.start_timeout, stop_event=forwarder.stop,
                         stop_timeout=config.grace_period, hang_timeout=config.hang_timeout,
+                        sidecar_timeout=config.evaluator_timeout,
                     )
                 finally:
                     exit_codes = group.close(config.grace_period)

@@ -14,6 +14,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tfdist import cluster
+
 from tfdist._internal import runtime_start, tf_logs
 from tfdist.errors import ConfigurationError, RuntimeAlreadyStartedError
 
@@ -129,6 +131,15 @@ def one_device(device: Optional[str] = None) -> tf.distribute.Strategy:
         gpus = physical_devices("GPU")
         device = "/gpu:0" if gpus else "/cpu:0"
     return tf.distribute.OneDeviceStrategy(device)
+
+
+def evaluator_strategy() -> tf.distribute.Strategy:
+    """An evaluator task's strategy: one local device, joining no cluster
+    (it evaluates the checkpoints the workers write, beside them:
+    `tfdist.training.sidecar`). Reports the task ready to ``tfdist-run``."""
+    strategy = one_device()
+    cluster.signal_ready()
+    return strategy
 
 
 def mirrored(

@@ -77,6 +77,8 @@ def multi_worker_mirrored(
       num_replicas: logical CPUs per worker when it has no GPU.
     """
     config = cluster.parse_tf_config()  # fails fast, before TensorFlow starts
+    if config is not None and config.task_type == "evaluator":
+        return local_devices.evaluator_strategy()
     if communication not in _IMPLEMENTATIONS:
         raise ConfigurationError(
             f"`communication` ({communication!r}) must be one of {sorted(_IMPLEMENTATIONS)}."

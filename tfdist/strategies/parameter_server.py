@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from tfdist import cluster, errors
 from tfdist.errors import ConfigurationError
-from tfdist.strategies import sharded
+from tfdist.strategies import local_devices, sharded
 
 
 def _reachable(address: str, timeout: float) -> bool:
@@ -75,6 +75,8 @@ def parameter_server(
         raise errors.TFConfigError(
             f"TF_CONFIG: parameter-server training needs jobs {missing} in 'cluster'."
         )
+    if config.task_type == "evaluator":
+        return local_devices.evaluator_strategy()
     if config.task_type != "chief":
         raise errors.TFConfigError(
             f"TF_CONFIG: the training program runs as the chief; task.type is "

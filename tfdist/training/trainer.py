@@ -32,6 +32,7 @@ from tfdist.replica import accumulation, keras_steps, static_shapes as static_sh
 from tfdist.training.epoch_loop import BatchReporting, EpochLoop, TrainerActions
 from tfdist.training.options import CheckpointOptions, DataOptions, ReportingOptions, summary_dir
 from tfdist.training.predict import Predictor
+from tfdist.training import sidecar
 from tfdist.training.progress import ProgressReporter
 
 
@@ -220,11 +221,16 @@ class Trainer:
             x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, class_weight=class_weight,
             validation_split=validation_split, validation_data=validation_data,
             validation_batch_size=validation_batch_size)
+        if cluster.task_type() == "evaluator":  # evaluates checkpoints beside training
+            return sidecar.evaluate_checkpoints(
+                checkpoint=self._checkpoint, has_validation_data=validation_source is not None,
+                evaluate=lambda: self._evaluate(validation_source, validation_steps),
+                epochs=epochs, log_dir=self._reporting.log_dir)
         reporter = ProgressReporter(verbose=0 if self._reporting.keras_progress_bar else verbose,
                                     log_dir=self._reporting.log_dir)
         # Keras callbacks that write files: the chief writes to the paths given,
         # the other workers to private temporary paths removed at the end.
-        with ChiefOnlyFiles(_callbacks_in(callbacks), is_chief=self._is_chief):
+        with ChiefOnlyFiles(callbacks, is_chief=self._is_chief):
             callback_list = self._callback_list(
                 callbacks, verbose, epochs, steps_per_epoch or source.known_steps(initial_epoch))
             reporting = self._batch_reporting(callback_list)
@@ -386,10 +392,3 @@ def _checkpoint_for(model, options: CheckpointOptions, *, is_chief: bool):
     return TrainingCheckpoint(model, options.directory, max_to_keep=options.max_to_keep,
                               is_chief=is_chief, task_name=cluster.task_name(),
                               async_write=options.async_write)
-
-
-def _callbacks_in(callbacks) -> list:
-    """The callbacks of ``fit(callbacks=...)``: a list, a CallbackList or None."""
-    if isinstance(callbacks, keras.callbacks.CallbackList):
-        return list(callbacks.callbacks)
-    return list(callbacks or [])

@@ -40,11 +40,14 @@ class ChiefOnlyFiles:
     Made before the callbacks meet the model (Keras' ``CallbackList``)."""
 
     def __init__(self, callbacks, is_chief: bool):
+        """``callbacks``: ``fit``'s argument (a list, a CallbackList or None)."""
         self._undo: List[Callable[[], None]] = []
         self._directory = None
         if is_chief:
             return
-        for number, callback in enumerate(callbacks):
+        if isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks = callbacks.callbacks
+        for number, callback in enumerate(callbacks or []):
             redirect = next(
                 (how for kind, how in _REDIRECTS.items() if isinstance(callback, kind)), None)
             if redirect is not None:
