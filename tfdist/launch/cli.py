@@ -52,6 +52,15 @@ Options:
   --bandwidth RATE      run every task in a network namespace whose loopback
                         is limited to RATE (a tc rate: 1gbit, 10gbit, 500mbit),
                         one link all tasks share; Linux and root only
+  --host_discovery SCRIPT
+                        elastic growth: SCRIPT prints how many workers can run
+                        (an integer, or host[:slots] lines); the group starts
+                        at its answer (between --min_workers and
+                        --num_workers) and, when the answer changes, stops at
+                        a checkpoint and starts again at the new size
+                        (programs need a checkpoint_dir)
+  --discovery_interval S
+                        seconds between runs of the script (default 5)
   --min_workers M       elastic shrink: a worker that dies before joining on
                         a restart is lost, and the group restarts with one
                         worker fewer, never fewer than M (default: num_workers)
@@ -128,6 +137,8 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     parser.add_argument("--evaluator", action="store_true")
     parser.add_argument("--evaluator_timeout", type=float, default=120.0)
     parser.add_argument("--min_workers", type=int, default=None)
+    parser.add_argument("--host_discovery", default=None)
+    parser.add_argument("--discovery_interval", type=float, default=5.0)
     parser.add_argument("--log_dir", default=None)
     parser.add_argument("--start_timeout", type=float, default=180.0)
     parser.add_argument("--grace_period", type=float, default=15.0)
@@ -142,6 +153,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
         num_workers=args.num_workers, num_ps=args.num_ps, max_restarts=args.max_restarts,
         min_workers=args.min_workers, data_service_workers=args.data_service_workers,
         evaluator=args.evaluator, evaluator_timeout=args.evaluator_timeout,
+        host_discovery=args.host_discovery, discovery_interval=args.discovery_interval,
         bandwidth=args.bandwidth,
         log_dir=args.log_dir, start_timeout=args.start_timeout,
         grace_period=args.grace_period, hang_timeout=args.hang_timeout, ports=ports,

@@ -38,6 +38,13 @@ class LaunchConfig:
         with one worker fewer, never fewer than this. None: ``num_workers``
         (no shrinking). Joins are reported through ``TFDIST_READY_FILE``,
         so shrinking needs ``start_timeout`` > 0.
+      host_discovery: elastic growth (no ps tasks): a script that says how
+        many workers can run (`tfdist.launch.discovery`), run every
+        ``discovery_interval`` seconds. The group starts at its answer
+        (between ``min_workers`` and ``num_workers``), and when the answer
+        changes it is stopped (every worker saves a checkpoint at one step)
+        and started again at the new size, resuming from that checkpoint.
+      discovery_interval: seconds between two runs of ``host_discovery``.
       log_dir: if set, each task's output also goes to ``<log_dir>/<task>.log``.
       start_timeout: seconds for every task to join the cluster (to report
         through ``TFDIST_READY_FILE``, as `tfdist.make_strategy` does);
@@ -70,6 +77,8 @@ class LaunchConfig:
     max_worker_respawns: int = 3
     max_restarts: int = 0
     min_workers: Optional[int] = None
+    host_discovery: Optional[str] = None
+    discovery_interval: float = 5.0
     log_dir: Optional[str] = None
     start_timeout: float = 180.0
     grace_period: float = 15.0
@@ -97,6 +106,15 @@ class LaunchConfig:
         self._check_min_workers()
         if self.bandwidth is not None:
             bits_per_second(self.bandwidth)  # a clear error for a bad rate
+        if self.host_discovery is not None and self.num_ps:
+            raise ConfigurationError(
+                f"`host_discovery` ({self.host_discovery!r}) resizes multi-worker training "
+                "without ps tasks; with parameter servers the coordinator already uses the "
+                "workers that are there. Drop --host_discovery or --num_ps.")
+        if self.discovery_interval <= 0:
+            raise ConfigurationError(
+                f"`discovery_interval` ({self.discovery_interval}) must be a positive number "
+                "of seconds.")
         for name in ("start_timeout", "grace_period", "hang_timeout", "evaluator_timeout"):
             if getattr(self, name) < 0:
                 raise ConfigurationError(

@@ -15,6 +15,7 @@ from tfdist.data import service
 from tfdist.errors import ConfigurationError
 from tfdist.launch.network import inside
 from tfdist.launch.config import LaunchConfig
+from tfdist.launch.discovery import SCRIPT_TIMEOUT, HostDiscovery
 from tfdist.launch.group import GroupResult, ProcessGroup, TaskSpec
 from tfdist.launch.ports import check_ports_free, free_ports
 
@@ -114,6 +115,47 @@ def _port_conflict(result: GroupResult) -> bool:
     return any("address already in use" in line.lower() for line in result.tail)
 
 
+class _Resizer:
+    """While a group runs: asks the host discovery script every interval;
+    when its answer differs from the group's size, stops the group (the
+    workers save a checkpoint at one step) and records the new size."""
+
+    def __init__(self, discovery: Optional[HostDiscovery], interval: float, group: ProcessGroup,
+                 size: int, emit):
+        self.new_size: Optional[int] = None
+        self.requested = threading.Event()
+        self._done = threading.Event()
+        self._thread = None
+        if discovery is not None:
+            self._thread = threading.Thread(
+                target=self._poll, args=(discovery, interval, group, size, emit), daemon=True)
+            self._thread.start()
+
+    def _poll(self, discovery, interval, group, size, emit):
+        while not self._done.wait(interval):
+            found = discovery.workers()
+            if found is not None and found != size and not self._done.is_set():
+                self.new_size = found
+                emit(f"[launcher] host discovery: {found} workers can run (now {size}); "
+                     "stopping the group at a checkpoint to re-form it")
+                self.requested.set()
+                group.request_stop()
+                return
+
+    def close(self):
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=SCRIPT_TIMEOUT + 5)
+
+
+class _EitherEvent:
+    def __init__(self, *events):
+        self._events = events
+
+    def is_set(self) -> bool:
+        return any(event.is_set() for event in self._events)
+
+
 class _SignalForwarder:
     """While active, SIGINT/SIGTERM to the launcher go to every task.
 
@@ -163,7 +205,9 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
     a worker that dies before joining on a restart is lost: the group
     restarts with one worker fewer (never below ``min_workers``); the
     remaining workers keep the same global batches, so training continues
-    exactly. Returns the last start's
+    exactly. With ``config.host_discovery`` the group also grows (and
+    shrinks) to the script's answer, re-formed at a checkpoint (`_Resizer`);
+    re-forming is not a restart. Returns the last start's
     result, whose summary names the root-cause task.
 
     >>> import io, sys
@@ -191,6 +235,14 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
     ready_dir = tempfile.mkdtemp(prefix="tfdist-launch-")
     restarts = port_retries = 0
     size = config  # the current cluster: shrinks when a worker is lost
+    discovery = None
+    if config.host_discovery:
+        discovery = HostDiscovery(config.host_discovery, fewest=config.fewest_workers,
+                                  most=config.num_workers, report=emit)
+        size = dataclasses.replace(config, num_workers=discovery.workers() or config.num_workers,
+                                   ports=None, min_workers=None)
+        emit(f"[launcher] host discovery: starting with {size.num_workers} workers "
+             f"(between {config.fewest_workers} and {config.num_workers})")
     try:
         with _SignalForwarder() as forwarder:
             while True:
@@ -203,17 +255,29 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
                 group = ProcessGroup(tasks, command, log_dir=config.log_dir, output=output)
                 forwarder.group = group
                 group.start()
+                resizer = _Resizer(discovery, config.discovery_interval, group,
+                                   size.num_workers, emit)
                 exit_codes = {}
                 try:
                     result = group.wait(
-                        start_timeout=config.start_timeout, stop_event=forwarder.stop,
+                        start_timeout=config.start_timeout,
+                        stop_event=_EitherEvent(forwarder.stop, resizer.requested),
                         stop_timeout=config.grace_period, hang_timeout=config.hang_timeout,
                         sidecar_timeout=config.evaluator_timeout,
                     )
                 finally:
+                    resizer.close()
                     exit_codes = group.close(config.grace_period)
                     forwarder.group = None
                 result.exit_codes = exit_codes
+                finished = all(code == 0 for name, code in exit_codes.items()
+                               if name.startswith(("worker-", "chief-")))
+                if resizer.requested.is_set() and not forwarder.stop.is_set() and not finished:
+                    size = dataclasses.replace(size, num_workers=resizer.new_size, ports=None,
+                                               min_workers=None)
+                    emit(f"[launcher] re-forming the group with {size.num_workers} workers; "
+                         "training resumes from the checkpoint")
+                    continue
                 if result.stopped_by:
                     result.stopped_by = forwarder.signal_name
                     result.exit_code = forwarder.exit_code
@@ -234,6 +298,9 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
                     emit(f"[launcher] lost {lost}: it died again before joining the cluster; "
                          f"continuing with {size.num_workers} workers "
                          f"(--min_workers={config.fewest_workers})")
+                if discovery is not None:  # the workers that can run now
+                    size = dataclasses.replace(
+                        size, num_workers=discovery.workers() or size.num_workers)
                 emit(f"[launcher] restart {restarts}/{config.max_restarts}: starting all tasks again")
     finally:
         shutil.rmtree(ready_dir, ignore_errors=True)
