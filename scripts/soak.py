@@ -8,7 +8,7 @@ threads, resident memory and open files are sampled from /proc.
     python scripts/soak.py --mode=mwms --minutes=10 --endless_data     # executions without an end check
     python scripts/soak.py --mode=mwms --minutes=3 --model=embedding   # sparse gradients, varying shapes
 
-Each run starts ``tfdist-run`` with `scripts/soak_train.py` (global batch 8,
+Each run starts ``tfdist-run`` with `scripts/bench/soak_train.py` (global batch 8,
 one step per host call, a checkpoint every 500 steps, a progress line every
 100), samples every task every ``--interval`` seconds, and at the end sends
 the launcher SIGTERM, which must stop every task (saving a checkpoint)
@@ -75,7 +75,7 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
                      endless_data: bool = False, bandwidth: str = "",
                      async_checkpoint: bool = False, data_service_workers: int = 0,
                      local_sgd: int = 0, model: str = "mlp"):
-    train = [sys.executable, os.path.join(REPO, "scripts", "soak_train.py"),
+    train = [sys.executable, os.path.join(REPO, "scripts", "bench", "soak_train.py"),
              f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
              f"--steps_per_execution={steps_per_execution}",
              f"--checkpoint_every_steps={checkpoint_every_steps}",

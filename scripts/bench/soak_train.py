@@ -1,4 +1,5 @@
-"""The training program of `scripts/soak.py`: fast steps for a long time.
+"""The training program of `scripts/soak.py` (a child program, in scripts/bench/
+with the benchmarks' `cluster_program.py`): fast steps for a long time.
 
 Trains a small MLP (6 inputs, 16 hidden, 3 classes) on generated data with
 global batch 8 and ``steps_per_execution=1``: the fastest steps this machine
