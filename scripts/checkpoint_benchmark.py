@@ -83,6 +83,23 @@ def _dataset(tf):
     return teardown.without_autotune(batch.repeat())
 
 
+class _StepClock:
+    """The time of every training step's end (a Keras callback)."""
+
+    def __new__(cls):
+        import keras  # pylint: disable=import-outside-toplevel
+
+        class StepClock(keras.callbacks.Callback):
+            def __init__(self):
+                super().__init__()
+                self.times = []
+
+            def on_train_batch_end(self, batch, logs=None):
+                self.times.append(time.perf_counter())
+
+        return StepClock()
+
+
 class _Form:
     """One form's model, Trainer and fresh checkpoint directory per fit."""
 
@@ -94,7 +111,7 @@ class _Form:
                 FLAGS.vocabulary, SEQUENCE, CLASSES, dimension=FLAGS.dimension)
             model.compile(optimizer=keras.optimizers.SGD(0.1),
                           loss="sparse_categorical_crossentropy")
-        self.form, self.root, self.saves = form, root, []
+        self.form, self.root, self.saves, self.steady = form, root, [], []
         self.directory = os.path.join(root, form)
         self.trainer = tfdist.Trainer(
             model, strategy, checkpoint_dir=None if form == "none" else self.directory,
@@ -114,7 +131,15 @@ class _Form:
 
     def run(self, dataset, steps: int) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)  # nothing to restore
-        self.trainer.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+        clock = _StepClock()
+        self.trainer.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+        if len(clock.times) > FLAGS.every:
+            # Steps per second from the first save on, to the window's last
+            # step: every save's copy and write, not the wait for the last
+            # write when fit returns (once per fit, not per save).
+            first = FLAGS.every - 1
+            self.steady.append((len(clock.times) - 1 - first)
+                               / (clock.times[-1] - clock.times[first]))
 
 
 def _measure_memory(form: str) -> dict:
@@ -179,15 +204,18 @@ def _memory_in_subprocess(form: str) -> dict:
 
 
 def _markdown(result: dict) -> str:
-    rows = ["| form | throughput vs no saves (median, p25-p75) | save blocks training "
-            "| save complete | host memory peak over start |",
-            "|---|---|---|---|---|"]
+    rows = ["| form | throughput vs no saves (median, p25-p75) | steady state, without "
+            "the end-of-fit wait | save blocks training | save complete | host memory peak "
+            "over start |",
+            "|---|---|---|---|---|---|"]
     for form in FORMS:
         ratio = result["vs_none"].get(form)
         memory = result["memory"][form]
         cell = (f"{ratio['median']:.2f} ({ratio['p25']:.2f}-{ratio['p75']:.2f})"
                 if ratio else "1.00 (reference)")
-        rows.append(f"| {form} | {cell} | {memory.get('blocking_ms', 0):.0f} ms | "
+        steady = result.get("steady_vs_none", {}).get(form)
+        steady_cell = f"{steady:.2f}" if steady is not None else "-"
+        rows.append(f"| {form} | {cell} | {steady_cell} | {memory.get('blocking_ms', 0):.0f} ms | "
                     f"{memory.get('complete_ms', 0):.0f} ms | "
                     f"{memory['peak_over_before_mb']:.0f} MB |")
     return "\n".join(rows) + "\n"
@@ -215,6 +243,7 @@ def main(argv):
         timeline = timing.alternate(runners, FLAGS.rounds, FLAGS.window_steps, FLAGS.global_batch_size,
                                     reference="none")
         waits = forms["async"].trainer._checkpoint.writes.waits  # pylint: disable=protected-access
+        steady = {form: forms[form].steady[1:] for form in FORMS}  # (not the warm-up fit)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     parameters = FLAGS.vocabulary * FLAGS.dimension + FLAGS.dimension * CLASSES + CLASSES
@@ -225,6 +254,8 @@ def main(argv):
         "rates": timing.rates_by_name(timeline),
         "vs_none": timing.paired_ratios(timeline, "none"),
         "async_waits_for_previous_write": waits,
+        "steady_vs_none": {form: statistics.median(steady[form]) / statistics.median(steady["none"])
+                           for form in FORMS if steady[form] and steady["none"]},
         "memory": {form: _memory_in_subprocess(form) for form in FORMS},
     }
     table = _markdown(result)
