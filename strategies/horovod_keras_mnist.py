@@ -76,13 +76,13 @@ def main(args):
     strategy = tfdist.make_strategy(args.strategy)        # was: hvd.init() and GPU pinning
     process = tfdist.cluster.training_process()          # hvd.rank(), hvd.local_rank(), ...
     replicas = strategy.num_replicas_in_sync             # what hvd.size() scaled
+    keras.utils.set_random_seed(args.seed)   # the same initial weights and data order everywhere
     if args.synthetic:
         images, labels = synthetic_mnist()
     else:
         (images, labels), _ = keras.datasets.mnist.load_data(path=f"mnist-{process.rank}.npz")
     dataset = mnist_dataset(images, labels, args.batch_per_replica * replicas)
     steps_per_epoch = args.steps // replicas
-    keras.utils.set_random_seed(args.seed)               # the same initial weights everywhere
     with strategy.scope():
         model = build_model(dropout=args.dropout)
         compile_model(model, replicas, steps_per_epoch, args.warmup_epochs)

@@ -24,11 +24,14 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 WORKERS, BATCH_PER_REPLICA, STEPS, EPOCHS, WARMUP_EPOCHS, SEED = 2, 16, 8, 3, 1, 1
 
 
-def _one_device(program):
+def _plain_keras(program):
+    """Plain Keras ``fit`` on one device, in the program's order: the seed
+    first (the dataset's shuffle takes TensorFlow's global seed), then the
+    data, then the model."""
+    keras.utils.set_random_seed(SEED)
     images, labels = program.synthetic_mnist()
     dataset = program.mnist_dataset(images, labels, BATCH_PER_REPLICA * WORKERS)
     steps_per_epoch = STEPS // WORKERS
-    keras.utils.set_random_seed(SEED)
     model = program.build_model(dropout=False)
     program.compile_model(model, WORKERS, steps_per_epoch, WARMUP_EPOCHS)
     history = model.fit(dataset, steps_per_epoch=steps_per_epoch, epochs=EPOCHS, verbose=0)
@@ -44,11 +47,20 @@ def test_the_ported_horovod_example_on_two_workers_equals_one_device(tmp_path):
                f"--results_dir={tmp_path / 'results'}"]
     with LauncherRun([f"--num_workers={WORKERS}"], command) as run:
         assert run.wait(timeout=400) == 0, run.output[-4000:]
-    expected_weights, expected_history = _one_device(program)
+    expected_weights, expected_history = _plain_keras(program)
+    # Adam turns float32 round-off into steps of the learning rate's order:
+    # on this CNN a change of summation order alone (2 workers sum each
+    # batch's convolution gradient from two halves; the thread count
+    # changes oneDNN's blocking) moves single kernel entries by up to ~1e-4,
+    # as the custom-training tutorial measured on its CNN (reversing each
+    # batch's rows moved its second kernel by 1.0e-4 on one device). The
+    # bound, 2e-4, is still a hundredth of what a wrong data order (2e-2)
+    # or a gradient scaled by the replica count moves the weights.
+    tolerance = 2e-4
     processes = []
     for index in range(WORKERS):
         result = json.loads((tmp_path / "results" / f"worker-{index}.json").read_text())
-        ref.assert_weight_lists_close(expected_weights, result["weights"])
+        ref.assert_weight_lists_close(expected_weights, result["weights"], atol=tolerance)
         ref.assert_logs_close(expected_history, result["history"])
         processes.append(result["process"])
     # What hvd.rank(), hvd.size(), hvd.local_rank() and "rank 0" gave.
