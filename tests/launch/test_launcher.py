@@ -148,3 +148,28 @@ def test_a_single_parameter_server_worker_is_not_respawned(tmp_path):
     tasks = launch.launcher.make_tasks(config, [7001, 7002, 7003], str(tmp_path))
     worker = next(t for t in tasks if t.name == "worker-0")
     assert worker.server and worker.max_respawns == 0
+
+
+def test_a_sidecar_never_fails_the_group_and_is_ended_after_its_timeout():
+    """An evaluator-like task: its failure is reported, not fatal; one still
+    running when training is done gets ``sidecar_timeout`` s, then close."""
+
+    for sidecar_command, said in [
+            ((sys.executable, "-c", "import sys; sys.exit(3)"),
+             "evaluator-0 exited (exit code 3); it runs beside training"),
+            ((sys.executable, "-c", "import time; time.sleep(60)"),
+             "training is done; ending evaluator-0, still running after 1 s")]:
+        output = io.StringIO()
+        group = launch.ProcessGroup(
+            [launch.TaskSpec("worker-0", {},
+                             command=(sys.executable, "-c", "import time; time.sleep(1)")),
+             launch.TaskSpec("evaluator-0", {}, command=sidecar_command, sidecar=True)],
+            [sys.executable, "-c", "pass"], output=output)
+        group.start()
+        try:
+            result = group.wait(sidecar_timeout=1)
+        finally:
+            codes = group.close(grace_period=5)
+        assert result.ok, output.getvalue()
+        assert said in output.getvalue()
+        assert codes["worker-0"] == 0

@@ -56,5 +56,5 @@ def test_a_stopped_evaluator_holds_nothing_up(tmp_path):
             except ProcessLookupError:
                 pass
     assert _result(tmp_path, "worker-0")["history"]["val_loss"]
-    assert "training is done; ending evaluator-0, still running after 2 s" in run.output
+    assert "training is done; ending evaluator-0, stopped (SIGSTOP)" in run.output
     assert not psutil.pid_exists(evaluator) or psutil.Process(evaluator).status() == "zombie"

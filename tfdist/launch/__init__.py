@@ -6,7 +6,8 @@ Layers, each usable on its own: `cli.main(argv)` -> `LaunchConfig` ->
 
 from tfdist.launch.cli import main
 from tfdist.launch.config import LaunchConfig
-from tfdist.launch.group import GroupResult, ProcessGroup, TaskSpec
+from tfdist.launch.group import ProcessGroup
+from tfdist.launch.tasks import GroupResult, TaskSpec
 from tfdist.launch.launcher import launch
 
 __all__ = ["GroupResult", "LaunchConfig", "ProcessGroup", "TaskSpec", "launch", "main"]

@@ -12,7 +12,6 @@ task's exit code.
 """
 
 import collections
-import dataclasses
 import os
 import signal
 import subprocess
@@ -22,90 +21,9 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from tfdist._internal import tf_logs
+from tfdist.launch.tasks import GroupResult, TaskSpec, exit_code_of
 
 TAIL_LINES = 15
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """One task: its name (``worker-1``) and environment additions.
-
-    ``command`` replaces the group's command for this task. A ``server``
-    task (a ps or worker under ParameterServerStrategy) is not expected to
-    exit: the group succeeds when every other task exited 0, and a server
-    that exits, or hangs (stopped for ``hang_timeout``), is started again,
-    same port, up to ``max_respawns`` times, else it fails the group. A
-    ``sidecar`` task (an evaluator) runs beside the others: its exit or
-    hang is reported and never fails the group, which waits for it at the
-    end for a bounded time (`ProcessGroup.wait`'s ``sidecar_timeout``).
-
-    >>> from tfdist.launch import TaskSpec
-    >>> task = TaskSpec("worker-1", {"TF_CONFIG": '{"task": {"type": "worker", "index": 1}}'})
-    >>> task.name, task.server
-    ('worker-1', False)
-    """
-
-    name: str
-    env: Dict[str, str]
-    ready_file: Optional[str] = None
-    command: Optional[Sequence[str]] = None
-    server: bool = False
-    max_respawns: int = 0
-    sidecar: bool = False
-
-
-@dataclasses.dataclass
-class GroupResult:
-    """How a start ended. ``failed_task`` is the root cause, if any;
-    ``stopped_by`` names the signal when a stop was asked for;
-    ``exit_codes`` is filled in by `ProcessGroup.close`.
-
-    >>> from tfdist.launch import GroupResult
-    >>> result = GroupResult(1, "worker-1", "exited", ["ValueError: bad input"])
-    >>> result.ok
-    False
-    >>> print(result.summary())
-    worker-1: exited (exit code 1)
-    last lines of worker-1:
-      ValueError: bad input
-    >>> result.exit_codes.update({"worker-0": 143, "worker-1": 1})   # as `close` fills them in
-    >>> result.codes()
-    'worker-0=143, worker-1=1'
-    """
-
-    exit_code: int
-    failed_task: Optional[str] = None
-    reason: str = ""
-    tail: List[str] = dataclasses.field(default_factory=list)
-    stopped_by: Optional[str] = None
-    exit_codes: Dict[str, int] = dataclasses.field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    def codes(self) -> str:
-        """``worker-0=143, worker-1=143``."""
-        return ", ".join(f"{name}={code}" for name, code in self.exit_codes.items())
-
-    def summary(self) -> str:
-        if self.ok:
-            return "all tasks finished"
-        if self.stopped_by:
-            return (f"stopped by {self.stopped_by}{self.reason} "
-                    f"(exit codes: {self.codes()})")
-        lines = [f"{self.failed_task}: {self.reason} (exit code {self.exit_code})"]
-        if self.exit_codes:
-            lines[0] += f"; exit codes: {self.codes()}"
-        if self.tail:
-            lines.append(f"last lines of {self.failed_task}:")
-            lines += [f"  {line}" for line in self.tail]
-        return "\n".join(lines)
-
-
-def exit_code_of(returncode: int) -> int:
-    """A shell-style exit code: 128 + signal for a task killed by a signal."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def is_stopped(pid: int) -> bool:
@@ -329,7 +247,9 @@ class ProcessGroup:
             time.sleep(poll_interval)
         for name in sidecars:
             code = self._processes[name].poll()
-            if code is None:
+            if code is None and is_stopped(self._processes[name].pid):
+                self._emit(f"[launcher] training is done; ending {name}, stopped (SIGSTOP)")
+            elif code is None:
                 self._emit(f"[launcher] training is done; ending {name}, still running after "
                            f"{timeout:g} s")
             elif code != 0:

@@ -16,7 +16,8 @@ from tfdist.errors import ConfigurationError
 from tfdist.launch.network import inside
 from tfdist.launch.config import LaunchConfig
 from tfdist.launch.discovery import SCRIPT_TIMEOUT, HostDiscovery
-from tfdist.launch.group import GroupResult, ProcessGroup, TaskSpec
+from tfdist.launch.group import ProcessGroup
+from tfdist.launch.tasks import GroupResult, TaskSpec
 from tfdist.launch.ports import check_ports_free, free_ports
 
 _PORT_RETRIES = 3
