@@ -7,7 +7,20 @@ from typing import List
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
+class _Finding:
+    """What a problem and an advice share: the class of finding, where it
+    was seen and what was seen; each adds what to do about it."""
+
+    check: str
+    where: str
+    detail: str
+
+    def _line(self, label: str, remedy: str) -> str:
+        return f"[{self.check}] {self.where}: {self.detail} {label}: {remedy}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem(_Finding):
     """One reason the step would not compile, or would run badly, on a TPU.
 
     ``check`` is the class of problem (e.g. "dynamic shape", "host-only op",
@@ -20,17 +33,14 @@ class Problem:
     [float64] data x: is float64; TPUs have no float64. Fix: cast it to float32.
     """
 
-    check: str
-    where: str
-    detail: str
     fix: str
 
     def __str__(self) -> str:
-        return f"[{self.check}] {self.where}: {self.detail} Fix: {self.fix}"
+        return self._line("Fix", self.fix)
 
 
 @dataclasses.dataclass(frozen=True)
-class Advice:
+class Advice(_Finding):
     """Something that runs on a TPU but wastes it (e.g. a per-core batch
     the matrix unit pads), and what to change.
 
@@ -40,13 +50,10 @@ class Advice:
     [batch size] data: the per-core batch is 2; the TPU pads it to 8. Better: use a global batch of 64.
     """
 
-    check: str
-    where: str
-    detail: str
     change: str
 
     def __str__(self) -> str:
-        return f"[{self.check}] {self.where}: {self.detail} Better: {self.change}"
+        return self._line("Better", self.change)
 
 
 @dataclasses.dataclass
