@@ -19,6 +19,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tests.support import models
+
 VOCABULARY = 21
 SEQUENCE = 10
 CLASSES = 3
@@ -264,22 +266,9 @@ def mlp_with_add_loss():
         keras.layers.Dense(CLASSES, activation="softmax")])
 
 
-class OwnTrainStep(keras.Model):
-    """keras.io's "Customizing what happens in fit()", first example."""
-
-    def train_step(self, data):
-        x, y = data
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            loss = self.compute_loss(y=y, y_pred=y_pred)
-        gradients = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply(gradients, self.trainable_variables)
-        for metric in self.metrics:
-            if metric.name == "loss":
-                metric.update_state(loss)
-            else:
-                metric.update_state(y, y_pred)
-        return {m.name: m.result() for m in self.metrics}
+class OwnTrainStep(models.GuideTrainStep):
+    """keras.io's "Customizing what happens in fit()", first example (the
+    step is `tests.support.models.GuideTrainStep`'s, which other suites train)."""
 
 
 class OwnComputeLoss(keras.Model):
