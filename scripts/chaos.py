@@ -32,7 +32,6 @@ Outcomes, exactly one per trial:
 Prints a table of trials; exits 1 if any trial is a defect.
 """
 
-import argparse
 import json
 import os
 import random
@@ -43,6 +42,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from absl import app, flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -212,16 +213,22 @@ def keras_reference():
     return model.get_weights()
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=("mwms", "ps"), default="mwms")
-    parser.add_argument("--trials", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--trial_timeout", type=float, default=400.0)
-    parser.add_argument("--bandwidth", default="",
-                        help="run every trial under tfdist-run --bandwidth (e.g. 1gbit)")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
+def define_flags() -> None:
+    """Chaos' flags; defined when it runs as a program (the tests import
+    this module for `draw` alongside other tools' flags)."""
+    flags.DEFINE_enum("mode", "mwms", ["mwms", "ps"], "The cluster: 2 workers, or a chief, "
+                      "1 worker and 1 ps.")
+    flags.DEFINE_integer("trials", 3, "Trials, one fault each.")
+    flags.DEFINE_integer("seed", 7, "Seeds the faults drawn.")
+    flags.DEFINE_float("trial_timeout", 400.0, "A trial not ended within this is a HANG.")
+    flags.DEFINE_string("bandwidth", "",
+                        "Run every trial under tfdist-run --bandwidth (e.g. 1gbit).")
+    flags.DEFINE_string("json", None, "Write the trials and the verdict here.")
+
+
+def main(argv) -> int:
+    del argv  # every option is a flag
+    args = flags.FLAGS
     reference = keras_reference()
     rng = random.Random(args.seed)
     rows = []
@@ -263,4 +270,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    define_flags()
+    app.run(main)

@@ -11,13 +11,14 @@ test appending a row to a report, then writes the table
 ``conformance.json``. Exits with pytest's code.
 """
 
-import argparse
 import collections
 import json
 import os
 import pathlib
 import subprocess
 import sys
+
+from absl import app, flags
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -61,12 +62,17 @@ def table(rows) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output_dir", default="conformance_results")
-    parser.add_argument("--clusters", action="store_true",
-                        help="also the real-cluster columns (several minutes per family)")
-    args = parser.parse_args()
+def define_flags() -> None:
+    """The flags; defined when this runs as a program (a test imports the
+    module for `table`)."""
+    flags.DEFINE_string("output_dir", "conformance_results", "Where the table and rows go.")
+    flags.DEFINE_bool("clusters", False,
+                      "Also the real-cluster columns (several minutes per family).")
+
+
+def main(argv) -> int:
+    del argv  # every option is a flag
+    args = flags.FLAGS
     output_dir = pathlib.Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     report = output_dir / "rows.jsonl"
@@ -80,8 +86,9 @@ def main():
     rows = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
     write_results(str(output_dir), "conformance", {"rows": rows}, table(rows))
     print((output_dir / "conformance.md").read_text())
-    sys.exit(code)
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    define_flags()
+    app.run(main)

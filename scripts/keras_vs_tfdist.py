@@ -13,7 +13,6 @@ reference (or the error Keras raised), as a Markdown table row:
 The multi-worker and parameter-server rows start real local clusters.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -24,6 +23,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import tfdist  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+flags.DEFINE_bool("multi_worker", False, "Also 2 workers under tfdist-run.")
+flags.DEFINE_bool("parameter_server", False, "Also 1 worker and 1 ps under tfdist-run.")
+flags.DEFINE_enum("worker_of", None, ["mwms", "ps"],
+                  "(internal) run as one task of that cluster row.")
+flags.DEFINE_string("output", None, "(internal) where the chief of a cluster row writes.")
+FLAGS = flags.FLAGS
 
 EPOCHS = 3
 CLUSTER_TIMEOUT = 300
@@ -149,13 +156,9 @@ def cluster_row(kind: str) -> str:
     return row
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--multi_worker", action="store_true")
-    parser.add_argument("--parameter_server", action="store_true")
-    parser.add_argument("--worker_of", choices=("mwms", "ps"), help=argparse.SUPPRESS)
-    parser.add_argument("--output", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+def main(argv) -> None:
+    del argv  # every option is a flag
+    args = FLAGS
     if args.worker_of:
         cluster_worker(args)
         return
@@ -170,4 +173,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    app.run(main)

@@ -42,7 +42,6 @@ yet found), hence their bound. ``--checkpoint_every_steps`` larger than
 the run leaves out the periodic saves (to tell their cost apart).
 """
 
-import argparse
 import json
 import os
 import re
@@ -53,6 +52,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from absl import app, flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _STARTED = re.compile(r"\[launcher\] started (\S+) \(pid (\d+)\)")
@@ -225,41 +226,45 @@ class Soak:
         self._reader.join(timeout=10)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=["mwms", "ps"], default="mwms")
-    parser.add_argument("--minutes", type=float, default=1.0)
-    parser.add_argument("--interval", type=float, default=2.0)
-    parser.add_argument("--steps", type=int, default=10_000_000)
-    parser.add_argument("--steps_per_execution", type=int, default=1)
-    parser.add_argument("--checkpoint_every_steps", type=int, default=500,
-                        help="a larger value than the run's steps: no checkpoint but the last")
-    parser.add_argument("--epoch_steps", type=int, default=0,
-                        help="epochs of this many steps, each with a fresh iterator "
-                             "(0: one epoch)")
-    parser.add_argument("--endless_data", action="store_true",
-                        help="endless data: executions without an end-of-data check")
-    parser.add_argument("--slack", type=int, default=8)
-    parser.add_argument("--max_rss_kb_per_step", type=float, default=None,
-                        help="default: 1 for mwms, 8 for ps (see the module docstring)")
-    parser.add_argument("--max_stop_seconds", type=float, default=15.0,
-                        help="SIGTERM to the launcher must end every task within this")
-    parser.add_argument("--bandwidth", default="",
-                        help="run the cluster under tfdist-run --bandwidth (e.g. 1gbit)")
-    parser.add_argument("--async_checkpoint", action="store_true",
-                        help="checkpoints written in the background (Trainer(async_checkpoint=True))")
-    parser.add_argument("--data_service_workers", type=int, default=0,
-                        help="read the data through a tf.data service with this many workers")
-    parser.add_argument("--local_sgd", type=int, default=0,
-                        help="train with LocalSGD(every_steps=N) (0: synchronous)")
-    parser.add_argument("--model", choices=["mlp", "embedding"], default="mlp",
-                        help="embedding: Embedding(mask_zero) + pooling on padded batches of "
-                             "2..10 ids, a new length most steps (variable-shaped sparse "
-                             "gradient all-gathers)")
-    parser.add_argument("--json", default=None, help="write samples and verdict here")
-    args = parser.parse_args(argv)
-    if args.max_rss_kb_per_step is None:
-        args.max_rss_kb_per_step = {"mwms": 1.0, "ps": 8.0}[args.mode]
+def define_flags() -> None:
+    """The soak's flags; defined when it runs as a program (the tests import
+    this module for `judge` alongside other tools' flags)."""
+    flags.DEFINE_enum("mode", "mwms", ["mwms", "ps"], "The cluster: 2 workers, or 1 worker + 1 ps.")
+    flags.DEFINE_float("minutes", 1.0, "How long the cluster trains.")
+    flags.DEFINE_float("interval", 2.0, "Seconds between samples of every task.")
+    flags.DEFINE_integer("steps", 10_000_000, "Training steps (the run stops at --minutes first).")
+    flags.DEFINE_integer("steps_per_execution", 1, "Steps per host call.")
+    flags.DEFINE_integer("checkpoint_every_steps", 500,
+                         "A larger value than the run's steps: no checkpoint but the last.")
+    flags.DEFINE_integer("epoch_steps", 0, "Epochs of this many steps, each with a fresh "
+                         "iterator (0: one epoch).")
+    flags.DEFINE_bool("endless_data", False,
+                      "Endless data: executions without an end-of-data check.")
+    flags.DEFINE_integer("slack", 8, "Threads and open files a task may gain after the warm-up.")
+    flags.DEFINE_float("max_rss_kb_per_step", None,
+                       "Default: 1 for mwms, 8 for ps (see the module docstring).")
+    flags.DEFINE_float("max_stop_seconds", 15.0,
+                       "SIGTERM to the launcher must end every task within this.")
+    flags.DEFINE_string("bandwidth", "",
+                        "Run the cluster under tfdist-run --bandwidth (e.g. 1gbit).")
+    flags.DEFINE_bool("async_checkpoint", False,
+                      "Checkpoints written in the background (Trainer(async_checkpoint=True)).")
+    flags.DEFINE_integer("data_service_workers", 0,
+                         "Read the data through a tf.data service with this many workers.")
+    flags.DEFINE_integer("local_sgd", 0, "Train with LocalSGD(every_steps=N) (0: synchronous).")
+    flags.DEFINE_enum("model", "mlp", ["mlp", "embedding"],
+                      "embedding: Embedding(mask_zero) + pooling on padded batches of 2..10 "
+                      "ids, a new length most steps (variable-shaped sparse gradient "
+                      "all-gathers).")
+    flags.DEFINE_string("json", None, "Write samples and verdict here.")
+
+
+def main(argv) -> int:
+    del argv  # every option is a flag
+    args = flags.FLAGS
+    max_rss_kb_per_step = args.max_rss_kb_per_step
+    if max_rss_kb_per_step is None:
+        max_rss_kb_per_step = {"mwms": 1.0, "ps": 8.0}[args.mode]
     with tempfile.TemporaryDirectory(prefix="tfdist-soak-") as workdir:
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
                     args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,
@@ -270,7 +275,7 @@ def main(argv=None):
         finally:
             soak.close()
     verdicts = judge(soak.samples, warmup_seconds=max(15.0, args.minutes * 15),
-                     slack=args.slack, max_rss_kb_per_step=args.max_rss_kb_per_step)
+                     slack=args.slack, max_rss_kb_per_step=max_rss_kb_per_step)
     stopped = any("stopped by SIGTERM" in line for line in soak.lines[-5:])
     stopped_in_time = run["stop_seconds"] <= args.max_stop_seconds
     ok = (not run["ended_early"] and run["exit_code"] == 143 and stopped and stopped_in_time
@@ -295,4 +300,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    define_flags()
+    app.run(main)

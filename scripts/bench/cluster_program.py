@@ -10,14 +10,18 @@ servers: this program is the chief (coordinator) and the contenders
 schedule steps on the worker servers. The chief writes the result JSON.
 """
 
-import argparse
 import json
 import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from absl import app, flags  # noqa: E402
 from bench import contenders, measure, teardown  # noqa: E402
+
+flags.DEFINE_string("config", None, "JSON: strategy, model, contenders, window, rounds.")
+flags.DEFINE_string("output", None, "Where the chief writes its JSON.")
+FLAGS = flags.FLAGS
 
 
 def _agreement(strategy, steps_per_execution: int):
@@ -36,11 +40,9 @@ def _agreement(strategy, steps_per_execution: int):
     return agree
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True, help="JSON: strategy, model, ...")
-    parser.add_argument("--output", required=True, help="where the chief writes its JSON")
-    args = parser.parse_args()
+def main(argv) -> None:
+    del argv  # every option is a flag
+    args = FLAGS
     config = json.loads(args.config)
 
     import tfdist  # pylint: disable=import-outside-toplevel
@@ -67,4 +69,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    flags.mark_flags_as_required(["config", "output"])
+    app.run(main)

@@ -15,9 +15,29 @@ With ``--endless_data`` the data is ``repeat()``-ed without end, so the
 executions run without an end-of-data check (`tfdist.loops.runners.synchronous`).
 """
 
-import argparse
-
 import tfdist
+from absl import app, flags
+
+flags.DEFINE_enum("strategy", "multi_worker_mirrored",
+                  ["multi_worker_mirrored", "parameter_server"], "Every worker, or the chief.")
+flags.DEFINE_integer("steps", 1_000_000, "Training steps (SIGTERM stops it sooner).")
+flags.DEFINE_string("checkpoint_dir", None, "Where checkpoints go (required).")
+flags.DEFINE_integer("checkpoint_every_steps", 500, "Steps between checkpoints.")
+flags.DEFINE_integer("log_every_steps", 100, "Steps between progress lines.")
+flags.DEFINE_integer("steps_per_execution", 1, "Steps per host call.")
+flags.DEFINE_integer("epoch_steps", 0, "Steps per epoch, each epoch a fresh pass (0: one epoch).")
+flags.DEFINE_bool("async_checkpoint", False,
+                  "Trainer(async_checkpoint=True): saves written in the background.")
+flags.DEFINE_string("data_service", None,
+                    "Trainer(data_service=...): 'auto' under --data_service_workers.")
+flags.DEFINE_integer("local_sgd", 0,
+                     "Trainer(communication=LocalSGD(every_steps=N)) (0: synchronous).")
+flags.DEFINE_bool("endless_data", False, "One epoch over endless data (repeat()): the loop "
+                  "without an end-of-data check, also under MWMS.")
+flags.DEFINE_enum("model", "mlp", ["mlp", "embedding"],
+                  "embedding: token ids padded per batch to 2..10, Embedding(mask_zero=True) "
+                  "+ pooling (sparse gradients whose all-gathers change shape from step to step).")
+FLAGS = flags.FLAGS
 
 
 def _as_padded_token_batches(data, tf):
@@ -35,32 +55,9 @@ def _as_padded_token_batches(data, tf):
     return data.map(tokens)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--strategy", default="multi_worker_mirrored",
-                        choices=["multi_worker_mirrored", "parameter_server"])
-    parser.add_argument("--steps", type=int, default=1_000_000)
-    parser.add_argument("--checkpoint_dir", required=True)
-    parser.add_argument("--checkpoint_every_steps", type=int, default=500)
-    parser.add_argument("--log_every_steps", type=int, default=100)
-    parser.add_argument("--steps_per_execution", type=int, default=1)
-    parser.add_argument("--epoch_steps", type=int, default=0,
-                        help="steps per epoch, each epoch a fresh pass (0: one epoch)")
-    parser.add_argument("--async_checkpoint", action="store_true",
-                        help="Trainer(async_checkpoint=True): saves written in the background")
-    parser.add_argument("--data_service", default=None,
-                        help="Trainer(data_service=...): 'auto' under --data_service_workers")
-    parser.add_argument("--local_sgd", type=int, default=0,
-                        help="Trainer(communication=LocalSGD(every_steps=N)) (0: synchronous)")
-    parser.add_argument("--endless_data", action="store_true",
-                        help="one epoch over endless data (repeat()): the loop without "
-                             "an end-of-data check, also under MWMS")
-    parser.add_argument("--model", choices=["mlp", "embedding"], default="mlp",
-                        help="embedding: token ids padded per batch to 2..10, "
-                             "Embedding(mask_zero=True) + pooling (sparse gradients whose "
-                             "all-gathers change shape from step to step)")
-    args = parser.parse_args()
-
+def main(argv) -> None:
+    del argv  # every option is a flag
+    args = FLAGS
     strategy = tfdist.make_strategy(args.strategy)
     import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
@@ -108,4 +105,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    flags.mark_flag_as_required("checkpoint_dir")
+    app.run(main)
