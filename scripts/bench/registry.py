@@ -31,6 +31,8 @@ TOOLS: Dict[str, Tool] = {
                              "local SGD and compression: time to a target accuracy"),
     "checkpoint": Tool("checkpoint_benchmark.py", "benchmark",
                        "the cost of saves, synchronous and in the background"),
+    "sharding": Tool("sharding_benchmark.py", "benchmark",
+                     "sharded optimizer state: state and peak memory per replica, step time"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

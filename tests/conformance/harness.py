@@ -85,6 +85,14 @@ def sensitivity(case, examples: int, reference: Result) -> float:
     return ref.largest_difference(reference.weights, reordered.weights)
 
 
+def tolerance(case, examples: int, reference: Result) -> float:
+    """The case's tolerance: its own, or (``"calibrated"``) a small multiple
+    of what reordering rows does on one device."""
+    if case.tolerance != "calibrated":
+        return case.tolerance
+    return max(1e-5, 4.0 * sensitivity(case, examples, reference))
+
+
 def _model_under(case, strategy, initial):
     with strategy.scope():
         model = _compiled(case)
@@ -92,10 +100,12 @@ def _model_under(case, strategy, initial):
     return model
 
 
-def run_attached(case, strategy, examples: int, initial, **fit_options) -> Result:
-    """``tfdist.attach`` + the user's unchanged fit / evaluate / predict
-    (``fit_options``: added to the case's own)."""
-    model = tfdist.attach(_model_under(case, strategy, initial), strategy)
+def run_attached(case, strategy, examples: int, initial, attach_options=None,
+                 **fit_options) -> Result:
+    """``tfdist.attach`` (with ``attach_options``) + the user's unchanged fit /
+    evaluate / predict (``fit_options``: added to the case's own)."""
+    model = tfdist.attach(_model_under(case, strategy, initial), strategy,
+                          **(attach_options or {}))
     dataset = case.dataset(examples, GLOBAL_BATCH)
     history = model.fit(dataset, epochs=case.epochs, verbose=0,
                         **dict(case.fit_options, **fit_options))

@@ -65,12 +65,8 @@ def _reference(case_name: str, examples: int):
 
 @functools.lru_cache(maxsize=None)
 def _tolerance(case_name: str, examples: int) -> float:
-    case = zoo.BY_NAME[case_name]
-    if case.tolerance != "calibrated":
-        return case.tolerance
     _, reference = _reference(case_name, examples)
-    # A small multiple of what reordering rows does on one device.
-    return max(1e-5, 4.0 * harness.sensitivity(case, examples, reference))
+    return harness.tolerance(zoo.BY_NAME[case_name], examples, reference)
 
 
 def _record(row: dict) -> None:

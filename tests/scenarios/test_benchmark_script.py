@@ -103,6 +103,22 @@ def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
     assert "| async |" in (tmp_path / "checkpoint_benchmark.md").read_text()
 
 
+def test_sharding_benchmark_quick_measures_both_forms(tmp_path):
+    """scripts/sharding_benchmark.py --quick: each form in its own process;
+    the sharded state per replica is the plain one over N (to a shard's
+    padding), measured from the optimizer's variables (no timing asserts)."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "sharding_benchmark.py")
+    rows = json.loads((tmp_path / "sharding_benchmark.json").read_text())["rows"]
+    assert [(r["replicas"], r["sharded"]) for r in rows] == [
+        (2, False), (2, True), (3, False), (3, True)]
+    for plain, sharded in zip(rows[::2], rows[1::2]):
+        replicas = plain["replicas"]
+        expected = plain["state_mb_per_replica"] / replicas
+        assert abs(sharded["state_mb_per_replica"] - expected) < 0.01 * expected + 1e-4, rows
+        assert min(plain["step_seconds"], sharded["step_seconds"]) > 0
+    assert "| sharded |" in (tmp_path / "sharding_benchmark.md").read_text()
+
+
 def test_data_service_benchmark_quick_runs_both_strategies(tmp_path):
     """2 training workers with 1 tf.data service worker (mwms) and with 2
     (parameter servers, dynamic sharding), real tfdist-run clusters; CPU
@@ -216,7 +232,8 @@ def test_the_entry_point_passes_flags_to_the_tool():
 
 def test_every_benchmark_declares_the_common_flags_once():
     for name in ("allreduce_benchmark", "benchmark", "checkpoint_benchmark",
-                 "compression_benchmark", "data_service_benchmark", "time_to_accuracy"):
+                 "compression_benchmark", "data_service_benchmark", "sharding_benchmark",
+                 "time_to_accuracy"):
         source = (REPO / "scripts" / f"{name}.py").read_text()
         assert 'DEFINE_bool("quick"' not in source and 'DEFINE_string("output_dir"' not in source
         assert f'define_common(\n    "{name}"' in source or f'define_common("{name}"' in source

@@ -3,7 +3,9 @@
 `Compression` halves the bytes of the gradient all-reduce by casting
 gradients to bfloat16 or float16 for the exchange (`tfdist.communication.compression`).
 `LocalSGD` all-reduces the weights every H steps instead of the gradients
-every step (`tfdist.communication.local_sgd`). Pass one (or a tuple) as
+every step (`tfdist.communication.local_sgd`). `ShardedOptimizerState`
+keeps 1/N of the optimizer's state on each replica (`tfdist.communication.sharding`).
+Pass one (or a tuple) as
 ``communication=`` to `tfdist.Trainer` or `tfdist.attach`; the Trainer
 holds what was asked for as one `tfdist.communication.plan.Communication`
 (a no-op by default).
@@ -16,6 +18,7 @@ Compression('bf16')
 from tfdist._internal import lazy
 
 _NAMES = {"Compression": "tfdist.communication.compression",
-          "LocalSGD": "tfdist.communication.local_sgd"}
+          "LocalSGD": "tfdist.communication.local_sgd",
+          "ShardedOptimizerState": "tfdist.communication.sharding"}
 __all__ = sorted(_NAMES)
 __getattr__ = lazy.attributes(__name__, _NAMES)

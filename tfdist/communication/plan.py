@@ -1,8 +1,8 @@
 """One object for what a Trainer sends over the network: `Communication`.
 
 ``communication=`` of `tfdist.Trainer` / `tfdist.attach` takes None, a
-`tfdist.communication.Compression`, a `tfdist.communication.LocalSGD`, or
-a tuple of them. `Communication.attach` checks the combination, attaches
+`tfdist.communication.Compression`, a `tfdist.communication.LocalSGD`, a
+`tfdist.communication.ShardedOptimizerState`, or a tuple of them. `Communication.attach` checks the combination, attaches
 each part to the model's optimizer, and gives the Trainer one object with
 the same four calls whatever was asked for: none (the default) makes them
 no-ops, so the Trainer never tests for a part.
@@ -25,6 +25,7 @@ import tensorflow as tf
 from tfdist.communication import compression, local_sgd
 from tfdist.communication.compression import Compression
 from tfdist.communication.local_sgd import LocalSGD
+from tfdist.communication.sharding import ShardedOptimizerState
 from tfdist.errors import ConfigurationError
 
 
@@ -32,28 +33,35 @@ class Communication:
     """The parts asked for (`attach`); each call is a no-op without them."""
 
     def __init__(self, compression: Optional[Compression] = None,
-                 local_sgd: Optional[LocalSGD] = None):
+                 local_sgd: Optional[LocalSGD] = None,
+                 sharding: Optional[ShardedOptimizerState] = None):
         self.compression = compression
         self.local_sgd = local_sgd
+        self.sharding = sharding
 
     @classmethod
-    def attach(cls, communication, model, strategy: tf.distribute.Strategy) -> "Communication":
+    def attach(cls, communication, model, strategy: tf.distribute.Strategy, *,
+               checkpoint_dir: Optional[str] = None) -> "Communication":
         """Checks ``communication`` (the argument), attaches its parts to
-        ``model``'s optimizer and returns them as one object."""
+        ``model``'s optimizer and returns them as one object.
+        ``checkpoint_dir``: where the Trainer saves (sharded state cannot
+        be saved yet)."""
         items = communication if isinstance(communication, (tuple, list)) else (
             () if communication is None else (communication,))
-        compressions = [item for item in items if isinstance(item, Compression)]
-        locals_ = [item for item in items if isinstance(item, LocalSGD)]
-        unknown = [item for item in items if not isinstance(item, (Compression, LocalSGD))]
+        kinds = (Compression, LocalSGD, ShardedOptimizerState)
+        unknown = [item for item in items if not isinstance(item, kinds)]
         if unknown:
             raise ConfigurationError(
                 f"`communication` ({unknown[0]!r}) must be a tfdist.communication.Compression, "
-                "a tfdist.communication.LocalSGD, a tuple of them, or None.")
-        if len(compressions) > 1 or len(locals_) > 1:
+                "LocalSGD or ShardedOptimizerState, a tuple of them, or None.")
+        found = [[item for item in items if isinstance(item, kind)] for kind in kinds]
+        if any(len(parts) > 1 for parts in found):
             raise ConfigurationError(
-                f"`communication` ({communication!r}) takes at most one Compression or one "
-                "LocalSGD.")
-        plan = cls(compressions[0] if compressions else None, locals_[0] if locals_ else None)
+                f"`communication` ({communication!r}) takes at most one of each kind.")
+        plan = cls(*(parts[0] if parts else None for parts in found))
+        if plan.sharding is not None:
+            plan._check_sharding(checkpoint_dir)
+            plan.sharding.attach_to(model, strategy)
         # Either part may already sit on the optimizer, from an earlier Trainer.
         local = plan.local_sgd or (plan.compression and local_sgd.attached_to(model.optimizer))
         compressed = plan.compression or (
@@ -68,6 +76,18 @@ class Communication:
         if plan.local_sgd is not None:
             plan.local_sgd.attach_to(model, strategy)
         return plan
+
+    def _check_sharding(self, checkpoint_dir: Optional[str]) -> None:
+        other = self.compression or self.local_sgd
+        if other is not None:
+            raise ConfigurationError(
+                f"communication=({self.sharding!r}, {other!r}): not built yet (the sharded "
+                "update exchanges the gradient itself). Use one of the two.")
+        if checkpoint_dir:
+            raise ConfigurationError(
+                f"communication={self.sharding!r} with checkpoint_dir={checkpoint_dir!r}: "
+                "saving sharded optimizer state is not built yet (each replica holds one "
+                "piece). Drop checkpoint_dir, or the sharding.")
 
     def after_train_step(self, after_train_step: Optional[Callable]) -> Optional[Callable]:
         """``after_train_step`` (cross-replica, after each step) followed by
@@ -93,5 +113,6 @@ class Communication:
             self.local_sgd.average_now()
 
     def __repr__(self):
-        parts = [repr(part) for part in (self.compression, self.local_sgd) if part is not None]
+        parts = [repr(part) for part in (self.compression, self.local_sgd, self.sharding)
+                 if part is not None]
         return f"Communication({', '.join(parts)})"

@@ -77,7 +77,8 @@ class Trainer:
       checkpoint_every_epoch, max_to_keep: save at each epoch's end (default); checkpoints kept.
       async_checkpoint: periodic and epoch saves written in the background.
       data_service: a tf.data service address, or "auto" (`tfdist.data.service`).
-      communication: `Compression` or `LocalSGD` (`tfdist.communication`), or a tuple.
+      communication: `Compression`, `LocalSGD` or `ShardedOptimizerState`
+        (`tfdist.communication`), or a tuple.
       seed: seeds ``shuffle=True`` array orders (per epoch, the same on every worker).
       keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
         line per epoch (2) instead of tfdist's log lines (`tfdist.attach`).
@@ -104,7 +105,8 @@ class Trainer:
             strategy, static_shapes=static_shapes, partial_batch=partial_batch,
             jit_compile=jit_compile,
         )
-        self._communication = Communication.attach(communication, model, strategy)
+        self._communication = Communication.attach(communication, model, strategy,
+                                                   checkpoint_dir=checkpoint_dir)
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution

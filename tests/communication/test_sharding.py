@@ -1,0 +1,90 @@
+"""What `tfdist.communication.ShardedOptimizerState` refuses, each with an
+error naming the option and the fix (its exactness against one device is
+in `tests/conformance/test_sharded_state.py`)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.support import reference as ref
+from tfdist.communication import Compression, LocalSGD, ShardedOptimizerState
+from tfdist.errors import ConfigurationError
+
+
+def _model(strategy, optimizer):
+    with strategy.scope():
+        model = ref.build_mlp(l2=0.0)
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    return model
+
+
+@pytest.fixture(name="strategy")
+def _strategy():
+    return tfdist.make_strategy("mirrored", num_replicas=2)
+
+
+@pytest.mark.parametrize("make,name", [(lambda: keras.optimizers.Lamb(), "Lamb"),
+                                       (lambda: keras.optimizers.Adafactor(), "Adafactor"),
+                                       (lambda: keras.optimizers.Nadam(), "Nadam")])
+def test_an_optimizer_that_looks_across_elements_is_refused_by_name(strategy, make, name):
+    model = _model(strategy, make())
+    with pytest.raises(ConfigurationError, match=f"{name} is not one of them"):
+        tfdist.Trainer(model, strategy, communication=ShardedOptimizerState())
+
+
+@pytest.mark.parametrize("option", [{"use_ema": True}, {"gradient_accumulation_steps": 2}])
+def test_full_size_optimizer_copies_are_refused(strategy, option):
+    model = _model(strategy, keras.optimizers.Adam(**option))
+    with pytest.raises(ConfigurationError, match=f"{next(iter(option))}="):
+        tfdist.Trainer(model, strategy, communication=ShardedOptimizerState())
+
+
+@pytest.mark.parametrize("other", [Compression("bf16"), LocalSGD(4)])
+def test_combinations_not_built_are_refused(strategy, other):
+    model = _model(strategy, "adam")
+    with pytest.raises(ConfigurationError, match="Use one of the two"):
+        tfdist.Trainer(model, strategy, communication=(ShardedOptimizerState(), other))
+
+
+def test_checkpoints_of_sharded_state_are_refused(strategy, tmp_path):
+    model = _model(strategy, "adam")
+    with pytest.raises(ConfigurationError, match="checkpoint_dir="):
+        tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path),
+                       communication=ShardedOptimizerState())
+
+
+def test_saving_the_sharded_optimizer_state_is_an_error(strategy, tmp_path):
+    """Every save would write one replica's slice as the whole state."""
+    model = tfdist.attach(_model(strategy, "adam"), strategy,
+                          communication=ShardedOptimizerState())
+    x, y, _ = ref.classification_arrays(32)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    saves = {"model.save": lambda: model.save(str(tmp_path / "model.keras")),
+             "save_weights": lambda: model.save_weights(str(tmp_path / "model.weights.h5")),
+             "tf.train.Checkpoint": lambda: tf.train.Checkpoint(model=model).write(
+                 str(tmp_path / "checkpoint"))}
+    for name, save in saves.items():
+        with pytest.raises(ConfigurationError, match="get_weights"):
+            save()
+            pytest.fail(f"{name} saved")
+    assert len(model.get_weights()) == len(model.trainable_variables)
+
+
+def test_an_optimizer_already_built_is_refused(strategy):
+    model = _model(strategy, "adam")
+    with strategy.scope():
+        model.optimizer.build(model.trainable_variables)
+    with pytest.raises(ConfigurationError, match="before the optimizer is built"):
+        tfdist.Trainer(model, strategy, communication=ShardedOptimizerState())
+
+
+def test_one_replica_keeps_keras_own_update():
+    strategy = tfdist.make_strategy("one_device")
+    model = tfdist.attach(_model(strategy, "adam"), strategy,
+                          communication=ShardedOptimizerState())
+    x, y, _ = ref.classification_arrays(32)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    sizes = sorted(int(np.prod(v.shape)) for v in model.optimizer.variables if v.shape != ())
+    assert sizes == sorted(2 * [int(np.prod(v.shape)) for v in model.trainable_variables])

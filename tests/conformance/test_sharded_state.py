@@ -1,0 +1,92 @@
+"""Sharded optimizer state (`tfdist.communication.ShardedOptimizerState`)
+against single-device Keras: the zoo's dense, convolutional, embedding and
+mixed-precision families, on partial and empty-replica batches.
+
+CI runs the short form (the embedding family on every batch shape over 3
+replicas, the rest on a partial batch over 2); ``--conformance=full`` runs
+every listed family on 2, 3 and 4 replicas and every batch shape.
+"""
+
+import functools
+
+import numpy as np
+import pytest
+
+import tfdist
+from conformance import harness, zoo
+from tests.support import strategy_columns
+
+pytestmark = pytest.mark.conformance
+
+FAMILIES = ("embedding_pooling", "embedding_global_clipnorm", "embedding_lstm_masked",
+            "transformer_encoder", "cnn_sync_batch_norm", "kernel_regularizer", "dict_multi_io",
+            "own_train_step", "mixed_float16_embedding")
+
+
+def in_short_form(case_name: str, replicas: int, shape: str) -> bool:
+    if case_name == "embedding_pooling":
+        return replicas == 3
+    return (replicas, shape) == (2, "partial")
+
+
+def _matrix():
+    for case_name in FAMILIES:
+        for replicas in (2, 3, 4):
+            for shape in harness.BATCH_SHAPES:
+                marks = [] if in_short_form(case_name, replicas, shape) else [
+                    pytest.mark.conformance_full]
+                yield pytest.param(case_name, replicas, shape, marks=marks,
+                                   id=f"{case_name}-mirrored_{replicas}-{shape}")
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(case_name: str, examples: int):
+    return harness.run_keras(zoo.BY_NAME[case_name], examples)
+
+
+@functools.lru_cache(maxsize=None)
+def _tolerance(case_name: str, examples: int) -> float:
+    return harness.tolerance(zoo.BY_NAME[case_name], examples, _reference(case_name, examples)[1])
+
+
+@pytest.mark.parametrize("case_name,replicas,shape", list(_matrix()))
+def test_sharded_state_equals_one_device(case_name, replicas, shape):
+    case = zoo.BY_NAME[case_name]
+    examples = harness.BATCH_SHAPES[shape]
+    initial, reference = _reference(case_name, examples)
+    strategy = strategy_columns.in_process(replicas)
+    sharding = tfdist.communication.ShardedOptimizerState()
+    result = harness.run_attached(case, strategy, examples, initial,
+                                  attach_options={"communication": sharding})
+    harness.assert_matches(reference, result, _tolerance(case_name, examples))
+
+
+def test_each_replica_holds_one_slice_of_the_one_device_state():
+    """SGD's momentum: a slice of 1/N per replica, and the slices in replica
+    order are the momentum one device keeps (flattened, in weight order)."""
+    case = zoo.BY_NAME["embedding_pooling"]
+    examples = harness.BATCH_SHAPES["partial"]
+    reference_model = case.build()
+    case.compile(reference_model)
+    initial = reference_model.get_weights()
+    reference_model.fit(case.dataset(examples, harness.GLOBAL_BATCH), epochs=case.epochs,
+                        verbose=0)
+    strategy = strategy_columns.in_process(3)
+    with strategy.scope():
+        model = case.build()
+        case.compile(model)
+    model.set_weights(initial)
+    tfdist.attach(model, strategy, communication=tfdist.communication.ShardedOptimizerState())
+    model.fit(case.dataset(examples, harness.GLOBAL_BATCH), epochs=case.epochs, verbose=0)
+
+    weights = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    shard = -(-weights // 3)
+    optimizer, expected_optimizer = model.optimizer, reference_model.optimizer
+    state = [v for v in optimizer.variables if v.shape != ()]
+    assert [tuple(v.shape) for v in state] == [(shard,)]  # the momentum, one slice
+    pieces = [np.asarray(piece) for piece in state[0].value.values]
+    assert len(pieces) == 3 and all(p.shape == (shard,) for p in pieces)
+    expected = [np.asarray(v).ravel() for v in expected_optimizer.variables if v.shape != ()]
+    assert sum(len(e) for e in expected) == weights
+    np.testing.assert_allclose(np.concatenate(pieces)[:weights], np.concatenate(expected),
+                               rtol=0, atol=1e-5)
