@@ -62,8 +62,8 @@ def test_sharded_state_equals_one_device(case_name, replicas, shape):
 
 
 def test_each_replica_holds_one_slice_of_the_one_device_state():
-    """SGD's momentum: a slice of 1/N per replica, and the slices in replica
-    order are the momentum one device keeps (flattened, in weight order)."""
+    """SGD's momentum: a slice of 1/N of every weight's per replica, and each
+    weight's slices in replica order are the momentum one device keeps."""
     case = zoo.BY_NAME["embedding_pooling"]
     examples = harness.BATCH_SHAPES["partial"]
     reference_model = case.build()
@@ -79,14 +79,18 @@ def test_each_replica_holds_one_slice_of_the_one_device_state():
     tfdist.attach(model, strategy, communication=tfdist.communication.ShardedOptimizerState())
     model.fit(case.dataset(examples, harness.GLOBAL_BATCH), epochs=case.epochs, verbose=0)
 
-    weights = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    shard = -(-weights // 3)
+    sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
+    slice_sizes = [-(-size // 3) for size in sizes]  # each weight in 3 slices, the last padded
     optimizer, expected_optimizer = model.optimizer, reference_model.optimizer
     state = [v for v in optimizer.variables if v.shape != ()]
-    assert [tuple(v.shape) for v in state] == [(shard,)]  # the momentum, one slice
-    pieces = [np.asarray(piece) for piece in state[0].value.values]
-    assert len(pieces) == 3 and all(p.shape == (shard,) for p in pieces)
-    expected = [np.asarray(v).ravel() for v in expected_optimizer.variables if v.shape != ()]
-    assert sum(len(e) for e in expected) == weights
-    np.testing.assert_allclose(np.concatenate(pieces)[:weights], np.concatenate(expected),
-                               rtol=0, atol=1e-5)
+    assert [tuple(v.shape) for v in state] == [(sum(slice_sizes),)]  # the momentum's shard
+    shards = [np.asarray(piece) for piece in state[0].value.values]
+    assert len(shards) == 3  # one per replica, each a different part of the state
+    cut = np.cumsum(slice_sizes)[:-1]
+    by_replica = [np.split(shard, cut) for shard in shards]
+    expected = [np.asarray(v) for v in expected_optimizer.variables if v.shape != ()]
+    assert [e.size for e in expected] == sizes
+    for index, momentum in enumerate(expected):
+        joined = np.concatenate([slices[index] for slices in by_replica])[:sizes[index]]
+        np.testing.assert_allclose(joined, momentum.ravel(), rtol=0, atol=1e-5,
+                                   err_msg=f"weight {index}")

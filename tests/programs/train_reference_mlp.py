@@ -174,6 +174,9 @@ def main():
     parser.add_argument("--local_sgd", type=int, default=None,
                         help="Trainer(communication=LocalSGD(every_steps=N, outer_optimizer="
                              "tests/communication/test_local_sgd.py's)) on its SGD-with-momentum model")
+    parser.add_argument("--sharded_state", action="store_true",
+                        help="Trainer(communication=ShardedOptimizerState()): Adam's state "
+                             "in one slice per replica")
     args = parser.parse_args()
     broken = _broken_host(args)
 
@@ -199,6 +202,8 @@ def main():
                 args.local_sgd, outer_optimizer=local._outer())  # pylint: disable=protected-access
         else:
             model = ref.compile_model(ref.build_mlp(mixed_float16=args.mixed_float16), "adam")
+            if args.sharded_state:
+                communication = tfdist.communication.ShardedOptimizerState()
     if args.keras_fit:
         _keras_fit(args, model, strategy, ref)
         return
@@ -227,6 +232,7 @@ def main():
         "history": history.history,
         "evaluate": trainer.evaluate(dataset),
         "weights": [w.tolist() for w in model.get_weights()],
+        "optimizer_state_shapes": [list(v.shape) for v in model.optimizer.variables],
     })
 
 

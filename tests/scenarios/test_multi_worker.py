@@ -118,6 +118,20 @@ def test_local_sgd_on_two_workers_equals_a_hand_written_local_sgd(tmp_path):
         ref.assert_weight_lists_close(expected, result["weights"])
 
 
+def test_sharded_optimizer_state_on_two_workers_equals_one_device(tmp_path, keras_reference):
+    """ShardedOptimizerState over 2 workers x 2 replicas: each of the 4
+    replicas of the cluster keeps a quarter of Adam's state (no checkpoints:
+    saving sharded state is refused)."""
+    args = [f"--output_dir={tmp_path / 'out'}", "--replicas_per_worker=2", "--sharded_state"]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    shard = sum(-(-w.size // 4) for w in keras_reference[0])  # a quarter of every weight
+    for result in _results(tmp_path / "out"):
+        _assert_equals_reference(result, keras_reference)
+        state = [shape for shape in result["optimizer_state_shapes"] if shape]
+        assert state == [[shard], [shard]], state  # Adam's two moments, one shard each
+
+
 def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path):
     """tfdist.attach + unchanged model.fit / evaluate / predict on arrays;
     then gradient accumulation over 2 micro-batches = one device on 2x batches."""

@@ -6,11 +6,11 @@ every replica: with Adam, two moments per weight, so twice the weights'
 bytes per replica before a single activation. With ``ShardedOptimizerState``
 the optimizer's state covers one slice of the weights per replica:
 
-1. each replica flattens its gradients into one vector and the replicas sum
-   it; replica ``r`` keeps slice ``r`` of the sum (its shard);
+1. the replicas sum their gradients (the optimizer's own all-reduce);
+   replica ``r`` keeps slice ``r`` of every weight's sum (its shard);
 2. replica ``r`` applies the user's Keras optimizer (its own ``update_step``,
-   so Adam is Adam) to slice ``r`` of the weights, with the state of that
-   slice only;
+   so Adam is Adam) to its slice of every weight, with the state of those
+   slices only;
 3. the updated slices are all-gathered, and every replica's weights are
    the whole again.
 
@@ -23,7 +23,9 @@ elements computes the same numbers. Optimizers that look across elements
 
 What works, and what is refused (a `ConfigurationError` saying why):
 
-- MirroredStrategy; one replica (nothing to shard: the plain update).
+- MirroredStrategy and MultiWorkerMirroredStrategy (replica ``r`` of the
+  whole cluster owns slice ``r``); one replica (nothing to shard: Keras'
+  own update).
 - Gradient clipping (tfdist clips the batch's gradient before the optimizer
   sees it, `tfdist.replica.gradients`), weight decay (on the whole weights,
   as Keras does), mixed precision (the inner optimizer of a
@@ -32,10 +34,10 @@ What works, and what is refused (a `ConfigurationError` saying why):
 - Refused for now: checkpoints of the optimizer state (the state lives in
   N pieces; a saved form that restores under any replica count is the next
   step), ``use_ema``, ``gradient_accumulation_steps``, LocalSGD, Compression,
-  MultiWorkerMirroredStrategy, ParameterServerStrategy and TPUStrategy.
+  ParameterServerStrategy and TPUStrategy.
 
 The exchange is, for now, the optimizer's own gradient all-reduce (each
-replica keeps its slice of the sum) and one all-gather of the updated
+replica keeps its slices of the sum) and an all-gather of the updated
 slices: 1.5 times a ring all-reduce's bytes, not the reduce-scatter a
 later step will use.
 """
@@ -56,45 +58,60 @@ ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "Adadelta
 
 @dataclasses.dataclass(frozen=True)
 class ShardLayout:
-    """Where each weight sits in the flat vector, and each replica's slice.
+    """Which elements of each weight a replica owns: slice ``r`` of every
+    weight (flattened, padded to N equal slices), the slices of all weights
+    one after the other in replica ``r``'s shard.
+
+    Slicing weight by weight, not one flat copy of the model, keeps the
+    temporaries of an update to a shard's size plus one weight at a time.
 
     Attributes:
       shapes: each trainable weight's shape, in the optimizer's order.
-      sizes: each weight's number of elements.
       replicas: N, the number of shards.
-      shard_size: elements per shard (the flat vector padded to N of them).
     """
 
     shapes: Tuple[Tuple[int, ...], ...]
-    sizes: Tuple[int, ...]
     replicas: int
-    shard_size: int
 
     @classmethod
     def of(cls, variables, replicas: int) -> "ShardLayout":
-        shapes = tuple(tuple(int(d) for d in v.shape) for v in variables)
-        sizes = tuple(int(tf.TensorShape(s).num_elements()) for s in shapes)
-        return cls(shapes, sizes, replicas, -(-sum(sizes) // replicas))
+        return cls(tuple(tuple(int(d) for d in v.shape) for v in variables), replicas)
 
     @property
-    def padding(self) -> int:
-        """Zeros after the last weight, so that N shards cover the vector."""
-        return self.shard_size * self.replicas - sum(self.sizes)
+    def sizes(self) -> Tuple[int, ...]:
+        """Each weight's number of elements."""
+        return tuple(int(tf.TensorShape(shape).num_elements()) for shape in self.shapes)
 
-    def flatten(self, tensors, dtype) -> tf.Tensor:
-        """One vector of every tensor (dense), padded to N shards."""
-        parts = [tf.reshape(tf.cast(tf.convert_to_tensor(t), dtype), [-1]) for t in tensors]
-        parts.append(tf.zeros([self.padding], dtype))
+    @property
+    def slice_sizes(self) -> Tuple[int, ...]:
+        """Elements of each weight in one replica's slice (the last slices padded)."""
+        return tuple(-(-size // self.replicas) for size in self.sizes)
+
+    @property
+    def shard_size(self) -> int:
+        """Elements in one replica's shard: its slice of every weight."""
+        return sum(self.slice_sizes)
+
+    def shard_of(self, tensors, replica: int, dtype) -> tf.Tensor:
+        """Replica ``replica``'s shard of ``tensors`` (one per weight, dense)."""
+        parts = []
+        for tensor, size, length in zip(tensors, self.sizes, self.slice_sizes):
+            start = min(replica * length, size)
+            stop = min(start + length, size)
+            flat = tf.reshape(tf.cast(tf.convert_to_tensor(tensor), dtype), [-1])
+            parts.append(flat[start:stop])
+            if stop - start < length:
+                parts.append(tf.zeros([length - (stop - start)], dtype))
         return tf.concat(parts, axis=0)
 
-    def shard_of(self, flat: tf.Tensor, replica_id) -> tf.Tensor:
-        """Replica ``replica_id``'s slice of a flat vector."""
-        return tf.slice(flat, [replica_id * self.shard_size], [self.shard_size])
+    def slices(self, shard: tf.Tensor) -> List[tf.Tensor]:
+        """A shard cut back into its slice of each weight."""
+        return tf.split(shard, list(self.slice_sizes))
 
-    def unflatten(self, flat: tf.Tensor) -> List[tf.Tensor]:
-        """The weights' tensors from a flat vector (padding dropped)."""
-        parts = tf.split(flat, list(self.sizes) + [self.padding])[:-1]
-        return [tf.reshape(part, shape) for part, shape in zip(parts, self.shapes)]
+    def whole(self, gathered: List[tf.Tensor]) -> List[tf.Tensor]:
+        """Each weight from its N slices, gathered in replica order."""
+        return [tf.reshape(parts if parts.shape[0] == size else parts[:size], shape)
+                for parts, size, shape in zip(gathered, self.sizes, self.shapes)]
 
 
 class ShardedOptimizerState:
@@ -175,14 +192,17 @@ class ShardedOptimizerState:
         layout, shard = self._layout, self._shard.value
         variables = [v.value if hasattr(v, "value") else v for v in variables]
         dtype = shard.dtype
+        replica = tf.get_static_value(context.replica_id_in_sync_group)
+        if replica is None:
+            raise ConfigurationError(f"{self!r} needs each replica's index when the step is "
+                                     "traced (the mirrored strategies give it); this one does not.")
         # The optimizer's own all-reduce, with what tfdist adds to it (a
         # model's own step: the replica's share of the loss scaling).
         reduced = optimizer._all_reduce_sum_gradients(  # pylint: disable=protected-access
             list(zip(grads, variables)))
-        summed = layout.flatten([gradient for gradient, _ in reduced], dtype)
-        replica = context.replica_id_in_sync_group
-        shard_gradient = layout.shard_of(summed, replica)
-        shard_weights = layout.shard_of(layout.flatten(variables, dtype), replica)
+        shard_gradient = layout.shard_of([gradient for gradient, _ in reduced], int(replica),
+                                         dtype)
+        shard_weights = layout.shard_of(variables, int(replica), dtype)
 
         def update_shards(strategy, weights, gradient):
             def update(variable, weights, gradient):
@@ -192,14 +212,15 @@ class ShardedOptimizerState:
             strategy.extended.update(shard, update, args=(weights, gradient), group=False)
 
         context.merge_call(update_shards, args=(shard_weights, shard_gradient))
-        updated = context.all_gather(tf.reshape(shard.read_value(), [layout.shard_size]), axis=0)
+        updated = tf.reshape(shard.read_value(), [layout.shard_size])
+        gathered = context.all_gather(layout.slices(updated), axis=0)
 
         def assign_weights(strategy, values):
             for variable, value in zip(variables, values):
                 strategy.extended.update(variable, lambda v, x: v.assign(x), args=(value,),
                                          group=False)
 
-        context.merge_call(assign_weights, args=(layout.unflatten(updated),))
+        context.merge_call(assign_weights, args=(layout.whole(gathered),))
 
 
 def _check_strategy(sharding, strategy) -> None:
@@ -207,11 +228,10 @@ def _check_strategy(sharding, strategy) -> None:
         raise ConfigurationError(
             f"communication={sharding!r} shards the state of synchronous replicas; under "
             "ParameterServerStrategy the state already lives once, on the ps. Drop it.")
-    if isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy,
-                             tf.distribute.MultiWorkerMirroredStrategy)):
+    if isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
         raise ConfigurationError(
-            f"communication={sharding!r} runs under MirroredStrategy for now; "
-            f"{type(strategy).__name__} is not built yet. Drop it.")
+            f"communication={sharding!r} runs under MirroredStrategy and "
+            "MultiWorkerMirroredStrategy; TPUStrategy is not built yet. Drop it.")
 
 
 def _check_optimizer(sharding, optimizer) -> None:
