@@ -122,3 +122,31 @@ def test_every_elementwise_optimizer_equals_one_device(name):
     sliced = [v for v in model.optimizer.variables if v.shape != ()]
     assert sliced and {tuple(v.shape) for v in sliced} == {(sum(-(-int(np.prod(w.shape)) // 3)
                                                                for w in model.trainable_variables),)}
+
+
+class WithUnusedWeight(keras.Model):
+    """A subclassed model with a layer its ``call`` never uses: the layer's
+    weights get no gradient, and Keras' ``apply`` leaves them out."""
+
+    def __init__(self):
+        super().__init__()
+        self.used = keras.layers.Dense(3, activation="softmax")
+        self.unused = keras.layers.Dense(2)
+
+    def build(self, input_shape):
+        self.used.build(input_shape)
+        self.unused.build(input_shape)
+
+    def call(self, inputs):
+        return self.used(inputs)
+
+
+def test_a_weight_without_a_gradient_is_named(strategy):
+    with strategy.scope():
+        model = WithUnusedWeight()
+        model.build((None, 5))
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    tfdist.attach(model, strategy, communication=ShardedOptimizerState())
+    x, y, _ = ref.classification_arrays(32)
+    with pytest.raises(ConfigurationError, match="no gradient for .*dense"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)

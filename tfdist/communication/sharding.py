@@ -121,6 +121,7 @@ class ShardedOptimizerState:
     def __init__(self):
         self._layout = None
         self._shard = None  # a variable of one shard's elements, per replica
+        self._keys, self._names = [], []  # the weights the state was built for, in order
 
     def __repr__(self) -> str:
         return "ShardedOptimizerState()"
@@ -175,6 +176,8 @@ class ShardedOptimizerState:
                 f"{self!r} shards weights of one dtype; this model's trainable weights are "
                 f"{sorted(str(d) for d in dtypes)}. Drop it for this model.")
         self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync)
+        self._keys = [optimizer._var_key(v) for v in variables]  # pylint: disable=protected-access
+        self._names = [v.path for v in variables]
         with strategy.scope():
             self._shard = keras.Variable(tf.zeros([self._layout.shard_size], dtypes.pop()),
                                          trainable=False, name="tfdist_shard")
@@ -196,6 +199,7 @@ class ShardedOptimizerState:
         if replica is None:
             raise ConfigurationError(f"{self!r} needs each replica's index when the step is "
                                      "traced (the mirrored strategies give it); this one does not.")
+        grads, variables = self._in_built_order(optimizer, grads, variables)
         # The optimizer's own all-reduce, with what tfdist adds to it (a
         # model's own step: the replica's share of the loss scaling).
         reduced = optimizer._all_reduce_sum_gradients(  # pylint: disable=protected-access
@@ -221,6 +225,22 @@ class ShardedOptimizerState:
                                          group=False)
 
         context.merge_call(assign_weights, args=(layout.whole(gathered),))
+
+
+    def _in_built_order(self, optimizer, grads, variables):
+        """The gradients and weights in the order the state was built for;
+        a weight left out (Keras drops those without a gradient) is an
+        error, since a shard covers every weight."""
+        given = {optimizer._var_key(v): (g, v)  # pylint: disable=protected-access
+                 for g, v in zip(grads, variables)}
+        missing = [name for key, name in zip(self._keys, self._names) if key not in given]
+        if missing:
+            raise ConfigurationError(
+                f"{self!r}: the step updates only some of the weights the optimizer was built "
+                f"for (no gradient for {missing[:3]}); sharded state covers every weight at "
+                "each step. Give every trainable weight a gradient, or drop the sharding.")
+        ordered = [given[key] for key in self._keys]
+        return [g for g, _ in ordered], [v for _, v in ordered]
 
 
 def _check_strategy(sharding, strategy) -> None:

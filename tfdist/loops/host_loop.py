@@ -93,16 +93,9 @@ class HostLoop:
         """Runs up to ``steps_per_execution`` steps from ``iterator`` (an
         iterator of `tfdist.data.distribute`'s dataset); ``stop_requested``:
         this task wants to stop (e.g. ``PreemptionWatcher.requested``)."""
-        try:
-            steps = self._loop(iterator, tf.constant(self.steps_per_execution, tf.int64))
-        except Exception as error:  # pylint: disable=broad-except
-            # Autograph re-raises errors from tracing the step as its own
-            # StagingError; a tfdist error about the step's code stays itself.
-            if (isinstance(error.__context__, ConfigurationError)
-                    and not isinstance(error, ConfigurationError)):
-                raise error.__context__ from None
-            raise
-        steps = int(steps)
+        # (A ConfigurationError from tracing the step is raised as itself:
+        # `tfdist.loops.runners.device_loop`.)
+        steps = int(self._loop(iterator, tf.constant(self.steps_per_execution, tf.int64)))
         # Out of data (the same step on every worker): agree now.
         stop = self._stop_agreement.after_execution(
             stop_requested, last=steps < self.steps_per_execution)

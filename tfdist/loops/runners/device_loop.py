@@ -9,6 +9,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdist._internal import collectives
+from tfdist.errors import ConfigurationError
 
 
 def device_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
@@ -47,4 +48,23 @@ def device_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
                 after_step()
         return num_steps
 
-    return loop if check_end else loop_without_end_check
+    return _raising_configuration_errors(loop if check_end else loop_without_end_check)
+
+
+def _raising_configuration_errors(traced_loop):
+    """``traced_loop`` whose tracing errors about the step's configuration
+    surface as themselves: autograph re-raises an error from tracing the
+    step as its own StagingError, with tfdist's `ConfigurationError` (e.g.
+    a model's own step that a `tfdist.communication` part cannot run) as
+    its context."""
+
+    def run(iterator, num_steps):
+        try:
+            return traced_loop(iterator, num_steps)
+        except Exception as error:  # pylint: disable=broad-except
+            if (isinstance(error.__context__, ConfigurationError)
+                    and not isinstance(error, ConfigurationError)):
+                raise error.__context__ from None
+            raise
+
+    return run
