@@ -7,6 +7,7 @@ threads, resident memory and open files are sampled from /proc.
     python scripts/soak.py --mode=mwms --minutes=10 --epoch_steps=512  # epoch ends: iterators made and freed
     python scripts/soak.py --mode=mwms --minutes=10 --endless_data     # executions without an end check
     python scripts/soak.py --mode=mwms --minutes=3 --model=embedding   # sparse gradients, varying shapes
+    python scripts/soak.py --mode=mwms --minutes=3 --sharded_state     # sharded optimizer state
 
 Each run starts ``tfdist-run`` with `scripts/bench/soak_train.py` (global batch 8,
 one step per host call, a checkpoint every 500 steps, a progress line every
@@ -75,7 +76,7 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
                      checkpoint_every_steps: int = 500, epoch_steps: int = 0,
                      endless_data: bool = False, bandwidth: str = "",
                      async_checkpoint: bool = False, data_service_workers: int = 0,
-                     local_sgd: int = 0, model: str = "mlp"):
+                     local_sgd: int = 0, model: str = "mlp", sharded_state: bool = False):
     train = [sys.executable, os.path.join(REPO, "scripts", "bench", "soak_train.py"),
              f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
              f"--steps_per_execution={steps_per_execution}",
@@ -83,7 +84,8 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
              f"--epoch_steps={epoch_steps}"] + (["--endless_data"] if endless_data else []) + (
                  ["--async_checkpoint"] if async_checkpoint else []) + (
                  ["--data_service=auto"] if data_service_workers else []) + (
-                 [f"--local_sgd={local_sgd}"] if local_sgd else []) + [f"--model={model}"]
+                 [f"--local_sgd={local_sgd}"] if local_sgd else []) + (
+                 ["--sharded_state"] if sharded_state else []) + [f"--model={model}"]
     cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
     if mode == "ps":
         train.append("--strategy=parameter_server")
@@ -150,14 +152,14 @@ class Soak:
                  steps_per_execution: int = 1, checkpoint_every_steps: int = 500,
                  epoch_steps: int = 0, endless_data: bool = False, bandwidth: str = "",
                  async_checkpoint: bool = False, data_service_workers: int = 0,
-                 local_sgd: int = 0, model: str = "mlp"):
+                 local_sgd: int = 0, model: str = "mlp", sharded_state: bool = False):
         self.mode, self.seconds, self.interval = mode, minutes * 60, interval
         self.epoch_steps = epoch_steps
         self.lines, self.samples = [], []
         self.process = subprocess.Popen(
             launcher_command(mode, workdir, steps, steps_per_execution, checkpoint_every_steps,
                              epoch_steps, endless_data, bandwidth, async_checkpoint,
-                             data_service_workers, local_sgd, model),
+                             data_service_workers, local_sgd, model, sharded_state),
             cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
@@ -252,6 +254,9 @@ def define_flags() -> None:
     flags.DEFINE_integer("data_service_workers", 0,
                          "Read the data through a tf.data service with this many workers.")
     flags.DEFINE_integer("local_sgd", 0, "Train with LocalSGD(every_steps=N) (0: synchronous).")
+    flags.DEFINE_bool("sharded_state", False,
+                      "Train with ShardedOptimizerState() (no checkpoints: sharded state is not "
+                      "saved yet; SIGTERM still stops every task).")
     flags.DEFINE_enum("model", "mlp", ["mlp", "embedding"],
                       "embedding: Embedding(mask_zero) + pooling on padded batches of 2..10 "
                       "ids, a new length most steps (variable-shaped sparse gradient "
@@ -269,7 +274,8 @@ def main(argv) -> int:
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
                     args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,
                     args.endless_data, args.bandwidth, args.async_checkpoint,
-                    args.data_service_workers, args.local_sgd, args.model)
+                    args.data_service_workers, args.local_sgd, args.model,
+                    sharded_state=args.sharded_state)
         try:
             run = soak.run()
         finally:

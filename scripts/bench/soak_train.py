@@ -32,6 +32,8 @@ flags.DEFINE_string("data_service", None,
                     "Trainer(data_service=...): 'auto' under --data_service_workers.")
 flags.DEFINE_integer("local_sgd", 0,
                      "Trainer(communication=LocalSGD(every_steps=N)) (0: synchronous).")
+flags.DEFINE_bool("sharded_state", False, "Trainer(communication=ShardedOptimizerState()), "
+                  "without checkpoints (sharded state is not saved yet).")
 flags.DEFINE_bool("endless_data", False, "One epoch over endless data (repeat()): the loop "
                   "without an end-of-data check, also under MWMS.")
 flags.DEFINE_enum("model", "mlp", ["mlp", "embedding"],
@@ -94,11 +96,17 @@ def main(argv) -> None:
             ])
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    communication = None
+    if args.local_sgd:
+        communication = tfdist.communication.LocalSGD(args.local_sgd)
+    elif args.sharded_state:
+        communication = tfdist.communication.ShardedOptimizerState()
+    saves = None if args.sharded_state else args.checkpoint_every_steps
     trainer = tfdist.Trainer(
-        model, strategy, checkpoint_dir=args.checkpoint_dir, max_to_keep=2,
-        checkpoint_every_steps=args.checkpoint_every_steps,
+        model, strategy, checkpoint_dir=None if args.sharded_state else args.checkpoint_dir,
+        max_to_keep=2, checkpoint_every_steps=saves,
         async_checkpoint=args.async_checkpoint, data_service=args.data_service,
-        communication=tfdist.communication.LocalSGD(args.local_sgd) if args.local_sgd else None,
+        communication=communication,
         log_every_steps=args.log_every_steps, steps_per_execution=args.steps_per_execution,
     )
     trainer.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=1)
