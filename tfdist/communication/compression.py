@@ -42,6 +42,7 @@ optimizer's all-reduce for that optimizer only.
 import tensorflow as tf
 
 from tfdist._internal.keras import patches
+from tfdist.communication.strategy_support import refuse_strategy
 from tfdist.errors import ConfigurationError
 
 _DTYPES = {"bf16": tf.bfloat16, "fp16": tf.float16}
@@ -79,10 +80,9 @@ class Compression:
     def attach_to(self, optimizer, strategy: tf.distribute.Strategy) -> None:
         """Makes ``optimizer`` (a Keras 3 optimizer, or a LossScaleOptimizer's
         inner one) all-reduce its gradients compressed. Once per optimizer."""
-        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-            raise ConfigurationError(
-                f"communication={self!r} compresses the all-reduce of synchronous strategies; "
-                "under ParameterServerStrategy gradients go to the ps without one. Drop it.")
+        refuse_strategy(self, strategy, parameter_servers=(
+            "compresses the all-reduce of synchronous strategies; under "
+            "ParameterServerStrategy gradients go to the ps without one."))
         target = patches.inner_optimizer(optimizer)
         if not patches.has_gradient_all_reduce(target):
             raise ConfigurationError(

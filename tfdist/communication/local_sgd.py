@@ -62,6 +62,7 @@ import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share
 from tfdist._internal.keras import patches
+from tfdist.communication.strategy_support import refuse_strategy
 from tfdist.errors import ConfigurationError
 from tfdist.replica import accumulation
 
@@ -108,14 +109,12 @@ class LocalSGD:
         if self._strategy is not None:
             raise ConfigurationError(f"{self!r} is already attached to a model; make one "
                                      "LocalSGD per Trainer.")
-        if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-            raise ConfigurationError(
-                f"communication={self!r} averages the weights of synchronous replicas; under "
-                "ParameterServerStrategy the weights live on the ps, one copy. Drop it.")
-        if isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
-            raise ConfigurationError(
-                f"communication={self!r} is not available under TPUStrategy (not built: a "
-                "TPU's replicas share one program). Drop it.")
+        refuse_strategy(
+            self, strategy,
+            parameter_servers=("averages the weights of synchronous replicas; under "
+                               "ParameterServerStrategy the weights live on the ps, one copy."),
+            tpu=("is not available under TPUStrategy (not built: a TPU's replicas share one "
+                 "program)."))
         optimizer = model.optimizer
         target = patches.inner_optimizer(optimizer)
         if accumulation.accumulation_steps(optimizer):

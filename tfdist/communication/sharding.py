@@ -48,6 +48,7 @@ from typing import List, Tuple
 import tensorflow as tf
 
 from tfdist._internal.keras import patches
+from tfdist.communication.strategy_support import refuse_strategy
 from tfdist.errors import ConfigurationError
 
 _WRAPPED = "_tfdist_sharded_state"
@@ -129,7 +130,12 @@ class ShardedOptimizerState:
     def attach_to(self, model, strategy: tf.distribute.Strategy) -> None:
         """Makes ``model``'s optimizer keep a shard of its state per replica,
         checking first what cannot combine with it. Once per optimizer."""
-        _check_strategy(self, strategy)
+        refuse_strategy(
+            self, strategy,
+            parameter_servers=("shards the state of synchronous replicas; under "
+                               "ParameterServerStrategy the state already lives once, on the ps."),
+            tpu=("runs under MirroredStrategy and MultiWorkerMirroredStrategy; TPUStrategy is "
+                 "not built yet."))
         optimizer = model.optimizer
         target = patches.inner_optimizer(optimizer)
         _check_optimizer(self, target)
@@ -241,17 +247,6 @@ class ShardedOptimizerState:
                 "each step. Give every trainable weight a gradient, or drop the sharding.")
         ordered = [given[key] for key in self._keys]
         return [g for g, _ in ordered], [v for _, v in ordered]
-
-
-def _check_strategy(sharding, strategy) -> None:
-    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
-        raise ConfigurationError(
-            f"communication={sharding!r} shards the state of synchronous replicas; under "
-            "ParameterServerStrategy the state already lives once, on the ps. Drop it.")
-    if isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
-        raise ConfigurationError(
-            f"communication={sharding!r} runs under MirroredStrategy and "
-            "MultiWorkerMirroredStrategy; TPUStrategy is not built yet. Drop it.")
 
 
 def _check_optimizer(sharding, optimizer) -> None:
