@@ -2,8 +2,9 @@
 
 ``communication=`` of `tfdist.Trainer` / `tfdist.attach` takes None, a
 `tfdist.communication.Compression`, a `tfdist.communication.LocalSGD`, a
-`tfdist.communication.ShardedOptimizerState`, or a tuple of them. `Communication.attach` checks the combination, attaches
-each part to the model's optimizer, and gives the Trainer one object with
+`tfdist.communication.ShardedOptimizerState`, or a tuple of them.
+`Communication.attach` checks the combination, attaches each part to the
+model's optimizer, and gives the Trainer one object with
 the same four calls whatever was asked for: none (the default) makes them
 no-ops, so the Trainer never tests for a part.
 
