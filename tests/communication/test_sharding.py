@@ -48,30 +48,6 @@ def test_combinations_not_built_are_refused(strategy, other):
         tfdist.Trainer(model, strategy, communication=(ShardedOptimizerState(), other))
 
 
-def test_checkpoints_of_sharded_state_are_refused(strategy, tmp_path):
-    model = _model(strategy, "adam")
-    with pytest.raises(ConfigurationError, match="checkpoint_dir="):
-        tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path),
-                       communication=ShardedOptimizerState())
-
-
-def test_saving_the_sharded_optimizer_state_is_an_error(strategy, tmp_path):
-    """Every save would write one replica's slice as the whole state."""
-    model = tfdist.attach(_model(strategy, "adam"), strategy,
-                          communication=ShardedOptimizerState())
-    x, y, _ = ref.classification_arrays(32)
-    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-    saves = {"model.save": lambda: model.save(str(tmp_path / "model.keras")),
-             "save_weights": lambda: model.save_weights(str(tmp_path / "model.weights.h5")),
-             "tf.train.Checkpoint": lambda: tf.train.Checkpoint(model=model).write(
-                 str(tmp_path / "checkpoint"))}
-    for name, save in saves.items():
-        with pytest.raises(ConfigurationError, match="get_weights"):
-            save()
-            pytest.fail(f"{name} saved")
-    assert len(model.get_weights()) == len(model.trainable_variables)
-
-
 def test_an_optimizer_already_built_is_refused(strategy):
     model = _model(strategy, "adam")
     with strategy.scope():
@@ -103,9 +79,10 @@ OPTIMIZERS = {
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_every_elementwise_optimizer_equals_one_device(name):
+def test_every_elementwise_optimizer_equals_one_device(name, tmp_path):
     """Each optimizer the sharding accepts, on 3 replicas (the last batch of
-    6 rows: uneven), against single-device Keras fit on the same batches."""
+    6 rows: uneven), against single-device Keras fit on the same batches;
+    its checkpoint is one device's (its slots in Keras' order)."""
     data = ref.global_batches(70, 16)
     expected = ref.build_mlp()
     expected.compile(optimizer=OPTIMIZERS[name](), loss="sparse_categorical_crossentropy")
@@ -122,6 +99,19 @@ def test_every_elementwise_optimizer_equals_one_device(name):
     sliced = [v for v in model.optimizer.variables if v.shape != ()]
     assert sliced and {tuple(v.shape) for v in sliced} == {(sum(-(-int(np.prod(w.shape)) // 3)
                                                                for w in model.trainable_variables),)}
+    # Saved, the state is one device's Keras state (names, shapes, values).
+    saved, wanted = ({key: value for key, value in _optimizer_saves(m, tmp_path / tag).items()}
+                     for m, tag in ((model, "sharded"), (expected, "one_device")))
+    assert saved.keys() == wanted.keys() and len(wanted) >= 4  # (a slot of 4 weights)
+    for key, value in wanted.items():
+        np.testing.assert_allclose(saved[key], value, atol=1e-5, rtol=0, err_msg=key)
+
+
+def _optimizer_saves(model, directory) -> dict:
+    path = tf.train.Checkpoint(optimizer=model.optimizer).write(str(directory / "ckpt"))
+    reader = tf.train.load_checkpoint(path)
+    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(path)
+            if name.startswith("optimizer/_variables/")}
 
 
 class WithUnusedWeight(keras.Model):

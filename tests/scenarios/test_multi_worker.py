@@ -118,18 +118,33 @@ def test_local_sgd_on_two_workers_equals_a_hand_written_local_sgd(tmp_path):
         ref.assert_weight_lists_close(expected, result["weights"])
 
 
-def test_sharded_optimizer_state_on_two_workers_equals_one_device(tmp_path, keras_reference):
+def test_sharded_optimizer_state_on_two_workers_saves_resumes_and_equals_one_device(
+        tmp_path, keras_reference):
     """ShardedOptimizerState over 2 workers x 2 replicas: each of the 4
-    replicas of the cluster keeps a quarter of Adam's state (no checkpoints:
-    saving sharded state is refused)."""
-    args = [f"--output_dir={tmp_path / 'out'}", "--replicas_per_worker=2", "--sharded_state"]
+    replicas of the cluster keeps a quarter of Adam's state and the workers
+    save it, whole, in the background every 2 steps (the slices of other
+    workers all-gathered). Two epochs, then a second launch on 2 workers x
+    1 replica resumes from that checkpoint (each worker now keeps half)
+    for the third: one device's three epochs."""
+    checkpoints = f"--checkpoint_dir={tmp_path / 'ckpt'}"
+    args = [f"--output_dir={tmp_path / 'first'}", "--replicas_per_worker=2", "--sharded_state",
+            "--epochs=2", checkpoints, "--async_checkpoint", "--checkpoint_every_steps=2"]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
-    shard = sum(-(-w.size // 4) for w in keras_reference[0])  # a quarter of every weight
-    for result in _results(tmp_path / "out"):
-        _assert_equals_reference(result, keras_reference)
+    quarter = sum(-(-w.size // 4) for w in keras_reference[0])  # a quarter of every weight
+    for result in _results(tmp_path / "first"):
         state = [shape for shape in result["optimizer_state_shapes"] if shape]
-        assert state == [[shard], [shard]], state  # Adam's two moments, one shard each
+        assert state == [[quarter], [quarter]], state  # Adam's two moments, one shard each
+    args = [f"--output_dir={tmp_path / 'out'}", "--replicas_per_worker=1", "--sharded_state",
+            checkpoints]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    half = sum(-(-w.size // 2) for w in keras_reference[0])
+    for result in _results(tmp_path / "out"):
+        _assert_equals_reference(result, keras_reference, check_history=False)
+        assert len(result["history"]["loss"]) == 1  # (the third epoch only)
+        state = [shape for shape in result["optimizer_state_shapes"] if shape]
+        assert state == [[half], [half]], state
 
 
 def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path):

@@ -41,12 +41,10 @@ class Communication:
         self.sharding = sharding
 
     @classmethod
-    def attach(cls, communication, model, strategy: tf.distribute.Strategy, *,
-               checkpoint_dir: Optional[str] = None) -> "Communication":
+    def attach(cls, communication, model,
+               strategy: tf.distribute.Strategy) -> "Communication":
         """Checks ``communication`` (the argument), attaches its parts to
-        ``model``'s optimizer and returns them as one object.
-        ``checkpoint_dir``: where the Trainer saves (sharded state cannot
-        be saved yet)."""
+        ``model``'s optimizer and returns them as one object."""
         items = communication if isinstance(communication, (tuple, list)) else (
             () if communication is None else (communication,))
         kinds = (Compression, LocalSGD, ShardedOptimizerState)
@@ -61,7 +59,7 @@ class Communication:
                 f"`communication` ({communication!r}) takes at most one of each kind.")
         plan = cls(*(parts[0] if parts else None for parts in found))
         if plan.sharding is not None:
-            plan._check_sharding(checkpoint_dir)
+            plan._check_sharding()
             plan.sharding.attach_to(model, strategy)
         # Either part may already sit on the optimizer, from an earlier Trainer.
         local = plan.local_sgd or (plan.compression and local_sgd.attached_to(model.optimizer))
@@ -78,17 +76,12 @@ class Communication:
             plan.local_sgd.attach_to(model, strategy)
         return plan
 
-    def _check_sharding(self, checkpoint_dir: Optional[str]) -> None:
+    def _check_sharding(self) -> None:
         other = self.compression or self.local_sgd
         if other is not None:
             raise ConfigurationError(
                 f"communication=({self.sharding!r}, {other!r}): not built yet (the sharded "
                 "update exchanges the gradient itself). Use one of the two.")
-        if checkpoint_dir:
-            raise ConfigurationError(
-                f"communication={self.sharding!r} with checkpoint_dir={checkpoint_dir!r}: "
-                "saving sharded optimizer state is not built yet (each replica holds one "
-                "piece). Drop checkpoint_dir, or the sharding.")
 
     def after_train_step(self, after_train_step: Optional[Callable]) -> Optional[Callable]:
         """``after_train_step`` (cross-replica, after each step) followed by

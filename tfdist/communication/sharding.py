@@ -31,10 +31,12 @@ What works, and what is refused (a `ConfigurationError` saying why):
   as Keras does), mixed precision (the inner optimizer of a
   LossScaleOptimizer is sharded), sparse ``Embedding`` gradients (summed
   dense: the shard is a slice of every weight).
-- Refused for now: checkpoints of the optimizer state (the state lives in
-  N pieces; a saved form that restores under any replica count is the next
-  step), ``use_ema``, ``gradient_accumulation_steps``, LocalSGD, Compression,
-  ParameterServerStrategy and TPUStrategy.
+- Checkpoints (``checkpoint_dir``, ``tf.train.Checkpoint``, ``model.save``,
+  ``save_weights``) hold the ordinary Keras optimizer state, so they
+  restore under any replica count, sharded or not
+  (`tfdist.communication.sharded_checkpoints`).
+- Refused for now: ``use_ema``, ``gradient_accumulation_steps``, LocalSGD,
+  Compression, ParameterServerStrategy and TPUStrategy.
 
 The exchange is, for now, the optimizer's own gradient all-reduce (each
 replica keeps its slices of the sum) and an all-gather of the updated
@@ -48,6 +50,7 @@ from typing import List, Tuple
 import tensorflow as tf
 
 from tfdist._internal.keras import patches
+from tfdist.communication import sharded_checkpoints
 from tfdist.communication.strategy_support import refuse_strategy
 from tfdist.errors import ConfigurationError
 
@@ -123,6 +126,7 @@ class ShardedOptimizerState:
         self._layout = None
         self._shard = None  # a variable of one shard's elements, per replica
         self._keys, self._names = [], []  # the weights the state was built for, in order
+        self._ordinary = None  # the state as checkpoints see it, once built
 
     def __repr__(self) -> str:
         return "ShardedOptimizerState()"
@@ -157,18 +161,44 @@ class ShardedOptimizerState:
             target, keras_build, variables, strategy))
         object.__setattr__(target, "_backend_update_step", lambda grads, variables, rate:
                            self._update(target, grads, variables, rate))
-        for method in ("save_own_variables", "load_own_variables"):
-            object.__setattr__(target, method, self._refuse_saving)
+        # What checkpoints and model.save see: the ordinary Keras state.
+        keras_children = target._trackable_children  # pylint: disable=protected-access
+        object.__setattr__(target, "_trackable_children", lambda *args, **kwargs: (
+            self._ordinary.children(keras_children(*args, **kwargs)) if self._ordinary
+            else keras_children(*args, **kwargs)))
+        object.__setattr__(target, "save_own_variables",
+                           lambda store: self._save_own_variables(target, store))
+        object.__setattr__(target, "load_own_variables",
+                           lambda store: self._load_own_variables(target, store))
+
+    def _save_own_variables(self, optimizer, store) -> None:
+        """``model.save`` / ``save_weights``: the ordinary Keras state."""
+        for index, variable in enumerate(self._ordinary_variables(optimizer)):
+            store[str(index)] = variable.numpy()
+
+    def _load_own_variables(self, optimizer, store) -> None:
+        variables = self._ordinary_variables(optimizer)
+        if len(store.keys()) != len(variables):
+            raise ConfigurationError(
+                f"The saved optimizer state has {len(store.keys())} variables; this "
+                f"{type(optimizer).__name__} (with {self!r}) has {len(variables)} once built. "
+                "Load it into the model and optimizer that saved it.")
+        for index, variable in enumerate(variables):
+            variable.assign(store[str(index)])
+
+    def _ordinary_variables(self, optimizer) -> list:
+        if self._ordinary is None:
+            return list(optimizer.variables)
+        return self._ordinary.variables(list(optimizer.variables))
 
     def _refuse_saving(self, *unused) -> None:
-        """``model.save``, ``save_weights``, ``ModelCheckpoint`` and
-        ``tf.train.Checkpoint`` would write one replica's slice as the whole
-        state: an error instead."""
+        """The raw shard of one replica, saved on its own, would pass for
+        the whole state: an error instead (the optimizer saves whole)."""
         del unused
         raise ConfigurationError(
-            f"The optimizer keeps sharded state ({self!r}): saving or loading it is not built "
-            "yet (each replica holds one slice). Save `model.get_weights()`, or drop the "
-            "sharding to save checkpoints.")
+            f"This is one replica's slice of sharded optimizer state ({self!r}); save the "
+            "optimizer itself (tf.train.Checkpoint(optimizer=...), model.save), which saves "
+            "the whole state.")
 
     def _build(self, optimizer, keras_build, variables, strategy) -> None:
         """The optimizer's state for one shard, per replica; the model's
@@ -187,10 +217,13 @@ class ShardedOptimizerState:
         with strategy.scope():
             self._shard = keras.Variable(tf.zeros([self._layout.shard_size], dtypes.pop()),
                                          trainable=False, name="tfdist_shard")
-        keras_build([self._shard])
-        for state in optimizer.variables:  # (tf.train.Checkpoint would save one slice)
-            if tuple(state.shape) == (self._layout.shard_size,):
-                object.__setattr__(state.value, "_serialize_to_tensors", self._refuse_saving)
+        record = sharded_checkpoints.BuildRecord()
+        with record.recording(optimizer):
+            keras_build([self._shard])
+        self._ordinary = sharded_checkpoints.OrdinaryLayout(
+            record, sharded_checkpoints.Shards(strategy, self._layout), variables)
+        for state in record.state_variables():  # (saved alone, one slice would pass for all)
+            object.__setattr__(state.value, "_serialize_to_tensors", self._refuse_saving)
         indices = optimizer._trainable_variables_indices  # pylint: disable=protected-access
         for variable in variables:  # (apply checks they are known; never updated one by one)
             indices[optimizer._var_key(variable)] = 0  # pylint: disable=protected-access

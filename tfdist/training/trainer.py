@@ -105,8 +105,7 @@ class Trainer:
             strategy, static_shapes=static_shapes, partial_batch=partial_batch,
             jit_compile=jit_compile,
         )
-        self._communication = Communication.attach(communication, model, strategy,
-                                                   checkpoint_dir=checkpoint_dir)
+        self._communication = Communication.attach(communication, model, strategy)
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
