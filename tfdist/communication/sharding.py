@@ -35,8 +35,12 @@ What works, and what is refused (a `ConfigurationError` saying why):
   ``save_weights``) hold the ordinary Keras optimizer state, so they
   restore under any replica count, sharded or not
   (`tfdist.communication.sharded_checkpoints`).
-- Refused for now: ``use_ema``, ``gradient_accumulation_steps``, LocalSGD,
-  Compression, ParameterServerStrategy and TPUStrategy.
+- Gradient accumulation (``gradient_accumulation_steps``): tfdist's exact
+  accumulator (`tfdist.replica.accumulation`) keeps each replica's gradient
+  sums, whole, as ZeRO stage 1 does, and applies them through the sharded
+  update every k-th micro-batch.
+- Refused for now: ``use_ema``, LocalSGD, Compression,
+  ParameterServerStrategy and TPUStrategy.
 
 The exchange is, for now, the optimizer's own gradient all-reduce (each
 replica keeps its slices of the sum) and an all-gather of the updated
@@ -289,11 +293,7 @@ def _check_optimizer(sharding, optimizer) -> None:
             f"communication={sharding!r} needs a Keras optimizer that updates each weight "
             f"element from its own gradient and state ({', '.join(ELEMENTWISE)}); {name} "
             "is not one of them. Drop the sharding for this optimizer.")
-    refused = {"use_ema": "the moving averages would be a full copy per replica",
-               "gradient_accumulation_steps": "the accumulators would be a full copy per "
-                                              "replica"}
-    for option, why in refused.items():
-        if getattr(optimizer, option, None):
-            raise ConfigurationError(
-                f"communication={sharding!r} with {option}={getattr(optimizer, option)!r}: "
-                f"not built yet ({why}). Drop one of the two.")
+    if getattr(optimizer, "use_ema", False):
+        raise ConfigurationError(
+            f"communication={sharding!r} with use_ema=True: not built yet (the moving "
+            "averages would be a full copy per replica). Drop one of the two.")
