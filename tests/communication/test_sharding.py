@@ -64,11 +64,29 @@ def test_gradient_accumulation_equals_one_device_on_the_union_batches(tmp_path):
     assert shapes[0] == shapes[1]
 
 
-@pytest.mark.parametrize("other", [Compression("bf16"), LocalSGD(4)])
-def test_combinations_not_built_are_refused(strategy, other):
+def test_local_sgd_is_refused(strategy):
     model = _model(strategy, "adam")
-    with pytest.raises(ConfigurationError, match="Use one of the two"):
-        tfdist.Trainer(model, strategy, communication=(ShardedOptimizerState(), other))
+    with pytest.raises(ConfigurationError, match="local SGD keeps each replica's own weights"):
+        tfdist.Trainer(model, strategy, communication=(ShardedOptimizerState(), LocalSGD(4)))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_with_compression_the_update_uses_the_16_bit_gradient_sum(strategy, dtype):
+    """Sharded state with ``Compression``: each replica's gradient crosses
+    in 16 bits and each slice is updated from that sum, as in
+    tests/communication/test_compression.py's one-device loop of 16-bit
+    shares (and not as the uncompressed run)."""
+    from tests.communication import test_compression as compression  # pylint: disable=import-outside-toplevel
+
+    dataset = ref.global_batches(64, 16)
+    with strategy.scope():
+        model = compression._model()  # pylint: disable=protected-access
+    tfdist.Trainer(model, strategy, communication=(ShardedOptimizerState(), Compression(dtype))
+                   ).fit(dataset, epochs=2, verbose=0)
+    expected = compression._one_device(dataset, 2, dtype)  # pylint: disable=protected-access
+    uncompressed = compression._one_device(dataset, 2)  # pylint: disable=protected-access
+    assert ref.largest_difference(expected, uncompressed) > 1e-5
+    assert ref.largest_difference(model.get_weights(), expected) < 1e-5
 
 
 def test_an_optimizer_already_built_is_refused(strategy):

@@ -77,11 +77,11 @@ class Communication:
         return plan
 
     def _check_sharding(self) -> None:
-        other = self.compression or self.local_sgd
-        if other is not None:
+        if self.local_sgd is not None:
             raise ConfigurationError(
-                f"communication=({self.sharding!r}, {other!r}): not built yet (the sharded "
-                "update exchanges the gradient itself). Use one of the two.")
+                f"communication=({self.sharding!r}, {self.local_sgd!r}): local SGD keeps each "
+                "replica's own weights and steps them apart, while sharded state updates one "
+                "slice per replica of weights all replicas share. Use one of the two.")
 
     def after_train_step(self, after_train_step: Optional[Callable]) -> Optional[Callable]:
         """``after_train_step`` (cross-replica, after each step) followed by

@@ -39,8 +39,11 @@ What works, and what is refused (a `ConfigurationError` saying why):
   accumulator (`tfdist.replica.accumulation`) keeps each replica's gradient
   sums, whole, as ZeRO stage 1 does, and applies them through the sharded
   update every k-th micro-batch.
-- Refused for now: ``use_ema``, LocalSGD, Compression,
-  ParameterServerStrategy and TPUStrategy.
+- Compression (`tfdist.communication.Compression`): the gradient sum
+  crosses in 16 bits, as without the sharding; the updated slices are
+  gathered in the weights' own dtype, exactly.
+- Refused for now: ``use_ema``, LocalSGD (its replicas keep weights of
+  their own), ParameterServerStrategy and TPUStrategy.
 
 The exchange is, for now, the optimizer's own gradient all-reduce (each
 replica keeps its slices of the sum) and an all-gather of the updated
