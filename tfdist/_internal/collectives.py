@@ -17,7 +17,9 @@ function here:
 instance keys of their trace, so a worker's memory does not grow per call.
 
 Otherwise gradient sums belong to the optimizer (``apply_gradients``) and metric
-totals are reduced by Keras when read; tfdist adds no other collective.
+totals are reduced by Keras when read. The one exception is sharded optimizer
+state (`tfdist.communication.sharding`), whose gradients are reduce-scattered
+(`reduce_scatter_sum`) and whose updated slices are all-gathered.
 """
 
 import contextlib
@@ -72,6 +74,43 @@ def any_worker(strategy: tf.distribute.Strategy, requested) -> tf.Tensor:
     Call in cross-replica context, inside a ``tf.function``.
     """
     return sum_over_replicas(strategy, requested) > 0
+
+
+def replica_launcher(strategy: tf.distribute.Strategy, replica: int):
+    """The collective launcher of local replica ``replica`` (its index in
+    the whole group) when ``strategy`` reduces with TensorFlow's collective
+    ops (MultiWorkerMirroredStrategy; MirroredStrategy with
+    ``CollectiveAllReduce``); None otherwise."""
+    cross_device_ops = getattr(strategy.extended, "_cross_device_ops", None)
+    launchers = getattr(cross_device_ops, "_launchers", None)
+    if not launchers:
+        return None
+    return launchers[replica % len(launchers)]
+
+
+def reduce_scatter_sum(launcher, rows: tf.Tensor) -> tf.Tensor:
+    """Row ``r`` of ``rows`` (shape ``[N, length]``, one row per replica)
+    summed over every replica, on replica ``r``: a reduce-scatter.
+
+    TensorFlow's CPU collectives have no reduce-scatter (its op runs on
+    NCCL alone: "did not find collective implementation"), so this is an
+    all-to-all (row ``j`` goes to replica ``j``) and a sum of the N rows
+    received, in replica order. Each replica sends and receives
+    ``(N - 1) / N`` of ``rows``: a ring reduce-scatter's bytes. Call in
+    replica context with the replica's `replica_launcher`.
+    """
+    from tensorflow.python.ops import collective_ops  # pylint: disable=import-outside-toplevel
+
+    # pylint: disable=protected-access
+    instance_key = launcher._next_instance_key()
+    ordering_token = launcher._get_ordering_token()
+    options = launcher._options
+    with tf.device(launcher._device):
+        received = collective_ops.all_to_all_v2(
+            rows, launcher._group_size, launcher._group_key, instance_key,
+            communication_hint=options.implementation.value,
+            timeout=options.timeout_seconds, ordering_token=ordering_token)
+        return tf.reduce_sum(received, axis=0)
 
 
 def barrier(strategy: tf.distribute.Strategy) -> None:

@@ -6,8 +6,8 @@ every replica: with Adam, two moments per weight, so twice the weights'
 bytes per replica before a single activation. With ``ShardedOptimizerState``
 the optimizer's state covers one slice of the weights per replica:
 
-1. the replicas sum their gradients (the optimizer's own all-reduce);
-   replica ``r`` keeps slice ``r`` of every weight's sum (its shard);
+1. the gradients are reduce-scattered: replica ``r`` receives slice ``r``
+   of every weight's gradient summed over the replicas (its shard);
 2. replica ``r`` applies the user's Keras optimizer (its own ``update_step``,
    so Adam is Adam) to its slice of every weight, with the state of those
    slices only;
@@ -45,10 +45,12 @@ What works, and what is refused (a `ConfigurationError` saying why):
 - Refused for now: ``use_ema``, LocalSGD (its replicas keep weights of
   their own), ParameterServerStrategy and TPUStrategy.
 
-The exchange is, for now, the optimizer's own gradient all-reduce (each
-replica keeps its slices of the sum) and an all-gather of the updated
-slices: 1.5 times a ring all-reduce's bytes, not the reduce-scatter a
-later step will use.
+The exchange moves a ring all-reduce's bytes: the reduce-scatter is an
+all-to-all and a sum (`tfdist._internal.collectives.reduce_scatter_sum`:
+TensorFlow's CPU collectives have no reduce-scatter), and the gather sends
+each replica's slices once. Under cross-device ops without collective ops
+(``make_strategy("mirrored", communication=...)`` other than the default),
+the optimizer's own all-reduce sums and each replica keeps its slice.
 """
 
 import dataclasses
@@ -56,8 +58,9 @@ from typing import List, Tuple
 
 import tensorflow as tf
 
+from tfdist._internal import collectives, replica_share
 from tfdist._internal.keras import patches
-from tfdist.communication import sharded_checkpoints
+from tfdist.communication import compression, sharded_checkpoints
 from tfdist.communication.strategy_support import refuse_strategy
 from tfdist.errors import ConfigurationError
 
@@ -246,12 +249,7 @@ class ShardedOptimizerState:
             raise ConfigurationError(f"{self!r} needs each replica's index when the step is "
                                      "traced (the mirrored strategies give it); this one does not.")
         grads, variables = self._in_built_order(optimizer, grads, variables)
-        # The optimizer's own all-reduce, with what tfdist adds to it (a
-        # model's own step: the replica's share of the loss scaling).
-        reduced = optimizer._all_reduce_sum_gradients(  # pylint: disable=protected-access
-            list(zip(grads, variables)))
-        shard_gradient = layout.shard_of([gradient for gradient, _ in reduced], int(replica),
-                                         dtype)
+        shard_gradient = self._summed_shard(optimizer, grads, variables, int(replica), context)
         shard_weights = layout.shard_of(variables, int(replica), dtype)
 
         def update_shards(strategy, weights, gradient):
@@ -272,6 +270,35 @@ class ShardedOptimizerState:
 
         context.merge_call(assign_weights, args=(layout.whole(gathered),))
 
+
+    def _summed_shard(self, optimizer, grads, variables, replica: int, context) -> tf.Tensor:
+        """Replica ``replica``'s slice of each weight's gradient, summed over
+        the replicas: reduce-scattered weight by weight. What the optimizer's
+        all-reduce would do first is done first: a model's own step's share
+        of the loss scaling (`tfdist._internal.replica_share`) and, with
+        `tfdist.communication.Compression`, the exchange in 16 bits."""
+        layout, replicas = self._layout, self._layout.replicas
+        launcher = collectives.replica_launcher(context.strategy, replica)
+        if launcher is None:  # (no collective ops: the slice of the optimizer's all-reduce)
+            reduced = optimizer._all_reduce_sum_gradients(  # pylint: disable=protected-access
+                list(zip(grads, variables)))
+            return layout.shard_of([gradient for gradient, _ in reduced], replica,
+                                   self._shard.dtype)
+        scale = replica_share.gradient_scale()
+        compressed = compression.attached_to(optimizer)
+        parts = []
+        for gradient, size, length in zip(grads, layout.sizes, layout.slice_sizes):
+            gradient = tf.convert_to_tensor(replica_share.scaled_gradient(gradient, scale))
+            own_dtype = gradient.dtype
+            if compressed is not None:
+                gradient = compressed.compress(gradient, replicas)
+            rows = tf.reshape(tf.pad(tf.reshape(gradient, [-1]), [[0, length * replicas - size]]),
+                              [replicas, length])
+            summed = collectives.reduce_scatter_sum(launcher, rows)
+            if compressed is not None:
+                summed = compressed.restore(summed, own_dtype, replicas)
+            parts.append(tf.cast(summed, self._shard.dtype))
+        return tf.concat(parts, axis=0)
 
     def _in_built_order(self, optimizer, grads, variables):
         """The gradients and weights in the order the state was built for;
