@@ -33,6 +33,9 @@ TOOLS: Dict[str, Tool] = {
                        "the cost of saves, synchronous and in the background"),
     "sharding": Tool("sharding_benchmark.py", "benchmark",
                      "sharded optimizer state: state and peak memory per replica, step time"),
+    "sharding_cluster": Tool("sharding_cluster_benchmark.py", "benchmark",
+                             "sharded optimizer state on real workers: memory per worker, "
+                             "step time on a slow network against the ring bound"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

@@ -3,8 +3,9 @@ against single-device Keras: the zoo's dense, convolutional, embedding and
 mixed-precision families, on partial and empty-replica batches.
 
 CI runs the short form (the embedding family on every batch shape over 3
-replicas, the rest on a partial batch over 2); ``--conformance=full`` runs
-every listed family on 2, 3 and 4 replicas and every batch shape.
+replicas; a transformer, sync-BN, a model's own step and mixed precision on
+a partial batch over 2); ``--conformance=full`` runs every listed family on
+2, 3 and 4 replicas and every batch shape.
 """
 
 import functools
@@ -23,10 +24,14 @@ FAMILIES = ("embedding_pooling", "embedding_global_clipnorm", "embedding_lstm_ma
             "own_train_step", "mixed_float16_embedding")
 
 
+IN_SHORT_FORM = ("transformer_encoder", "cnn_sync_batch_norm", "own_train_step",
+                 "mixed_float16_embedding")
+
+
 def in_short_form(case_name: str, replicas: int, shape: str) -> bool:
     if case_name == "embedding_pooling":
         return replicas == 3
-    return (replicas, shape) == (2, "partial")
+    return case_name in IN_SHORT_FORM and (replicas, shape) == (2, "partial")
 
 
 def _matrix():

@@ -144,6 +144,22 @@ def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
 
 
 @needs_namespaces
+def test_sharding_cluster_benchmark_quick_measures_workers_and_the_network(tmp_path):
+    """scripts/sharding_cluster_benchmark.py --quick: 2 workers per form for
+    memory, then both forms alternating under --bandwidth=1gbit and
+    unlimited; the ring bound computed (no timing asserts)."""
+    _run_benchmark(tmp_path, ["--quick"], 900, "sharding_cluster_benchmark.py")
+    result = json.loads((tmp_path / "sharding_cluster_benchmark.json").read_text())
+    memory = {row["form"]: row for row in result["memory"]}
+    assert set(memory) == {"plain", "sharded"}
+    assert memory["sharded"]["state_mb"] < memory["plain"]["state_mb"]
+    network = {row["form"]: row for row in result["network"]}
+    assert set(network) == {"plain", "sharded"}
+    assert all(row["link_mb_per_step"] > 0 and row["ring_bound_seconds"] > 0
+               for row in network.values())
+
+
+@needs_namespaces
 def test_allreduce_benchmark_quick_measures_against_the_ring_bound(tmp_path):
     """Under tfdist-run --bandwidth=1gbit, 2 workers: compute and all-reduce
     timed for each packing, the shared-link ring bound computed, the plot
@@ -233,6 +249,7 @@ def test_the_entry_point_passes_flags_to_the_tool():
 def test_every_benchmark_declares_the_common_flags_once():
     for name in ("allreduce_benchmark", "benchmark", "checkpoint_benchmark",
                  "compression_benchmark", "data_service_benchmark", "sharding_benchmark",
+                 "sharding_cluster_benchmark",
                  "time_to_accuracy"):
         source = (REPO / "scripts" / f"{name}.py").read_text()
         assert 'DEFINE_bool("quick"' not in source and 'DEFINE_string("output_dir"' not in source

@@ -22,6 +22,20 @@ children (``_trackable_children``) and ``save_own_variables`` /
 
 A save therefore holds the whole state once, on every worker, while it is
 written (as an ordinary save does); training holds only the shards.
+
+>>> import tempfile, keras, numpy as np, tensorflow as tf, tfdist
+>>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+>>> with strategy.scope():
+...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+...     model.compile(optimizer="adam", loss="mse")
+>>> model = tfdist.attach(model, strategy,
+...                       communication=tfdist.communication.ShardedOptimizerState())
+>>> _ = model.fit(np.ones((4, 3)), np.ones((4, 2)), batch_size=4, verbose=0)
+>>> [tuple(v.shape) for v in model.optimizer.variables]  # per replica: half of 8 weights
+[(), (), (4,), (4,)]
+>>> path = tf.train.Checkpoint(optimizer=model.optimizer).write(tempfile.mkdtemp() + "/ckpt")
+>>> sorted(shape for name, shape in tf.train.list_variables(path) if "/_variables/" in name)
+[[2], [2], [3, 2], [3, 2]]
 """
 
 import dataclasses
@@ -43,9 +57,8 @@ class BuildRecord:
     group of its own), one per lone ``add_variable_from_reference``."""
 
     groups: List[List[object]] = dataclasses.field(default_factory=list)
-    _open: bool = False
 
-    def recording(self, optimizer):
+    def recording(self, optimizer) -> "_Recording":
         """Wraps ``optimizer``'s two ways of making state variables for the
         duration of a ``with`` block (its ``build``)."""
         return _Recording(self, optimizer)
@@ -55,35 +68,38 @@ class BuildRecord:
 
 
 class _Recording:
+    """Notes each state variable ``build`` makes into a `BuildRecord`."""
+
     def __init__(self, record: BuildRecord, optimizer):
         self._record, self._optimizer = record, optimizer
+        self._in_group = False  # inside an add_optimizer_variables call
 
-    def __enter__(self):
-        optimizer, record = self._optimizer, self._record
+    def __enter__(self) -> BuildRecord:
+        optimizer, groups = self._optimizer, self._record.groups
         make_one, make_group = (optimizer.add_variable_from_reference,
                                 optimizer.add_optimizer_variables)
 
         def add_variable_from_reference(*args, **kwargs):
             variable = make_one(*args, **kwargs)
-            if record._open:  # pylint: disable=protected-access
-                record.groups[-1].append(variable)
+            if self._in_group:
+                groups[-1].append(variable)
             else:
-                record.groups.append([variable])
+                groups.append([variable])
             return variable
 
         def add_optimizer_variables(*args, **kwargs):
-            record.groups.append([])
-            record._open = True  # pylint: disable=protected-access
+            groups.append([])
+            self._in_group = True
             try:
                 return make_group(*args, **kwargs)
             finally:
-                record._open = False  # pylint: disable=protected-access
+                self._in_group = False
 
         object.__setattr__(optimizer, "add_variable_from_reference", add_variable_from_reference)
         object.__setattr__(optimizer, "add_optimizer_variables", add_optimizer_variables)
-        return record
+        return self._record
 
-    def __exit__(self, *unused):
+    def __exit__(self, *unused) -> None:
         for name in ("add_variable_from_reference", "add_optimizer_variables"):
             self._optimizer.__dict__.pop(name, None)
 
@@ -241,4 +257,4 @@ class OrdinaryLayout:
 
 
 def _is_list(child) -> bool:
-    return isinstance(child, (list, tuple)) or type(child).__name__ == "ListWrapper"
+    return isinstance(child, (list, tuple, data_structures.ListWrapper))

@@ -1,0 +1,223 @@
+"""Benchmark: sharded optimizer state on real workers: memory per worker,
+and step time on a simulated 1 Gbit/s network against the ring bound.
+
+    python -m scripts.bench sharding_cluster            # ~10 min here
+    python -m scripts.bench sharding_cluster --quick    # every path, a small model
+
+Every cluster runs under ``tfdist-run`` with this script as its training
+program: MultiWorkerMirroredStrategy, one replica per worker, the Adam MLP
+of the sharding benchmark (``--width`` units in ``--layers`` hidden layers:
+50.4M weights at the defaults), a global batch of 8 rows per worker.
+
+- **Memory per worker.** For each N in ``--workers`` and each form (plain,
+  sharded), a cluster of N workers trains ``--memory_steps`` steps. Each
+  worker reports the optimizer state it holds, its resident memory once the
+  model is built, and its peak.
+- **Time on the network.** 2 workers under ``--bandwidth`` (every task
+  shares one loopback limited by ``tc``: `tfdist.launch.network`), then 2
+  workers unlimited. Each worker builds both forms from the same weights;
+  windows of ``--window_steps`` steps alternate between them (rotating
+  order, ``--rounds`` rounds). Per window: seconds per step and the bytes
+  the loopback carried per step. The communication time is the median step
+  on the limited network minus the median unlimited step. The ring bound is
+  what a ring all-reduce (or a reduce-scatter and an all-gather) must put
+  on the shared link, 2 (N - 1) times the gradient's bytes, over the rate.
+
+Outputs in ``--output_dir``: sharding_cluster_benchmark.json and .md.
+"""
+
+import json
+import os
+import pathlib
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app, flags, logging
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench import flags as bench_flags, outputs  # noqa: E402
+
+bench_flags.define_common("sharding_cluster_benchmark",
+                          quick="a 0.1M-weight model, 2 workers, 2-step windows, 1 round.")
+flags.DEFINE_string("bandwidth", "1gbit", "The simulated network (a tc rate).")
+flags.DEFINE_integer("width", 4096, "Units per hidden layer.")
+flags.DEFINE_integer("layers", 3, "Hidden layers.")
+flags.DEFINE_list("workers", ["2", "3"], "Worker counts of the memory part.")
+flags.DEFINE_integer("memory_steps", 6, "Steps per memory run.")
+flags.DEFINE_integer("rounds", 3, "Timed rounds of the network part.")
+flags.DEFINE_integer("window_steps", 4, "Steps per timed window.")
+flags.DEFINE_string("worker_output", None, "(internal) run as a worker; results go here.")
+flags.DEFINE_enum("part", "memory", ["memory", "network"], "(internal) what a worker measures.")
+flags.DEFINE_enum("form", "plain", ["plain", "sharded"], "(internal) the memory run's form.")
+FLAGS = flags.FLAGS
+
+FORMS = ("plain", "sharded")
+
+
+def _loopback_bytes() -> int:
+    with open("/proc/net/dev", encoding="utf-8") as dev:
+        for line in dev:
+            name, _, counters = line.partition(":")
+            if name.strip() == "lo":
+                return int(counters.split()[0])  # received = sent, on loopback
+    raise RuntimeError("no lo in /proc/net/dev")
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm", encoding="utf-8") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _worker() -> None:
+    logging.set_verbosity(logging.WARNING)
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    strategy = tfdist.make_strategy("multi_worker_mirrored")
+    import keras  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    workers = strategy.num_replicas_in_sync
+    rows = np.random.default_rng(0).normal(size=(8 * workers, FLAGS.width)).astype("float32")
+    stream = tf.data.Dataset.from_tensors((rows, np.zeros(8 * workers, "int64"))).repeat()
+
+    def build(form):
+        keras.utils.set_random_seed(1)
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((FLAGS.width,))] + [
+                keras.layers.Dense(FLAGS.width, activation="relu")
+                for _ in range(FLAGS.layers)] + [keras.layers.Dense(10)])
+            model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        communication = tfdist.communication.ShardedOptimizerState() if form == "sharded" else None
+        return model, tfdist.Trainer(model, strategy, communication=communication,
+                                     log_every_steps=10**9)
+
+    task = tfdist.cluster.training_process().rank
+    if FLAGS.part == "memory":
+        model, trainer = build(FLAGS.form)
+        before_fit = _rss_mb()
+        trainer.fit(stream, epochs=1, steps_per_epoch=FLAGS.memory_steps, verbose=0)
+        state_bytes = sum(part.numpy().nbytes for v in model.optimizer.variables
+                          for part in strategy.experimental_local_results(v.value))
+        result = {"state_mb": state_bytes / 2**20, "rss_before_fit_mb": before_fit,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    else:
+        runs = {form: build(form) for form in FORMS}
+        windows = {form: [] for form in FORMS}
+        for _, trainer in runs.values():  # traced and warmed
+            trainer.fit(stream, epochs=1, steps_per_epoch=2, verbose=0)
+        for round_index in range(FLAGS.rounds):
+            for form in (FORMS if round_index % 2 == 0 else FORMS[::-1]):
+                sent, start = _loopback_bytes(), time.perf_counter()
+                runs[form][1].fit(stream, epochs=1, steps_per_epoch=FLAGS.window_steps, verbose=0)
+                windows[form].append({
+                    "seconds_per_step": (time.perf_counter() - start) / FLAGS.window_steps,
+                    "bytes_per_step": (_loopback_bytes() - sent) / FLAGS.window_steps})
+        gradient_bytes = 4 * runs["plain"][0].count_params()
+        result = {"windows": windows, "gradient_bytes": gradient_bytes}
+    with open(os.path.join(FLAGS.worker_output, f"worker-{task}.json"), "w",
+              encoding="utf-8") as out:
+        json.dump(result, out)
+
+
+def _cluster(workers: int, bandwidth, part: str, form: str = "plain") -> list:
+    """Runs this script as the program of ``workers`` workers; returns each
+    worker's result."""
+    directory = pathlib.Path(FLAGS.output_dir) / f"{part}-{workers}-{form}-{bandwidth or 'free'}"
+    directory.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "tfdist.launch", f"--num_workers={workers}"] + (
+        [f"--bandwidth={bandwidth}"] if bandwidth else []) + [
+        "--", sys.executable, __file__, f"--worker_output={directory}", f"--part={part}",
+        f"--form={form}"] + [f"--{name}={getattr(FLAGS, name)}" for name in (
+            "width", "layers", "memory_steps", "rounds", "window_steps")]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run(command, cwd=REPO, timeout=3600, check=False, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"the {part} cluster of {workers} workers failed (exit {done.returncode})")
+    return [json.loads((directory / f"worker-{task}.json").read_text())
+            for task in range(workers)]
+
+
+def _memory_rows() -> list:
+    rows = []
+    for workers in (int(n) for n in FLAGS.workers):
+        for form in FORMS:
+            results = _cluster(workers, None, "memory", form)
+            rows.append({"workers": workers, "form": form,
+                         "state_mb": max(r["state_mb"] for r in results),
+                         "rss_before_fit_mb": max(r["rss_before_fit_mb"] for r in results),
+                         "peak_rss_mb": max(r["peak_rss_mb"] for r in results)})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def _network_rows() -> list:
+    medians = {}
+    for bandwidth in (FLAGS.bandwidth, None):
+        chief = _cluster(2, bandwidth, "network")[0]
+        for form, windows in chief["windows"].items():
+            medians[(bandwidth, form)] = {
+                key: statistics.median(w[key] for w in windows) for key in windows[0]}
+    rate = _bits_per_second(FLAGS.bandwidth)
+    bound = 2 * (2 - 1) * chief["gradient_bytes"] * 8 / rate
+    rows = []
+    for form in FORMS:
+        limited, free = medians[(FLAGS.bandwidth, form)], medians[(None, form)]
+        rows.append({"form": form, "seconds_per_step": limited["seconds_per_step"],
+                     "unlimited_seconds_per_step": free["seconds_per_step"],
+                     "link_mb_per_step": limited["bytes_per_step"] / 1e6,
+                     "communication_seconds": limited["seconds_per_step"]
+                     - free["seconds_per_step"],
+                     "ring_bound_seconds": bound})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def _bits_per_second(rate: str) -> float:
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[:-len(unit)]) * scale
+    raise SystemExit(f"--bandwidth ({rate!r}) must end in gbit, mbit or kbit")
+
+
+def main(argv) -> None:
+    del argv  # every option is a flag
+    if FLAGS.quick:
+        FLAGS.width, FLAGS.layers, FLAGS.workers = 128, 2, ["2"]
+        FLAGS.memory_steps, FLAGS.rounds, FLAGS.window_steps = 2, 1, 2
+    if FLAGS.worker_output:
+        _worker()
+        return
+    memory, network = _memory_rows(), _network_rows()
+    plain = {r["workers"]: r for r in memory if r["form"] == "plain"}
+    lines = ["| workers | form | state MB per worker | RSS MB before fit | peak RSS MB "
+             "per worker | peak vs plain |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['workers']} | {r['form']} | {r['state_mb']:.1f} | "
+              f"{r['rss_before_fit_mb']:.0f} | {r['peak_rss_mb']:.0f} | "
+              f"{r['peak_rss_mb'] / plain[r['workers']]['peak_rss_mb']:.2f}x |" for r in memory]
+    base = network[0]["seconds_per_step"]
+    lines += ["", f"| form | s per step at {FLAGS.bandwidth} | vs plain | s per step "
+              "unlimited | MB on the link per step | communication s per step | ring bound s |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['form']} | {r['seconds_per_step']:.3f} | "
+              f"{r['seconds_per_step'] / base:.2f}x | {r['unlimited_seconds_per_step']:.3f} | "
+              f"{r['link_mb_per_step']:.1f} | {r['communication_seconds']:.3f} | "
+              f"{r['ring_bound_seconds']:.3f} |" for r in network]
+    table = "\n".join(lines) + "\n"
+    summary = {"config": {name: getattr(FLAGS, name) for name in (
+        "bandwidth", "width", "layers", "workers", "memory_steps", "rounds", "window_steps")},
+        "memory": memory, "network": network}
+    outputs.write_results(FLAGS.output_dir, "sharding_cluster_benchmark", summary, table)
+    print(table, flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
