@@ -49,6 +49,7 @@ flags.DEFINE_string("bandwidth", "1gbit", "The simulated network (a tc rate).")
 flags.DEFINE_integer("width", 4096, "Units per hidden layer.")
 flags.DEFINE_integer("layers", 3, "Hidden layers.")
 flags.DEFINE_list("workers", ["2", "3"], "Worker counts of the memory part.")
+flags.DEFINE_list("parts", ["memory", "network"], "What to measure: memory, network or both.")
 flags.DEFINE_integer("memory_steps", 6, "Steps per memory run.")
 flags.DEFINE_integer("rounds", 3, "Timed rounds of the network part.")
 flags.DEFINE_integer("window_steps", 4, "Steps per timed window.")
@@ -196,24 +197,27 @@ def main(argv) -> None:
     if FLAGS.worker_output:
         _worker()
         return
-    memory, network = _memory_rows(), _network_rows()
+    memory = _memory_rows() if "memory" in FLAGS.parts else []
+    network = _network_rows() if "network" in FLAGS.parts else []
     plain = {r["workers"]: r for r in memory if r["form"] == "plain"}
     lines = ["| workers | form | state MB per worker | RSS MB before fit | peak RSS MB "
              "per worker | peak vs plain |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['workers']} | {r['form']} | {r['state_mb']:.1f} | "
               f"{r['rss_before_fit_mb']:.0f} | {r['peak_rss_mb']:.0f} | "
               f"{r['peak_rss_mb'] / plain[r['workers']]['peak_rss_mb']:.2f}x |" for r in memory]
-    base = network[0]["seconds_per_step"]
-    lines += ["", f"| form | s per step at {FLAGS.bandwidth} | vs plain | s per step "
-              "unlimited | MB on the link per step | communication s per step | ring bound s |",
-              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['form']} | {r['seconds_per_step']:.3f} | "
-              f"{r['seconds_per_step'] / base:.2f}x | {r['unlimited_seconds_per_step']:.3f} | "
-              f"{r['link_mb_per_step']:.1f} | {r['communication_seconds']:.3f} | "
-              f"{r['ring_bound_seconds']:.3f} |" for r in network]
+    if network:
+        base = network[0]["seconds_per_step"]
+        lines += ["", f"| form | s per step at {FLAGS.bandwidth} | vs plain | s per step "
+                  "unlimited | MB on the link per step | communication s per step | "
+                  "ring bound s |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['form']} | {r['seconds_per_step']:.3f} | "
+                  f"{r['seconds_per_step'] / base:.2f}x | {r['unlimited_seconds_per_step']:.3f} | "
+                  f"{r['link_mb_per_step']:.1f} | {r['communication_seconds']:.3f} | "
+                  f"{r['ring_bound_seconds']:.3f} |" for r in network]
     table = "\n".join(lines) + "\n"
     summary = {"config": {name: getattr(FLAGS, name) for name in (
-        "bandwidth", "width", "layers", "workers", "memory_steps", "rounds", "window_steps")},
+        "bandwidth", "width", "layers", "workers", "parts", "memory_steps", "rounds",
+        "window_steps")},
         "memory": memory, "network": network}
     outputs.write_results(FLAGS.output_dir, "sharding_cluster_benchmark", summary, table)
     print(table, flush=True)
