@@ -7,7 +7,7 @@ threads, resident memory and open files are sampled from /proc.
     python scripts/soak.py --mode=mwms --minutes=10 --epoch_steps=512  # epoch ends: iterators made and freed
     python scripts/soak.py --mode=mwms --minutes=10 --endless_data     # executions without an end check
     python scripts/soak.py --mode=mwms --minutes=3 --model=embedding   # sparse gradients, varying shapes
-    python scripts/soak.py --mode=mwms --minutes=3 --sharded_state     # sharded optimizer state
+    python scripts/soak.py --mode=mwms --minutes=3 --sharded_state --async_checkpoint  # sharded state, its saves
 
 Each run starts ``tfdist-run`` with `scripts/bench/soak_train.py` (global batch 8,
 one step per host call, a checkpoint every 500 steps, a progress line every
@@ -255,8 +255,7 @@ def define_flags() -> None:
                          "Read the data through a tf.data service with this many workers.")
     flags.DEFINE_integer("local_sgd", 0, "Train with LocalSGD(every_steps=N) (0: synchronous).")
     flags.DEFINE_bool("sharded_state", False,
-                      "Train with ShardedOptimizerState() (no checkpoints: sharded state is not "
-                      "saved yet; SIGTERM still stops every task).")
+                      "Train with ShardedOptimizerState() (its saves gather the state whole).")
     flags.DEFINE_enum("model", "mlp", ["mlp", "embedding"],
                       "embedding: Embedding(mask_zero) + pooling on padded batches of 2..10 "
                       "ids, a new length most steps (variable-shaped sparse gradient "

@@ -32,8 +32,8 @@ flags.DEFINE_string("data_service", None,
                     "Trainer(data_service=...): 'auto' under --data_service_workers.")
 flags.DEFINE_integer("local_sgd", 0,
                      "Trainer(communication=LocalSGD(every_steps=N)) (0: synchronous).")
-flags.DEFINE_bool("sharded_state", False, "Trainer(communication=ShardedOptimizerState()), "
-                  "without checkpoints (sharded state is not saved yet).")
+flags.DEFINE_bool("sharded_state", False, "Trainer(communication=ShardedOptimizerState()); its "
+                  "checkpoints gather the state whole.")
 flags.DEFINE_bool("endless_data", False, "One epoch over endless data (repeat()): the loop "
                   "without an end-of-data check, also under MWMS.")
 flags.DEFINE_enum("model", "mlp", ["mlp", "embedding"],
@@ -101,10 +101,9 @@ def main(argv) -> None:
         communication = tfdist.communication.LocalSGD(args.local_sgd)
     elif args.sharded_state:
         communication = tfdist.communication.ShardedOptimizerState()
-    saves = None if args.sharded_state else args.checkpoint_every_steps
     trainer = tfdist.Trainer(
-        model, strategy, checkpoint_dir=None if args.sharded_state else args.checkpoint_dir,
-        max_to_keep=2, checkpoint_every_steps=saves,
+        model, strategy, checkpoint_dir=args.checkpoint_dir,
+        max_to_keep=2, checkpoint_every_steps=args.checkpoint_every_steps,
         async_checkpoint=args.async_checkpoint, data_service=args.data_service,
         communication=communication,
         log_every_steps=args.log_every_steps, steps_per_execution=args.steps_per_execution,
