@@ -51,15 +51,6 @@ FLAGS = flags.FLAGS
 CONFIGS = ("none", "bf16", "fp16")
 
 
-def _loopback_bytes() -> int:
-    with open("/proc/net/dev", encoding="utf-8") as dev:
-        for line in dev:
-            name, _, counters = line.partition(":")
-            if name.strip() == "lo":
-                return int(counters.split()[0])  # received = sent, on loopback
-    raise RuntimeError("no lo in /proc/net/dev")
-
-
 def _worker() -> None:
     logging.set_verbosity(logging.WARNING)  # TensorFlow logs every all-reduce it builds
     import tfdist  # pylint: disable=import-outside-toplevel
@@ -91,11 +82,11 @@ def _worker() -> None:
     for round_index in range(FLAGS.rounds):
         order = list(CONFIGS[round_index % 3:] + CONFIGS[:round_index % 3])
         for name in order:
-            sent, start = _loopback_bytes(), time.perf_counter()
+            sent, start = limited_cluster.loopback_bytes(), time.perf_counter()
             runs[name][1].fit(stream, epochs=1, steps_per_epoch=FLAGS.window_steps, verbose=0)
             windows[name].append({
                 "seconds_per_step": (time.perf_counter() - start) / FLAGS.window_steps,
-                "bytes_per_step": (_loopback_bytes() - sent) / FLAGS.window_steps})
+                "bytes_per_step": (limited_cluster.loopback_bytes() - sent) / FLAGS.window_steps})
     accuracy = {}
     parameters = runs["none"][0].count_params()
     for name in CONFIGS:

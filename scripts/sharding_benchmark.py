@@ -21,9 +21,7 @@ Outputs in ``--output_dir``: sharding_benchmark.json and .md.
 """
 
 import json
-import os
 import pathlib
-import resource
 import statistics
 import subprocess
 import sys
@@ -33,7 +31,7 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench import flags as bench_flags, outputs  # noqa: E402
+from bench import flags as bench_flags, measure, outputs  # noqa: E402
 
 bench_flags.define_common("sharding_benchmark", quick="a 0.3M-weight model, 3 steps.")
 flags.DEFINE_integer("width", 4096, "Units per hidden layer.")
@@ -43,11 +41,6 @@ flags.DEFINE_integer("steps", 8, "Training steps per form.")
 flags.DEFINE_string("form_of", None, "(internal) measure one form in this process: "
                     "'<replicas>:<sharded|plain>'.")
 FLAGS = flags.FLAGS
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm", encoding="utf-8") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def measure_one(replicas: int, sharded: bool) -> dict:
@@ -72,7 +65,7 @@ def measure_one(replicas: int, sharded: bool) -> dict:
     rows = np.random.default_rng(0).normal(size=(8 * replicas, width)).astype("float32")
     labels = np.zeros(8 * replicas, "int64")
     times = []
-    before_fit_mb = _rss_mb()
+    before_fit_mb = measure.rss_mb()
 
     class StepClock(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
@@ -90,8 +83,8 @@ def measure_one(replicas: int, sharded: bool) -> dict:
     return {"replicas": replicas, "sharded": sharded,
             "weights": int(sum(np.prod(v.shape) for v in model.trainable_variables)),
             "state_mb_per_replica": state_bytes / replicas / 2**20,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "rss_after_fit_mb": _rss_mb(), "rss_before_fit_mb": before_fit_mb,
+            "peak_rss_mb": measure.peak_rss_mb(),
+            "rss_after_fit_mb": measure.rss_mb(), "rss_before_fit_mb": before_fit_mb,
             "step_seconds": statistics.median(times[2:] or times)}
 
 

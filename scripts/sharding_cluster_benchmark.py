@@ -29,7 +29,6 @@ Outputs in ``--output_dir``: sharding_cluster_benchmark.json and .md.
 import json
 import os
 import pathlib
-import resource
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import flags as bench_flags, outputs  # noqa: E402
+from bench import flags as bench_flags, limited_cluster, measure, outputs  # noqa: E402
 
 bench_flags.define_common("sharding_cluster_benchmark",
                           quick="a 0.1M-weight model, 2 workers, 2-step windows, 1 round.")
@@ -59,20 +58,6 @@ flags.DEFINE_enum("form", "plain", ["plain", "sharded"], "(internal) the memory 
 FLAGS = flags.FLAGS
 
 FORMS = ("plain", "sharded")
-
-
-def _loopback_bytes() -> int:
-    with open("/proc/net/dev", encoding="utf-8") as dev:
-        for line in dev:
-            name, _, counters = line.partition(":")
-            if name.strip() == "lo":
-                return int(counters.split()[0])  # received = sent, on loopback
-    raise RuntimeError("no lo in /proc/net/dev")
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm", encoding="utf-8") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _worker() -> None:
@@ -103,12 +88,12 @@ def _worker() -> None:
     task = tfdist.cluster.training_process().rank
     if FLAGS.part == "memory":
         model, trainer = build(FLAGS.form)
-        before_fit = _rss_mb()
+        before_fit = measure.rss_mb()
         trainer.fit(stream, epochs=1, steps_per_epoch=FLAGS.memory_steps, verbose=0)
         state_bytes = sum(part.numpy().nbytes for v in model.optimizer.variables
                           for part in strategy.experimental_local_results(v.value))
         result = {"state_mb": state_bytes / 2**20, "rss_before_fit_mb": before_fit,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+                  "peak_rss_mb": measure.peak_rss_mb()}
     else:
         runs = {form: build(form) for form in FORMS}
         windows = {form: [] for form in FORMS}
@@ -116,11 +101,12 @@ def _worker() -> None:
             trainer.fit(stream, epochs=1, steps_per_epoch=2, verbose=0)
         for round_index in range(FLAGS.rounds):
             for form in (FORMS if round_index % 2 == 0 else FORMS[::-1]):
-                sent, start = _loopback_bytes(), time.perf_counter()
+                sent, start = limited_cluster.loopback_bytes(), time.perf_counter()
                 runs[form][1].fit(stream, epochs=1, steps_per_epoch=FLAGS.window_steps, verbose=0)
                 windows[form].append({
                     "seconds_per_step": (time.perf_counter() - start) / FLAGS.window_steps,
-                    "bytes_per_step": (_loopback_bytes() - sent) / FLAGS.window_steps})
+                    "bytes_per_step":
+                        (limited_cluster.loopback_bytes() - sent) / FLAGS.window_steps})
         gradient_bytes = 4 * runs["plain"][0].count_params()
         result = {"windows": windows, "gradient_bytes": gradient_bytes}
     with open(os.path.join(FLAGS.worker_output, f"worker-{task}.json"), "w",

@@ -16,6 +16,17 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
+def loopback_bytes() -> int:
+    """Bytes the loopback has carried (``/proc/net/dev``; inside a
+    ``--bandwidth`` cluster's namespace: every task's traffic, once)."""
+    with open("/proc/net/dev", encoding="utf-8") as dev:
+        for line in dev:
+            name, _, counters = line.partition(":")
+            if name.strip() == "lo":
+                return int(counters.split()[0])  # received = sent, on loopback
+    raise RuntimeError("no lo in /proc/net/dev")
+
+
 def run(script: str, *, bandwidth: str, data_dir: str, output_dir: str, flags: dict,
         timeout: float) -> dict:
     """Generates the embedded dataset in ``data_dir`` (once), runs ``script``

@@ -73,7 +73,8 @@ def test_the_saved_state_is_one_device_keras_state(make_strategy, tmp_path):
         str(tmp_path / "one_device" / "ckpt"))
     _, trainer = _trainer(make_strategy(3), str(tmp_path / "sharded"), True)
     trainer.fit(dataset, epochs=1, verbose=0)
-    saved, wanted = _saved(trainer._checkpoint.latest), _saved(one_device)  # pylint: disable=protected-access
+    latest = trainer._checkpoint.latest  # pylint: disable=protected-access
+    saved, wanted = _saved(latest), _saved(one_device)
     optimizer_names = sorted(name for name in wanted if name.startswith("optimizer/"))
     assert len(optimizer_names) > 10
     for name in optimizer_names:
