@@ -111,11 +111,7 @@ class Shards:
     def __init__(self, strategy: tf.distribute.Strategy, layout):
         self._strategy = strategy
         self._layout = layout
-        offsets, total = [], 0
-        for length in layout.slice_sizes:
-            offsets.append(total)
-            total += length
-        self._offsets = tuple(offsets)
+        self._offsets = layout.offsets
         ids = strategy.experimental_distribute_values_from_function(
             lambda context: context.replica_id_in_sync_group)
         self._replicas = [int(i) for i in strategy.experimental_local_results(ids)]
@@ -160,11 +156,9 @@ class Shards:
         whole part of ``state``)."""
         layout = self._layout
         offset, length = self._offsets[weight], layout.slice_sizes[weight]
-        flat = tf.reshape(tf.cast(value, state.dtype), [-1])
-        padded = tf.pad(flat, [[0, length * layout.replicas - layout.sizes[weight]]])
+        rows = layout.rows(weight, tf.cast(value, state.dtype))
         for replica, component in zip(self._replicas, self._components(state)):
-            component[offset:offset + length].assign(
-                padded[replica * length:(replica + 1) * length])
+            component[offset:offset + length].assign(rows[replica])
 
 
 def _tensorflow_variable(variable):

@@ -106,6 +106,23 @@ class ShardLayout:
         """Elements in one replica's shard: its slice of every weight."""
         return sum(self.slice_sizes)
 
+    @property
+    def offsets(self) -> Tuple[int, ...]:
+        """Where each weight's slice starts in a shard."""
+        starts, total = [], 0
+        for length in self.slice_sizes:
+            starts.append(total)
+            total += length
+        return tuple(starts)
+
+    def rows(self, weight: int, tensor) -> tf.Tensor:
+        """Weight ``weight``'s ``tensor`` (its shape) as ``[N, slice]``, row
+        ``r`` replica ``r``'s slice (the last rows padded with zeros)."""
+        size, length = self.sizes[weight], self.slice_sizes[weight]
+        flat = tf.reshape(tf.convert_to_tensor(tensor), [-1])
+        return tf.reshape(tf.pad(flat, [[0, length * self.replicas - size]]),
+                          [self.replicas, length])
+
     def shard_of(self, tensors, replica: int, dtype) -> tf.Tensor:
         """Replica ``replica``'s shard of ``tensors`` (one per weight, dense)."""
         parts = []
@@ -287,14 +304,12 @@ class ShardedOptimizerState:
         scale = replica_share.gradient_scale()
         compressed = compression.attached_to(optimizer)
         parts = []
-        for gradient, size, length in zip(grads, layout.sizes, layout.slice_sizes):
+        for index, gradient in enumerate(grads):
             gradient = tf.convert_to_tensor(replica_share.scaled_gradient(gradient, scale))
             own_dtype = gradient.dtype
             if compressed is not None:
                 gradient = compressed.compress(gradient, replicas)
-            rows = tf.reshape(tf.pad(tf.reshape(gradient, [-1]), [[0, length * replicas - size]]),
-                              [replicas, length])
-            summed = collectives.reduce_scatter_sum(launcher, rows)
+            summed = collectives.reduce_scatter_sum(launcher, layout.rows(index, gradient))
             if compressed is not None:
                 summed = compressed.restore(summed, own_dtype, replicas)
             parts.append(tf.cast(summed, self._shard.dtype))
