@@ -10,9 +10,16 @@ of the sharding benchmark (``--width`` units in ``--layers`` hidden layers:
 50.4M weights at the defaults), a global batch of 8 rows per worker.
 
 - **Memory per worker.** For each N in ``--workers`` and each form (plain,
-  sharded), a cluster of N workers trains ``--memory_steps`` steps. Each
-  worker reports the optimizer state it holds, its resident memory once the
-  model is built, and its peak.
+  sharded), a cluster of N workers trains ``--memory_steps`` steps,
+  ``--memory_rounds`` times (the forms alternating). Each worker reports
+  the optimizer state it holds, its resident memory once the model is
+  built, and its peak; a row shows the largest worker's, median over the
+  rounds (the peak of the same run moved by up to 10% between rounds).
+  With ``--tensor_memory``, one more cluster per row runs with TensorFlow's
+  BFC allocator on the CPU (``TF_CPU_ALLOCATOR_USE_BFC``), which counts
+  the bytes of live tensors: the peak during ``fit`` of what the model,
+  its gradients and its state hold, without the ~0.9 GB the runtime
+  itself takes.
 - **Time on the network.** 2 workers under ``--bandwidth`` (every task
   shares one loopback limited by ``tc``: `tfdist.launch.network`), then 2
   workers unlimited. Each worker builds both forms from the same weights;
@@ -50,6 +57,8 @@ flags.DEFINE_integer("layers", 3, "Hidden layers.")
 flags.DEFINE_list("workers", ["2", "3"], "Worker counts of the memory part.")
 flags.DEFINE_list("parts", ["memory", "network"], "What to measure: memory, network or both.")
 flags.DEFINE_integer("memory_steps", 6, "Steps per memory run.")
+flags.DEFINE_integer("memory_rounds", 3, "Memory runs per row (the median is shown).")
+flags.DEFINE_bool("tensor_memory", True, "Also count live tensor bytes (one more run per row).")
 flags.DEFINE_integer("rounds", 3, "Timed rounds of the network part.")
 flags.DEFINE_integer("window_steps", 4, "Steps per timed window.")
 flags.DEFINE_string("worker_output", None, "(internal) run as a worker; results go here.")
@@ -88,12 +97,14 @@ def _worker() -> None:
     task = tfdist.cluster.training_process().rank
     if FLAGS.part == "memory":
         model, trainer = build(FLAGS.form)
-        before_fit = measure.rss_mb()
+        before_fit, tensors_before_fit = measure.rss_mb(), _tensor_mb(tf, "current")
         trainer.fit(stream, epochs=1, steps_per_epoch=FLAGS.memory_steps, verbose=0)
         state_bytes = sum(part.numpy().nbytes for v in model.optimizer.variables
                           for part in strategy.experimental_local_results(v.value))
         result = {"state_mb": state_bytes / 2**20, "rss_before_fit_mb": before_fit,
-                  "peak_rss_mb": measure.peak_rss_mb()}
+                  "peak_rss_mb": measure.peak_rss_mb(),
+                  "tensor_before_fit_mb": tensors_before_fit,
+                  "tensor_peak_mb": _tensor_mb(tf, "peak")}
     else:
         runs = {form: build(form) for form in FORMS}
         windows = {form: [] for form in FORMS}
@@ -114,10 +125,22 @@ def _worker() -> None:
         json.dump(result, out)
 
 
-def _cluster(workers: int, bandwidth, part: str, form: str = "plain") -> list:
+def _tensor_mb(tf, key: str):
+    """TensorFlow's count of live tensor bytes on the CPU (``current``), or
+    its peak since the last call (``peak``), in MiB; None unless the BFC
+    allocator runs (``TF_CPU_ALLOCATOR_USE_BFC``)."""
+    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") != "true":
+        return None
+    value = tf.config.experimental.get_memory_info("CPU:0")[key] / 2**20
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    return value
+
+
+def _cluster(workers: int, bandwidth, part: str, form: str = "plain", run: str = "") -> list:
     """Runs this script as the program of ``workers`` workers; returns each
-    worker's result."""
-    directory = pathlib.Path(FLAGS.output_dir) / f"{part}-{workers}-{form}-{bandwidth or 'free'}"
+    worker's result. ``run="tensors"`` runs them with the BFC allocator."""
+    directory = pathlib.Path(FLAGS.output_dir) / (
+        f"{part}-{workers}-{form}-{bandwidth or 'free'}{run and '-' + run}")
     directory.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "tfdist.launch", f"--num_workers={workers}"] + (
         [f"--bandwidth={bandwidth}"] if bandwidth else []) + [
@@ -125,6 +148,8 @@ def _cluster(workers: int, bandwidth, part: str, form: str = "plain") -> list:
         f"--form={form}"] + [f"--{name}={getattr(FLAGS, name)}" for name in (
             "width", "layers", "memory_steps", "rounds", "window_steps")]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if run == "tensors":
+        env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
     done = subprocess.run(command, cwd=REPO, timeout=3600, check=False, env=env)
     if done.returncode != 0:
         raise SystemExit(f"the {part} cluster of {workers} workers failed (exit {done.returncode})")
@@ -133,15 +158,27 @@ def _cluster(workers: int, bandwidth, part: str, form: str = "plain") -> list:
 
 
 def _memory_rows() -> list:
+    runs = {}  # (workers, form) -> each round's largest worker
+    for round_index in range(FLAGS.memory_rounds):
+        for workers in (int(n) for n in FLAGS.workers):
+            for form in (FORMS if round_index % 2 == 0 else FORMS[::-1]):
+                results = _cluster(workers, None, "memory", form, run=f"round{round_index}")
+                runs.setdefault((workers, form), []).append(
+                    {key: max(r[key] for r in results)
+                     for key in ("state_mb", "rss_before_fit_mb", "peak_rss_mb")})
     rows = []
-    for workers in (int(n) for n in FLAGS.workers):
-        for form in FORMS:
-            results = _cluster(workers, None, "memory", form)
-            rows.append({"workers": workers, "form": form,
-                         "state_mb": max(r["state_mb"] for r in results),
-                         "rss_before_fit_mb": max(r["rss_before_fit_mb"] for r in results),
-                         "peak_rss_mb": max(r["peak_rss_mb"] for r in results)})
-            print(rows[-1], flush=True)
+    for (workers, form), rounds in sorted(runs.items(), key=lambda item: (
+            item[0][0], FORMS.index(item[0][1]))):
+        row = {"workers": workers, "form": form, "state_mb": rounds[0]["state_mb"],
+               "rss_before_fit_mb": statistics.median(r["rss_before_fit_mb"] for r in rounds),
+               "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in rounds),
+               "peak_rss_mb_rounds": [r["peak_rss_mb"] for r in rounds]}
+        if FLAGS.tensor_memory:
+            results = _cluster(workers, None, "memory", form, run="tensors")
+            row.update({key: max(r[key] for r in results)
+                        for key in ("tensor_before_fit_mb", "tensor_peak_mb")})
+        rows.append(row)
+        print(row, flush=True)
     return rows
 
 
@@ -180,6 +217,7 @@ def main(argv) -> None:
     if FLAGS.quick:
         FLAGS.width, FLAGS.layers, FLAGS.workers = 128, 2, ["2"]
         FLAGS.memory_steps, FLAGS.rounds, FLAGS.window_steps = 2, 1, 2
+        FLAGS.memory_rounds = 1
     if FLAGS.worker_output:
         _worker()
         return
@@ -187,10 +225,16 @@ def main(argv) -> None:
     network = _network_rows() if "network" in FLAGS.parts else []
     plain = {r["workers"]: r for r in memory if r["form"] == "plain"}
     lines = ["| workers | form | state MB per worker | RSS MB before fit | peak RSS MB "
-             "per worker | peak vs plain |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['workers']} | {r['form']} | {r['state_mb']:.1f} | "
-              f"{r['rss_before_fit_mb']:.0f} | {r['peak_rss_mb']:.0f} | "
-              f"{r['peak_rss_mb'] / plain[r['workers']]['peak_rss_mb']:.2f}x |" for r in memory]
+             "per worker | peak vs plain | tensor MB peak | tensor peak vs plain |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in memory:
+        base = plain[r["workers"]]
+        tensors = ("| - | - |" if r.get("tensor_peak_mb") is None else
+                   f"| {r['tensor_peak_mb']:.0f} | "
+                   f"{r['tensor_peak_mb'] / base['tensor_peak_mb']:.2f}x |")
+        lines.append(f"| {r['workers']} | {r['form']} | {r['state_mb']:.1f} | "
+                     f"{r['rss_before_fit_mb']:.0f} | {r['peak_rss_mb']:.0f} | "
+                     f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x {tensors}")
     if network:
         base = network[0]["seconds_per_step"]
         lines += ["", f"| form | s per step at {FLAGS.bandwidth} | vs plain | s per step "
@@ -202,8 +246,8 @@ def main(argv) -> None:
                   f"{r['ring_bound_seconds']:.3f} |" for r in network]
     table = "\n".join(lines) + "\n"
     summary = {"config": {name: getattr(FLAGS, name) for name in (
-        "bandwidth", "width", "layers", "workers", "parts", "memory_steps", "rounds",
-        "window_steps")},
+        "bandwidth", "width", "layers", "workers", "parts", "memory_steps", "memory_rounds",
+        "tensor_memory", "rounds", "window_steps")},
         "memory": memory, "network": network}
     outputs.write_results(FLAGS.output_dir, "sharding_cluster_benchmark", summary, table)
     print(table, flush=True)

@@ -88,14 +88,12 @@ def test_each_replica_holds_one_slice_of_the_one_device_state():
     slice_sizes = [-(-size // 3) for size in sizes]  # each weight in 3 slices, the last padded
     optimizer, expected_optimizer = model.optimizer, reference_model.optimizer
     state = [v for v in optimizer.variables if v.shape != ()]
-    assert [tuple(v.shape) for v in state] == [(sum(slice_sizes),)]  # the momentum's shard
-    shards = [np.asarray(piece) for piece in state[0].value.values]
-    assert len(shards) == 3  # one per replica, each a different part of the state
-    cut = np.cumsum(slice_sizes)[:-1]
-    by_replica = [np.split(shard, cut) for shard in shards]
+    assert [tuple(v.shape) for v in state] == [(n,) for n in slice_sizes]  # the momentum's slices
     expected = [np.asarray(v) for v in expected_optimizer.variables if v.shape != ()]
     assert [e.size for e in expected] == sizes
     for index, momentum in enumerate(expected):
-        joined = np.concatenate([slices[index] for slices in by_replica])[:sizes[index]]
+        slices = [np.asarray(piece) for piece in state[index].value.values]
+        assert len(slices) == 3  # one per replica, each a different part of the state
+        joined = np.concatenate(slices)[:sizes[index]]
         np.testing.assert_allclose(joined, momentum.ravel(), rtol=0, atol=1e-5,
                                    err_msg=f"weight {index}")

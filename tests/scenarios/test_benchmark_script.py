@@ -146,13 +146,16 @@ def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
 @needs_namespaces
 def test_sharding_cluster_benchmark_quick_measures_workers_and_the_network(tmp_path):
     """scripts/sharding_cluster_benchmark.py --quick: 2 workers per form for
-    memory, then both forms alternating under --bandwidth=1gbit and
-    unlimited; the ring bound computed (no timing asserts)."""
+    memory (resident, then live tensors under the BFC allocator), then both
+    forms alternating under --bandwidth=1gbit and unlimited; the ring bound
+    computed (no timing asserts)."""
     _run_benchmark(tmp_path, ["--quick"], 900, "sharding_cluster_benchmark.py")
     result = json.loads((tmp_path / "sharding_cluster_benchmark.json").read_text())
     memory = {row["form"]: row for row in result["memory"]}
     assert set(memory) == {"plain", "sharded"}
     assert memory["sharded"]["state_mb"] < memory["plain"]["state_mb"]
+    for row in memory.values():  # the weights are live before fit; the state is made in it
+        assert 0 < row["tensor_before_fit_mb"] < row["tensor_peak_mb"]
     network = {row["form"]: row for row in result["network"]}
     assert set(network) == {"plain", "sharded"}
     assert all(row["link_mb_per_step"] > 0 and row["ring_bound_seconds"] > 0

@@ -131,20 +131,21 @@ def test_sharded_optimizer_state_on_two_workers_saves_resumes_and_equals_one_dev
             "--epochs=2", checkpoints, "--async_checkpoint", "--checkpoint_every_steps=2"]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
-    quarter = sum(-(-w.size // 4) for w in keras_reference[0])  # a quarter of every weight
+    # Adam's two moments of a quarter of each weight, weight by weight.
+    quarters = [[-(-w.size // 4)] for w in keras_reference[0] for _ in range(2)]
     for result in _results(tmp_path / "first"):
         state = [shape for shape in result["optimizer_state_shapes"] if shape]
-        assert state == [[quarter], [quarter]], state  # Adam's two moments, one shard each
+        assert state == quarters, state
     args = [f"--output_dir={tmp_path / 'out'}", "--replicas_per_worker=1", "--sharded_state",
             checkpoints]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
-    half = sum(-(-w.size // 2) for w in keras_reference[0])
+    halves = [[-(-w.size // 2)] for w in keras_reference[0] for _ in range(2)]
     for result in _results(tmp_path / "out"):
         _assert_equals_reference(result, keras_reference, check_history=False)
         assert len(result["history"]["loss"]) == 1  # (the third epoch only)
         state = [shape for shape in result["optimizer_state_shapes"] if shape]
-        assert state == [[half], [half]], state
+        assert state == halves, state
 
 
 def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path):

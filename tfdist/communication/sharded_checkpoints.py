@@ -2,7 +2,7 @@
 
 With `tfdist.communication.ShardedOptimizerState` each replica holds one
 slice of every state variable (Adam's momentum and velocity of slice ``r``
-of every weight, in one ``[shard_size]`` variable per slot). What is saved
+of each weight, one ``[slice]`` variable per weight and slot). What is saved
 is nevertheless the ordinary Keras optimizer state: a checkpoint
 (``tf.train.Checkpoint``, the Trainer's ``checkpoint_dir``, background
 saves) and ``model.save`` / ``save_weights`` see the optimizer exactly as
@@ -12,13 +12,16 @@ state restores under any replica count, with or without the sharding, and
 an ordinary checkpoint restores into sharded state.
 
 How: each of the ordinary optimizer's state variables is stood for by a
-`WholeSlot`, a checkpoint object that, when saved, puts weight ``i``'s
-slices of one slot back together (from the worker's own replicas; under a
-multi-worker strategy through one all-gather per weight and slot, every
-worker taking part as every worker saves), and, when restored, keeps only
-each local replica's slice of the whole value. The optimizer's checkpoint
-children (``_trackable_children``) and ``save_own_variables`` /
-``load_own_variables`` list these in Keras' own order (`OrdinaryLayout`).
+`WholeSlot`, a checkpoint object that, when saved, puts the N slices of
+one sharded state variable back together (from the worker's own replicas;
+under a multi-worker strategy through one all-gather per weight and slot,
+every worker taking part as every worker saves), and, when restored, keeps
+only each local replica's slice of the whole value. Keras builds the shard
+variables' state in the order it builds a whole model's (weight by weight,
+slot by slot), so the optimizer's checkpoint children
+(``_trackable_children``) and ``save_own_variables`` /
+``load_own_variables`` list the views in Keras' own order, each in its
+shard variable's place (`OrdinaryLayout`).
 
 A save therefore holds the whole state once, on every worker, while it is
 written (as an ordinary save does); training holds only the shards.
@@ -31,8 +34,8 @@ written (as an ordinary save does); training holds only the shards.
 >>> model = tfdist.attach(model, strategy,
 ...                       communication=tfdist.communication.ShardedOptimizerState())
 >>> _ = model.fit(np.ones((4, 3)), np.ones((4, 2)), batch_size=4, verbose=0)
->>> [tuple(v.shape) for v in model.optimizer.variables]  # per replica: half of 8 weights
-[(), (), (4,), (4,)]
+>>> [tuple(v.shape) for v in model.optimizer.variables]  # per replica: half of each weight
+[(), (), (3,), (3,), (1,), (1,)]
 >>> path = tf.train.Checkpoint(optimizer=model.optimizer).write(tempfile.mkdtemp() + "/ckpt")
 >>> sorted(shape for name, shape in tf.train.list_variables(path) if "/_variables/" in name)
 [[2], [2], [3, 2], [3, 2]]
@@ -51,114 +54,98 @@ _VALUE = "VARIABLE_VALUE"  # the name a variable's value is saved under
 
 @dataclasses.dataclass
 class BuildRecord:
-    """The state variables Keras' ``build`` made for the shard, in the
-    groups it made them in: one group per ``add_optimizer_variables`` call
-    (Adam: momentum and velocity together; amsgrad's ``velocity_hat`` in a
-    group of its own), one per lone ``add_variable_from_reference``."""
+    """The state variables Keras' ``build`` made, each with the index of
+    the shard variable (so of the weight) it was made for, in the order
+    they were made."""
 
-    groups: List[List[object]] = dataclasses.field(default_factory=list)
+    weight_of: Dict[int, int] = dataclasses.field(default_factory=dict)  # id(state) -> weight
+    made: List[object] = dataclasses.field(default_factory=list)
 
-    def recording(self, optimizer) -> "_Recording":
-        """Wraps ``optimizer``'s two ways of making state variables for the
-        duration of a ``with`` block (its ``build``)."""
-        return _Recording(self, optimizer)
+    def recording(self, optimizer, shards: Sequence) -> "_Recording":
+        """Notes the state variables ``optimizer`` makes from ``shards``
+        during a ``with`` block (its ``build``)."""
+        return _Recording(self, optimizer, shards)
 
     def state_variables(self) -> List[object]:
-        return [variable for group in self.groups for variable in group]
+        return list(self.made)
 
 
 class _Recording:
-    """Notes each state variable ``build`` makes into a `BuildRecord`."""
+    """Wraps Keras' ``add_variable_from_reference`` (which its
+    ``add_optimizer_variables`` calls too) to fill a `BuildRecord`."""
 
-    def __init__(self, record: BuildRecord, optimizer):
+    def __init__(self, record: BuildRecord, optimizer, shards: Sequence):
         self._record, self._optimizer = record, optimizer
-        self._in_group = False  # inside an add_optimizer_variables call
+        self._weight_of_shard = {id(shard): index for index, shard in enumerate(shards)}
 
     def __enter__(self) -> BuildRecord:
-        optimizer, groups = self._optimizer, self._record.groups
-        make_one, make_group = (optimizer.add_variable_from_reference,
-                                optimizer.add_optimizer_variables)
+        make_one = self._optimizer.add_variable_from_reference
 
-        def add_variable_from_reference(*args, **kwargs):
-            variable = make_one(*args, **kwargs)
-            if self._in_group:
-                groups[-1].append(variable)
-            else:
-                groups.append([variable])
+        def add_variable_from_reference(reference_variable, *args, **kwargs):
+            variable = make_one(reference_variable, *args, **kwargs)
+            weight = self._weight_of_shard.get(id(reference_variable))
+            if weight is not None:
+                self._record.weight_of[id(variable)] = weight
+                self._record.made.append(variable)
             return variable
 
-        def add_optimizer_variables(*args, **kwargs):
-            groups.append([])
-            self._in_group = True
-            try:
-                return make_group(*args, **kwargs)
-            finally:
-                self._in_group = False
-
-        object.__setattr__(optimizer, "add_variable_from_reference", add_variable_from_reference)
-        object.__setattr__(optimizer, "add_optimizer_variables", add_optimizer_variables)
+        object.__setattr__(self._optimizer, "add_variable_from_reference",
+                           add_variable_from_reference)
         return self._record
 
     def __exit__(self, *unused) -> None:
-        for name in ("add_variable_from_reference", "add_optimizer_variables"):
-            self._optimizer.__dict__.pop(name, None)
+        self._optimizer.__dict__.pop("add_variable_from_reference", None)
 
 
 class Shards:
-    """One sharded state variable's values on this worker, and how to read
-    and write the whole of one weight's part of it."""
+    """The sharded state variables' values on this worker, and how to read
+    and write one of them whole."""
 
     def __init__(self, strategy: tf.distribute.Strategy, layout):
         self._strategy = strategy
         self._layout = layout
-        self._offsets = layout.offsets
         ids = strategy.experimental_distribute_values_from_function(
             lambda context: context.replica_id_in_sync_group)
         self._replicas = [int(i) for i in strategy.experimental_local_results(ids)]
-        self._gathers: Dict[tuple, object] = {}
+        self._gathers: Dict[int, object] = {}
 
     def _components(self, state) -> list:
         return list(self._strategy.experimental_local_results(_tensorflow_variable(state)))
 
     def whole(self, state, weight: int) -> tf.Tensor:
-        """Weight ``weight``'s part of ``state``, whole (its shape)."""
+        """``state`` (weight ``weight``'s slice of one slot) whole: the
+        weight's shape."""
         layout = self._layout
-        offset, length = self._offsets[weight], layout.slice_sizes[weight]
         if len(self._replicas) == layout.replicas:  # every slice is on this worker
             by_replica = dict(zip(self._replicas, self._components(state)))
             with tf.device("/cpu:0"):
-                slices = tf.concat([by_replica[r][offset:offset + length]
-                                    for r in range(layout.replicas)], axis=0)
+                slices = tf.concat([by_replica[r] for r in range(layout.replicas)], axis=0)
         else:
-            slices = self._gather(state, length)(tf.constant(offset, tf.int32))
-        return tf.reshape(slices[:layout.sizes[weight]], layout.shapes[weight])
+            slices = self._gather(state)()
+        return layout.whole(weight, slices)
 
-    def _gather(self, state, length: int):
-        """A traced all-gather of every replica's ``length`` elements of
-        ``state`` from an offset (one trace per state variable and length;
-        its collective keys fixed, `tfdist._internal.collectives.function`)."""
-        key = (id(state), length)
-        if key not in self._gathers:
+    def _gather(self, state):
+        """A traced all-gather of every replica's slice of ``state`` (one
+        trace per state variable; its collective keys fixed,
+        `tfdist._internal.collectives.function`)."""
+        if id(state) not in self._gathers:
             strategy, variable = self._strategy, _tensorflow_variable(state)
 
-            def gather(offset):
+            def gather():
                 def replica_slice():
-                    value = tf.slice(tf.identity(variable), [offset], [length])
-                    return tf.distribute.get_replica_context().all_gather(value, axis=0)
+                    return tf.distribute.get_replica_context().all_gather(
+                        tf.identity(variable), axis=0)
 
                 return strategy.experimental_local_results(strategy.run(replica_slice))[0]
 
-            self._gathers[key] = collectives.function(gather)
-        return self._gathers[key]
+            self._gathers[id(state)] = collectives.function(gather)
+        return self._gathers[id(state)]
 
     def assign_whole(self, state, weight: int, value) -> None:
-        """Keeps each local replica's slice of ``value`` (weight ``weight``'s
-        whole part of ``state``)."""
-        layout = self._layout
-        offset, length = self._offsets[weight], layout.slice_sizes[weight]
-        rows = layout.rows(weight, tf.cast(value, state.dtype))
+        """Keeps each local replica's slice of ``value`` (``state`` whole)."""
+        rows = self._layout.rows(weight, tf.cast(value, state.dtype))
         for replica, component in zip(self._replicas, self._components(state)):
-            component[offset:offset + length].assign(rows[replica])
+            component.assign(rows[replica])
 
 
 def _tensorflow_variable(variable):
@@ -195,53 +182,40 @@ class WholeSlot(tf.__internal__.tracking.Trackable):
 
 
 class OrdinaryLayout:
-    """The optimizer's state as an unsharded Keras optimizer lists it,
-    made of the sharded state's `WholeSlot` views.
+    """The optimizer's state as an unsharded Keras optimizer lists it: each
+    sharded state variable's `WholeSlot` view in its place.
 
-    Keras' ``add_optimizer_variables`` makes a group's variables weight by
-    weight (Adam: momentum and velocity of the first weight, then of the
-    second...), so each recorded group of shard variables stands for
-    ``len(group) * weights`` ordinary variables in that order; the
-    optimizer's other variables (iterations, learning rate) keep their
-    places.
+    Keras' ``build`` makes state weight by weight (Adam: momentum and
+    velocity of the first weight, then of the second...); given the shard
+    variables in the weights' order, it makes theirs in the same order, so
+    the ordinary list is the sharded one with each state variable replaced
+    by its view. The optimizer's other variables (iterations, learning
+    rate) keep their places.
     """
 
     def __init__(self, record: BuildRecord, shards: Shards, weights: Sequence):
-        self._record = record
         self._weights = list(weights)
-        self._views = {id(state): [WholeSlot(shards, state, i) for i in range(len(weights))]
+        self._views = {id(state): WholeSlot(shards, state, record.weight_of[id(state)])
                        for state in record.state_variables()}
         self._children = None
 
     def variables(self, sharded_variables) -> list:
         """The ordinary ``optimizer.variables`` for the sharded ones."""
-        group_of = {id(state): group for group in self._record.groups for state in group}
-        ordinary, done = [], set()
-        for variable in sharded_variables:
-            group = group_of.get(id(variable))
-            if group is None:
-                ordinary.append(variable)
-            elif id(group[0]) not in done:
-                done.add(id(group[0]))
-                ordinary.extend(self._views[id(state)][i]
-                                for i in range(len(self._weights)) for state in group)
-        return ordinary
+        return [self._views.get(id(variable), variable) for variable in sharded_variables]
 
     def children(self, sharded_children: dict) -> dict:
         """The optimizer's checkpoint children with the views in the shard
-        variables' places: ``_variables`` in the ordinary order, each slot's
-        own list (``_momentums``) one view per weight, and the model's
-        weights as ``_trainable_variables``. The lists are made once, so
-        the checkpoint's objects stay the same from save to save."""
+        variables' places: ``_variables`` and each slot's own list
+        (``_momentums``) in the ordinary order, and the model's weights as
+        ``_trainable_variables``. The lists are made once, so the
+        checkpoint's objects stay the same from save to save."""
         if self._children is None:
             children = {}
             for name, child in sharded_children.items():
-                if name == "_variables":
-                    child = self.variables(list(child))
-                elif name == "_trainable_variables":
+                if name == "_trainable_variables":
                     child = list(self._weights)
                 elif _is_list(child) and any(id(item) in self._views for item in child):
-                    child = [view for item in child for view in self._views[id(item)]]
+                    child = self.variables(list(child))
                 else:
                     children[name] = child
                     continue

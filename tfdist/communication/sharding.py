@@ -1,18 +1,29 @@
-"""Sharded optimizer state (ZeRO stage 1): each replica keeps the optimizer
-state of 1/N of the weights.
+"""Sharded optimizer state (ZeRO stages 1 and 2): each replica keeps the
+optimizer state of 1/N of the weights, and of the summed gradient only its
+own slices.
 
 Every synchronous strategy keeps a full copy of the optimizer's state on
 every replica: with Adam, two moments per weight, so twice the weights'
 bytes per replica before a single activation. With ``ShardedOptimizerState``
 the optimizer's state covers one slice of the weights per replica:
 
-1. the gradients are reduce-scattered: replica ``r`` receives slice ``r``
-   of every weight's gradient summed over the replicas (its shard);
+1. each weight's gradient is reduce-scattered: replica ``r`` receives
+   slice ``r`` of it, summed over the replicas;
 2. replica ``r`` applies the user's Keras optimizer (its own ``update_step``,
-   so Adam is Adam) to its slice of every weight, with the state of those
-   slices only;
-3. the updated slices are all-gathered, and every replica's weights are
-   the whole again.
+   so Adam is Adam) to its slice of the weight, with the state of that
+   slice only;
+3. the updated slices are all-gathered, and every replica's weight is
+   whole again.
+
+This runs weight by weight, the last weight first (the order the backward
+pass makes the gradients in), and each weight's gradient is made only once
+the previous weight's reduce-scatter has run
+(`tfdist._internal.graph_order`): besides the weights and the state, a
+replica holds about one weight's gradient and one weight's exchange at a
+time, where exchanging every weight at once after the backward pass held
+every gradient whole. Where the gradients must all exist first (a global
+clip norm, mixed precision's finite check, gradient accumulation's
+branch) they are made as usual. The figures: the Large models guide.
 
 The math is the one-device math: an elementwise optimizer (SGD, momentum,
 Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, Lion) updates each weight
@@ -54,11 +65,11 @@ the optimizer's own all-reduce sums and each replica keeps its slice.
 """
 
 import dataclasses
-from typing import List, Tuple
+from typing import Tuple
 
 import tensorflow as tf
 
-from tfdist._internal import collectives, replica_share
+from tfdist._internal import collectives, graph_order, replica_share
 from tfdist._internal.keras import patches
 from tfdist.communication import compression, sharded_checkpoints
 from tfdist.communication.strategy_support import refuse_strategy
@@ -73,11 +84,15 @@ ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "Adadelta
 @dataclasses.dataclass(frozen=True)
 class ShardLayout:
     """Which elements of each weight a replica owns: slice ``r`` of every
-    weight (flattened, padded to N equal slices), the slices of all weights
-    one after the other in replica ``r``'s shard.
+    weight, flattened and padded to N equal slices.
 
-    Slicing weight by weight, not one flat copy of the model, keeps the
-    temporaries of an update to a shard's size plus one weight at a time.
+    >>> layout = ShardLayout(shapes=((2, 3), (2,)), replicas=2)
+    >>> layout.slice_sizes
+    (3, 1)
+    >>> [row.tolist() for row in layout.rows(0, [[1., 2., 3.], [4., 5., 6.]]).numpy()]
+    [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    >>> layout.whole(1, [7., 8.]).numpy().tolist()
+    [7.0, 8.0]
 
     Attributes:
       shapes: each trainable weight's shape, in the optimizer's order.
@@ -101,20 +116,6 @@ class ShardLayout:
         """Elements of each weight in one replica's slice (the last slices padded)."""
         return tuple(-(-size // self.replicas) for size in self.sizes)
 
-    @property
-    def shard_size(self) -> int:
-        """Elements in one replica's shard: its slice of every weight."""
-        return sum(self.slice_sizes)
-
-    @property
-    def offsets(self) -> Tuple[int, ...]:
-        """Where each weight's slice starts in a shard."""
-        starts, total = [], 0
-        for length in self.slice_sizes:
-            starts.append(total)
-            total += length
-        return tuple(starts)
-
     def rows(self, weight: int, tensor) -> tf.Tensor:
         """Weight ``weight``'s ``tensor`` (its shape) as ``[N, slice]``, row
         ``r`` replica ``r``'s slice (the last rows padded with zeros)."""
@@ -123,26 +124,21 @@ class ShardLayout:
         return tf.reshape(tf.pad(flat, [[0, length * self.replicas - size]]),
                           [self.replicas, length])
 
-    def shard_of(self, tensors, replica: int, dtype) -> tf.Tensor:
-        """Replica ``replica``'s shard of ``tensors`` (one per weight, dense)."""
-        parts = []
-        for tensor, size, length in zip(tensors, self.sizes, self.slice_sizes):
-            start = min(replica * length, size)
-            stop = min(start + length, size)
-            flat = tf.reshape(tf.cast(tf.convert_to_tensor(tensor), dtype), [-1])
-            parts.append(flat[start:stop])
-            if stop - start < length:
-                parts.append(tf.zeros([length - (stop - start)], dtype))
-        return tf.concat(parts, axis=0)
+    def own_slice(self, weight: int, tensor, replica: int) -> tf.Tensor:
+        """Row ``replica`` of `rows`, cut from ``tensor`` alone (the other
+        rows are not made)."""
+        size, length = self.sizes[weight], self.slice_sizes[weight]
+        start = min(replica * length, size)
+        stop = min(start + length, size)
+        part = tf.reshape(tf.convert_to_tensor(tensor), [-1])[start:stop]
+        return part if stop - start == length else tf.pad(part, [[0, length - (stop - start)]])
 
-    def slices(self, shard: tf.Tensor) -> List[tf.Tensor]:
-        """A shard cut back into its slice of each weight."""
-        return tf.split(shard, list(self.slice_sizes))
-
-    def whole(self, gathered: List[tf.Tensor]) -> List[tf.Tensor]:
-        """Each weight from its N slices, gathered in replica order."""
-        return [tf.reshape(parts if parts.shape[0] == size else parts[:size], shape)
-                for parts, size, shape in zip(gathered, self.sizes, self.shapes)]
+    def whole(self, weight: int, slices) -> tf.Tensor:
+        """Weight ``weight`` from its N slices, one after the other in
+        replica order (its shape, without the padding)."""
+        slices, size = tf.convert_to_tensor(slices), self.sizes[weight]
+        return tf.reshape(slices if slices.shape[0] == size else slices[:size],
+                          self.shapes[weight])
 
 
 class ShardedOptimizerState:
@@ -151,7 +147,7 @@ class ShardedOptimizerState:
 
     def __init__(self):
         self._layout = None
-        self._shard = None  # a variable of one shard's elements, per replica
+        self._shards = []  # per weight, a variable of one replica's slice
         self._keys, self._names = [], []  # the weights the state was built for, in order
         self._ordinary = None  # the state as checkpoints see it, once built
 
@@ -241,12 +237,14 @@ class ShardedOptimizerState:
         self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync)
         self._keys = [optimizer._var_key(v) for v in variables]  # pylint: disable=protected-access
         self._names = [v.path for v in variables]
+        dtype = dtypes.pop()
         with strategy.scope():
-            self._shard = keras.Variable(tf.zeros([self._layout.shard_size], dtypes.pop()),
-                                         trainable=False, name="tfdist_shard")
+            self._shards = [keras.Variable(tf.zeros([length], dtype), trainable=False,
+                                           name=f"{variable.name}_shard")
+                            for variable, length in zip(variables, self._layout.slice_sizes)]
         record = sharded_checkpoints.BuildRecord()
-        with record.recording(optimizer):
-            keras_build([self._shard])
+        with record.recording(optimizer, self._shards):
+            keras_build(self._shards)
         self._ordinary = sharded_checkpoints.OrdinaryLayout(
             record, sharded_checkpoints.Shards(strategy, self._layout), variables)
         for state in record.state_variables():  # (saved alone, one slice would pass for all)
@@ -256,64 +254,77 @@ class ShardedOptimizerState:
             indices[optimizer._var_key(variable)] = 0  # pylint: disable=protected-access
 
     def _update(self, optimizer, grads, variables, learning_rate) -> None:
-        """Keras' distributed update (``_backend_update_step``), sharded."""
+        """Keras' distributed update (``_backend_update_step``), sharded:
+        weight by weight, the last first (module doc)."""
         context = tf.distribute.get_replica_context()
-        layout, shard = self._layout, self._shard.value
         variables = [v.value if hasattr(v, "value") else v for v in variables]
-        dtype = shard.dtype
         replica = tf.get_static_value(context.replica_id_in_sync_group)
         if replica is None:
             raise ConfigurationError(f"{self!r} needs each replica's index when the step is "
                                      "traced (the mirrored strategies give it); this one does not.")
         grads, variables = self._in_built_order(optimizer, grads, variables)
-        shard_gradient = self._summed_shard(optimizer, grads, variables, int(replica), context)
-        shard_weights = layout.shard_of(variables, int(replica), dtype)
+        summed_slice = self._summed_slices(optimizer, grads, variables, int(replica), context)
+        exchanged = None  # the previous weight's summed slice
+        for weight in reversed(range(len(variables))):
+            if exchanged is not None:  # (made when the exchange can take it)
+                graph_order.run_after(grads[weight], exchanged.op)
+            exchanged = summed_slice(weight)
+            self._update_weight(optimizer, weight, variables[weight], exchanged,
+                                int(replica), learning_rate, context)
 
-        def update_shards(strategy, weights, gradient):
-            def update(variable, weights, gradient):
-                variable.assign(weights)
-                optimizer.update_step(gradient, variable, learning_rate)
+    def _update_weight(self, optimizer, weight: int, variable, gradient, replica: int,
+                       learning_rate, context) -> None:
+        """Replica ``replica`` updates its slice of weight ``weight`` from
+        ``gradient`` (that slice of the summed gradient); the slices are
+        gathered and every replica's ``variable`` is whole again."""
+        layout, shard = self._layout, self._shards[weight].value
+        own_slice = layout.own_slice(weight, variable, replica)
 
-            strategy.extended.update(shard, update, args=(weights, gradient), group=False)
+        def update_shard(strategy, own_slice, gradient):
+            def update(shard, own_slice, gradient):
+                shard.assign(own_slice)
+                optimizer.update_step(gradient, shard, learning_rate)
 
-        context.merge_call(update_shards, args=(shard_weights, shard_gradient))
-        updated = tf.reshape(shard.read_value(), [layout.shard_size])
-        gathered = context.all_gather(layout.slices(updated), axis=0)
+            strategy.extended.update(shard, update, args=(own_slice, gradient), group=False)
 
-        def assign_weights(strategy, values):
-            for variable, value in zip(variables, values):
-                strategy.extended.update(variable, lambda v, x: v.assign(x), args=(value,),
-                                         group=False)
+        context.merge_call(update_shard, args=(own_slice, gradient))
+        gathered = context.all_gather(shard.read_value(), axis=0)
 
-        context.merge_call(assign_weights, args=(layout.whole(gathered),))
+        def assign_weight(strategy, value):
+            strategy.extended.update(variable, lambda v, x: v.assign(x), args=(value,),
+                                     group=False)
 
+        context.merge_call(assign_weight, args=(layout.whole(weight, gathered),))
 
-    def _summed_shard(self, optimizer, grads, variables, replica: int, context) -> tf.Tensor:
-        """Replica ``replica``'s slice of each weight's gradient, summed over
-        the replicas: reduce-scattered weight by weight. What the optimizer's
-        all-reduce would do first is done first: a model's own step's share
-        of the loss scaling (`tfdist._internal.replica_share`) and, with
+    def _summed_slices(self, optimizer, grads, variables, replica: int, context):
+        """A function of a weight's index: replica ``replica``'s slice of
+        that weight's gradient, summed over the replicas (reduce-scattered
+        when it is called). What the optimizer's all-reduce would do first
+        is done first: a model's own step's share of the loss scaling
+        (`tfdist._internal.replica_share`) and, with
         `tfdist.communication.Compression`, the exchange in 16 bits."""
-        layout, replicas = self._layout, self._layout.replicas
+        layout = self._layout
+        dtypes = [shard.dtype for shard in self._shards]
         launcher = collectives.replica_launcher(context.strategy, replica)
         if launcher is None:  # (no collective ops: the slice of the optimizer's all-reduce)
             reduced = optimizer._all_reduce_sum_gradients(  # pylint: disable=protected-access
                 list(zip(grads, variables)))
-            return layout.shard_of([gradient for gradient, _ in reduced], replica,
-                                   self._shard.dtype)
+            return lambda weight: tf.cast(
+                layout.own_slice(weight, reduced[weight][0], replica), dtypes[weight])
         scale = replica_share.gradient_scale()
         compressed = compression.attached_to(optimizer)
-        parts = []
-        for index, gradient in enumerate(grads):
-            gradient = tf.convert_to_tensor(replica_share.scaled_gradient(gradient, scale))
+
+        def summed_slice(weight: int) -> tf.Tensor:
+            gradient = tf.convert_to_tensor(replica_share.scaled_gradient(grads[weight], scale))
             own_dtype = gradient.dtype
             if compressed is not None:
-                gradient = compressed.compress(gradient, replicas)
-            summed = collectives.reduce_scatter_sum(launcher, layout.rows(index, gradient))
+                gradient = compressed.compress(gradient, layout.replicas)
+            summed = collectives.reduce_scatter_sum(launcher, layout.rows(weight, gradient))
             if compressed is not None:
-                summed = compressed.restore(summed, own_dtype, replicas)
-            parts.append(tf.cast(summed, self._shard.dtype))
-        return tf.concat(parts, axis=0)
+                summed = compressed.restore(summed, own_dtype, layout.replicas)
+            return tf.cast(summed, dtypes[weight])
+
+        return summed_slice
 
     def _in_built_order(self, optimizer, grads, variables):
         """The gradients and weights in the order the state was built for;
