@@ -107,6 +107,29 @@ def test_one_replica_keeps_keras_own_update():
     assert sizes == sorted(2 * [int(np.prod(v.shape)) for v in model.trainable_variables])
 
 
+def test_between_steps_the_slices_being_updated_hold_no_elements(strategy):
+    """What a replica keeps between steps is the state of its slices: the
+    variables a weight's slice is updated in are emptied after each update
+    (as FSDP frees its unsharded parameters) and filled again at the next
+    one, and the run still ends at one device's weights."""
+    data = ref.global_batches(64, 16)
+    expected = ref.build_mlp(l2=0.0)
+    expected.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    initial = expected.get_weights()
+    expected.fit(data, epochs=2, verbose=0)
+    model = _model(strategy, "adam")
+    model.set_weights(initial)
+    sharding = ShardedOptimizerState()
+    tfdist.attach(model, strategy, communication=sharding)
+    model.fit(data, epochs=1, verbose=0)
+    slices = sharding._shards  # pylint: disable=protected-access
+    assert len(slices) == len(model.trainable_variables)
+    assert {tuple(part.read_value().shape) for variable in slices
+            for part in strategy.experimental_local_results(variable)} == {(0,)}
+    model.fit(data, epochs=1, verbose=0)
+    ref.assert_weights_close(expected, model, atol=1e-5)
+
+
 OPTIMIZERS = {
     "adamw": lambda: keras.optimizers.AdamW(0.02, weight_decay=0.05),
     "rmsprop": lambda: keras.optimizers.RMSprop(0.01, momentum=0.5),

@@ -23,7 +23,12 @@ replica holds about one weight's gradient and one weight's exchange at a
 time, where exchanging every weight at once after the backward pass held
 every gradient whole. Where the gradients must all exist first (a global
 clip norm, mixed precision's finite check, gradient accumulation's
-branch) they are made as usual. The figures: the Large models guide.
+branch) they are made as usual. The variable the optimizer updates a
+weight's slice in holds its elements only during that update, and none
+between steps, as FSDP frees its unsharded parameters: Keras builds the
+state from variables of each slice's shape, which are emptied once built,
+and the update runs in shapeless variables under the same keys. The
+figures: the Large models guide.
 
 The math is the one-device math: an elementwise optimizer (SGD, momentum,
 Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, Lion) updates each weight
@@ -238,18 +243,31 @@ class ShardedOptimizerState:
         self._keys = [optimizer._var_key(v) for v in variables]  # pylint: disable=protected-access
         self._names = [v.path for v in variables]
         dtype = dtypes.pop()
+        # Keras makes the state from variables of each slice's shape; the
+        # slices are then updated in variables that hold their elements only
+        # during an update (module doc), under the same keys.
         with strategy.scope():
-            self._shards = [keras.Variable(tf.zeros([length], dtype), trainable=False,
-                                           name=f"{variable.name}_shard")
-                            for variable, length in zip(variables, self._layout.slice_sizes)]
+            stand_ins = [keras.Variable(tf.zeros([length], dtype), trainable=False,
+                                        name=f"{variable.name}_shard")
+                         for variable, length in zip(variables, self._layout.slice_sizes)]
         record = sharded_checkpoints.BuildRecord()
-        with record.recording(optimizer, self._shards):
-            keras_build(self._shards)
+        with record.recording(optimizer, stand_ins):
+            keras_build(stand_ins)
+        with strategy.scope():
+            self._shards = [tf.Variable(tf.zeros([length], dtype), shape=tf.TensorShape([None]),
+                                        trainable=False, name=f"{variable.name}_shard")
+                            for variable, length in zip(variables, self._layout.slice_sizes)]
+        indices = optimizer._trainable_variables_indices  # pylint: disable=protected-access
+        for stand_in, shard in zip(stand_ins, self._shards):
+            indices[optimizer._var_key(shard)] = indices[  # pylint: disable=protected-access
+                optimizer._var_key(stand_in)]  # pylint: disable=protected-access
+            for variable in (stand_in.value, shard):
+                for component in strategy.experimental_local_results(variable):
+                    _release(component)
         self._ordinary = sharded_checkpoints.OrdinaryLayout(
             record, sharded_checkpoints.Shards(strategy, self._layout), variables)
         for state in record.state_variables():  # (saved alone, one slice would pass for all)
             object.__setattr__(state.value, "_serialize_to_tensors", self._refuse_saving)
-        indices = optimizer._trainable_variables_indices  # pylint: disable=protected-access
         for variable in variables:  # (apply checks they are known; never updated one by one)
             indices[optimizer._var_key(variable)] = 0  # pylint: disable=protected-access
 
@@ -277,7 +295,7 @@ class ShardedOptimizerState:
         """Replica ``replica`` updates its slice of weight ``weight`` from
         ``gradient`` (that slice of the summed gradient); the slices are
         gathered and every replica's ``variable`` is whole again."""
-        layout, shard = self._layout, self._shards[weight].value
+        layout, shard = self._layout, self._shards[weight]
         own_slice = layout.own_slice(weight, variable, replica)
 
         def update_shard(strategy, own_slice, gradient):
@@ -288,11 +306,13 @@ class ShardedOptimizerState:
             strategy.extended.update(shard, update, args=(own_slice, gradient), group=False)
 
         context.merge_call(update_shard, args=(own_slice, gradient))
-        gathered = context.all_gather(shard.read_value(), axis=0)
+        updated = tf.ensure_shape(shard.read_value(), [layout.slice_sizes[weight]])
+        gathered = context.all_gather(updated, axis=0)
 
         def assign_weight(strategy, value):
             strategy.extended.update(variable, lambda v, x: v.assign(x), args=(value,),
                                      group=False)
+            strategy.extended.update(shard, _release, group=False)
 
         context.merge_call(assign_weight, args=(layout.whole(weight, gathered),))
 
@@ -340,6 +360,14 @@ class ShardedOptimizerState:
                 "each step. Give every trainable weight a gradient, or drop the sharding.")
         ordered = [given[key] for key in self._keys]
         return [g for g, _ in ordered], [v for _, v in ordered]
+
+
+def _release(slice_variable) -> None:
+    """Frees a slice variable's elements until its next update, as FSDP
+    frees its unsharded parameters (its shape is ``[None]``, so it may
+    hold none)."""
+    tf.raw_ops.AssignVariableOp(resource=slice_variable.handle,
+                                value=tf.zeros([0], slice_variable.dtype), validate_shape=False)
 
 
 def _check_optimizer(sharding, optimizer) -> None:
