@@ -229,8 +229,11 @@ class ShardedOptimizerState:
             "the whole state.")
 
     def _build(self, optimizer, keras_build, variables, strategy) -> None:
-        """The optimizer's state for one shard, per replica; the model's
-        weights registered, so Keras accepts them in ``apply``."""
+        """Per replica, the optimizer's state for its slice of each weight
+        (built by Keras from stand-ins of the slices' shapes, emptied once
+        built), the shapeless slice variables the updates run in (under the
+        stand-ins' keys), and the model's weights registered, so Keras
+        accepts them in ``apply``."""
         import keras  # pylint: disable=import-outside-toplevel
 
         variables = list(variables)
