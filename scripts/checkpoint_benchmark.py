@@ -2,6 +2,7 @@
 
     python scripts/checkpoint_benchmark.py            # 25.6M weights, ~10 min here
     python scripts/checkpoint_benchmark.py --quick    # every path, tiny model, ~1 min
+    python scripts/checkpoint_benchmark.py --spare_core   # the writer on a core of its own
 
 A 25.6M-parameter embedding classifier (a 400,000 x 64 table, ~100 MB of
 weights, SGD) trains under MirroredStrategy(2) (logical CPUs) with
@@ -23,8 +24,13 @@ reports its host memory peak over its RSS before training, and the time a
 save holds the training thread (``blocking``) and until its files are
 complete (``complete``), as medians over its saves.
 
+With ``--spare_core`` everything runs as above on the first CPU only,
+except TensorFlow's background writer thread, which gets the second: what
+background saves cost where the writer does not share the cores training
+uses (the default run shares them, as a job on every core does).
+
 Outputs in ``--output_dir``: checkpoint_benchmark.json and .md (the docs'
-table).
+table); checkpoint_benchmark_spare_core.json and .md with ``--spare_core``.
 """
 
 import json
@@ -37,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Optional
 
 from absl import app, flags, logging
 
@@ -53,6 +60,9 @@ flags.DEFINE_integer("every", 20, "Steps between checkpoints.")
 flags.DEFINE_integer("window_steps", 240, "Steps per timed window (one fit).")
 flags.DEFINE_integer("rounds", 5, "Timed rounds.")
 flags.DEFINE_integer("global_batch_size", 256, "Global batch size.")
+flags.DEFINE_bool("spare_core", False,
+                  "Train on the first CPU only and give TensorFlow's background writer thread "
+                  "the second (needs 2 CPUs).")
 flags.DEFINE_string("memory_of", None, "(internal) measure one form in this process.")
 FLAGS = flags.FLAGS
 
@@ -65,7 +75,43 @@ def _rss_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+class _Cores:
+    """With ``--spare_core``: training on one CPU, the writer on another."""
+
+    def __init__(self):
+        self.training, self.writer = None, None
+        self.writer_threads = set()  # native ids of the writer threads placed
+        self.all_cpus = os.sched_getaffinity(0)  # for the processes this one starts
+        if not FLAGS.spare_core:
+            return
+        cpus = sorted(self.all_cpus)
+        if len(cpus) < 2:
+            raise SystemExit(f"--spare_core needs 2 CPUs; this process may use {cpus}.")
+        self.training, self.writer = {cpus[0]}, {cpus[1]}
+        for thread in os.listdir("/proc/self/task"):  # threads made later inherit it
+            os.sched_setaffinity(int(thread), self.training)
+
+    def place_writer(self, checkpoint) -> None:
+        """Moves TensorFlow's writer thread (alive after an async save) to its CPU."""
+        writes = checkpoint.writes
+        helper = writes._helper() if writes is not None else None  # pylint: disable=protected-access
+        thread = getattr(helper, "_async_save_thread", None)
+        if self.writer and thread is not None and thread.native_id is not None:
+            os.sched_setaffinity(thread.native_id, self.writer)
+            self.writer_threads.add(thread.native_id)
+
+    def describe(self) -> dict:
+        return {"training_cpus": sorted(self.training or os.sched_getaffinity(0)),
+                "writer_cpus": sorted(self.writer or os.sched_getaffinity(0)),
+                "writer_threads_placed": len(self.writer_threads)}
+
+
+_CORES: Optional[_Cores] = None  # set by _setup, once flags are parsed
+
+
 def _setup():
+    global _CORES  # pylint: disable=global-statement
+    _CORES = _Cores()
     import tfdist  # pylint: disable=import-outside-toplevel
 
     tfdist.strategies.configure_logical_cpus(2)
@@ -93,6 +139,7 @@ class _StepClock:
             def __init__(self):
                 super().__init__()
                 self.times = []
+                self.saves_after = []  # how many steps had ended at each save
 
             def on_train_batch_end(self, batch, logs=None):
                 self.times.append(time.perf_counter())
@@ -113,6 +160,11 @@ class _Form:
                           loss="sparse_categorical_crossentropy")
         self.form, self.root, self.saves, self.steady = form, root, [], []
         self.directory = os.path.join(root, form)
+        self.clock = None  # the running fit's step clock
+        # Step durations by steps since the last save (0: the step whose
+        # end the save follows), over the timed windows; "none" has no
+        # saves and counts every step at 0.
+        self.since_save = [[] for _ in range(FLAGS.every)]
         self.trainer = tfdist.Trainer(
             model, strategy, checkpoint_dir=None if form == "none" else self.directory,
             checkpoint_every_steps=FLAGS.every, checkpoint_every_epoch=False,
@@ -125,14 +177,17 @@ class _Form:
                 start = time.perf_counter()
                 path = save(*args, **kwargs)
                 self.saves.append(time.perf_counter() - start)
+                self.clock.saves_after.append(len(self.clock.times))
+                _CORES.place_writer(checkpoint)
                 return path
 
             checkpoint.save = timed_save
 
     def run(self, dataset, steps: int) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)  # nothing to restore
-        clock = _StepClock()
+        clock = self.clock = _StepClock()
         self.trainer.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[clock])
+        self._count_steps_since_save(clock)
         if len(clock.times) > FLAGS.every:
             # Steps per second from the first save on, to the window's last
             # step: every save's copy and write, not the wait for the last
@@ -140,6 +195,29 @@ class _Form:
             first = FLAGS.every - 1
             self.steady.append((len(clock.times) - 1 - first)
                                / (clock.times[-1] - clock.times[first]))
+
+    def _count_steps_since_save(self, clock) -> None:
+        """Files each step's duration under the steps since the last save
+        (a save runs after a step's end, so it falls in the next step's)."""
+        last_save = None
+        saves = iter(clock.saves_after)
+        next_save = next(saves, None)
+        for index in range(1, len(clock.times)):
+            while next_save is not None and next_save <= index:
+                last_save, next_save = next_save, next(saves, None)
+            if last_save is None and clock.saves_after:
+                continue  # before the window's first save
+            since = 0 if last_save is None else index - last_save
+            if since < FLAGS.every:
+                self.since_save[since].append(clock.times[index] - clock.times[index - 1])
+
+    def steps_after_save_ms(self, step_without_saves: float) -> dict:
+        """What a save adds to the step it falls in and to the steps after
+        it, in ms over ``step_without_saves`` (medians by position)."""
+        extra = [1e3 * (statistics.median(durations) - step_without_saves)
+                 for durations in self.since_save if durations]
+        return {"save_step_ms": extra[0], "later_steps_ms": sum(extra[1:]),
+                "by_steps_since_save_ms": extra}
 
 
 def _measure_memory(form: str) -> dict:
@@ -189,9 +267,12 @@ def _measure_memory(form: str) -> dict:
 def _memory_in_subprocess(form: str) -> dict:
     argv = [sys.executable, __file__, f"--memory_of={form}"] + [
         f"--{name}={getattr(FLAGS, name)}"
-        for name in ("vocabulary", "dimension", "every", "global_batch_size", "quick")]
+        for name in ("vocabulary", "dimension", "every", "global_batch_size", "quick",
+                     "spare_core")]
+    every_cpu = _CORES.all_cpus  # the child places its own threads
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+                               preexec_fn=lambda: os.sched_setaffinity(0, every_cpu))
     try:
         out, _ = process.communicate(timeout=900)
     finally:
@@ -218,6 +299,13 @@ def _markdown(result: dict) -> str:
         rows.append(f"| {form} | {cell} | {steady_cell} | {memory.get('blocking_ms', 0):.0f} ms | "
                     f"{memory.get('complete_ms', 0):.0f} ms | "
                     f"{memory['peak_over_before_mb']:.0f} MB |")
+    rows += ["", f"What a save adds to the timed windows' steps (ms over the median step "
+                 f"without saves, {result['step_without_saves_ms']:.1f} ms):", "",
+             "| form | the step the save falls in | the steps after it, in all | per save |",
+             "|---|---|---|---|"]
+    for form, added in result["what_a_save_adds"].items():
+        rows.append(f"| {form} | {added['save_step_ms']:.1f} ms | {added['later_steps_ms']:.1f} ms "
+                    f"| {added['save_step_ms'] + added['later_steps_ms']:.1f} ms |")
     return "\n".join(rows) + "\n"
 
 
@@ -238,30 +326,40 @@ def main(argv):
         forms = {form: _Form(tfdist, strategy, form, root) for form in FORMS}
         for runner in forms.values():  # traced, built, a save or two warmed up
             runner.run(dataset, 2 * FLAGS.every)
+            runner.since_save = [[] for _ in range(FLAGS.every)]
         runners = {form: (lambda steps, runner=forms[form]: runner.run(dataset, steps))
                    for form in FORMS}
         timeline = timing.alternate(runners, FLAGS.rounds, FLAGS.window_steps, FLAGS.global_batch_size,
                                     reference="none")
         waits = forms["async"].trainer._checkpoint.writes.waits  # pylint: disable=protected-access
         steady = {form: forms[form].steady[1:] for form in FORMS}  # (not the warm-up fit)
+        step_without_saves = statistics.median(forms["none"].since_save[0])
+        after_save = {form: forms[form].steps_after_save_ms(step_without_saves)
+                      for form in ("sync", "async")}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     parameters = FLAGS.vocabulary * FLAGS.dimension + FLAGS.dimension * CLASSES + CLASSES
     result = {
         "config": {"parameters": parameters, "every": FLAGS.every,
                    "window_steps": FLAGS.window_steps, "rounds": FLAGS.rounds,
-                   "global_batch_size": FLAGS.global_batch_size, "strategy": "mirrored:2"},
+                   "global_batch_size": FLAGS.global_batch_size, "strategy": "mirrored:2",
+                   "spare_core": FLAGS.spare_core, **_CORES.describe()},
         "rates": timing.rates_by_name(timeline),
         "vs_none": timing.paired_ratios(timeline, "none"),
         "async_waits_for_previous_write": waits,
+        "step_without_saves_ms": 1e3 * step_without_saves,
+        "what_a_save_adds": after_save,
         "steady_vs_none": {form: statistics.median(steady[form]) / statistics.median(steady["none"])
                            for form in FORMS if steady[form] and steady["none"]},
         "memory": {form: _memory_in_subprocess(form) for form in FORMS},
     }
     table = _markdown(result)
-    outputs.write_results(FLAGS.output_dir, "checkpoint_benchmark", result, table)
+    name = "checkpoint_benchmark_spare_core" if FLAGS.spare_core else "checkpoint_benchmark"
+    outputs.write_results(FLAGS.output_dir, name, result, table)
+    cores = (f"training on CPU {result['config']['training_cpus']}, the writer on CPU "
+             f"{result['config']['writer_cpus']}" if FLAGS.spare_core else "on every CPU")
     print(f"{parameters / 1e6:.1f}M parameters, a checkpoint every {FLAGS.every} steps, "
-          f"MirroredStrategy(2):\n{table}", flush=True)
+          f"MirroredStrategy(2), {cores}:\n{table}", flush=True)
 
 
 if __name__ == "__main__":

@@ -100,7 +100,25 @@ def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
     for form in ("sync", "async"):
         memory = result["memory"][form]
         assert memory["checkpoint_mb"] > 0 and memory["complete_ms"] > 0, memory
+        # what a save adds, by steps since the save: one median per step of the interval
+        assert len(result["what_a_save_adds"][form]["by_steps_since_save_ms"]) == 20
+    assert result["step_without_saves_ms"] > 0
     assert "| async |" in (tmp_path / "checkpoint_benchmark.md").read_text()
+    assert "the step the save falls in" in (tmp_path / "checkpoint_benchmark.md").read_text()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--spare_core needs 2 CPUs")
+def test_checkpoint_benchmark_spare_core_gives_the_writer_a_cpu_of_its_own(tmp_path):
+    """--spare_core: training on one CPU, TensorFlow's writer thread moved
+    to another (every async save's thread), each form still timed."""
+    _run_benchmark(tmp_path, ["--quick", "--spare_core"], 600, "checkpoint_benchmark.py")
+    result = json.loads((tmp_path / "checkpoint_benchmark_spare_core.json").read_text())
+    config = result["config"]
+    assert config["spare_core"] and len(config["training_cpus"]) == 1, config
+    assert len(config["writer_cpus"]) == 1 and config["writer_cpus"] != config["training_cpus"]
+    assert config["writer_threads_placed"] >= 1, config
+    assert all(min(rates) > 0 for rates in result["rates"].values())
+    assert not (tmp_path / "checkpoint_benchmark.json").exists()
 
 
 def test_sharding_benchmark_quick_measures_both_forms(tmp_path):
