@@ -161,10 +161,8 @@ class _Form:
         self.form, self.root, self.saves, self.steady = form, root, [], []
         self.directory = os.path.join(root, form)
         self.clock = None  # the running fit's step clock
-        # Step durations by steps since the last save (0: the step whose
-        # end the save follows), over the timed windows; "none" has no
-        # saves and counts every step at 0.
-        self.since_save = [[] for _ in range(FLAGS.every)]
+        self.since_save = None  # step durations by steps since the last save
+        self.forget_steps()
         self.trainer = tfdist.Trainer(
             model, strategy, checkpoint_dir=None if form == "none" else self.directory,
             checkpoint_every_steps=FLAGS.every, checkpoint_every_epoch=False,
@@ -196,6 +194,13 @@ class _Form:
             self.steady.append((len(clock.times) - 1 - first)
                                / (clock.times[-1] - clock.times[first]))
 
+    def forget_steps(self) -> None:
+        """Starts `since_save` afresh (after the warm-up): per position, the
+        durations of the steps that many steps after a save (0: the step
+        the save falls in, from the end of the step before it to the end
+        of the next); "none" has no saves and counts every step at 0."""
+        self.since_save = [[] for _ in range(FLAGS.every)]
+
     def _count_steps_since_save(self, clock) -> None:
         """Files each step's duration under the steps since the last save
         (a save runs after a step's end, so it falls in the next step's)."""
@@ -215,8 +220,9 @@ class _Form:
         """What a save adds to the step it falls in and to the steps after
         it, in ms over ``step_without_saves`` (medians by position)."""
         extra = [1e3 * (statistics.median(durations) - step_without_saves)
-                 for durations in self.since_save if durations]
-        return {"save_step_ms": extra[0], "later_steps_ms": sum(extra[1:]),
+                 if durations else None for durations in self.since_save]
+        return {"save_step_ms": extra[0],
+                "later_steps_ms": sum(value for value in extra[1:] if value is not None),
                 "by_steps_since_save_ms": extra}
 
 
@@ -326,7 +332,7 @@ def main(argv):
         forms = {form: _Form(tfdist, strategy, form, root) for form in FORMS}
         for runner in forms.values():  # traced, built, a save or two warmed up
             runner.run(dataset, 2 * FLAGS.every)
-            runner.since_save = [[] for _ in range(FLAGS.every)]
+            runner.forget_steps()
         runners = {form: (lambda steps, runner=forms[form]: runner.run(dataset, steps))
                    for form in FORMS}
         timeline = timing.alternate(runners, FLAGS.rounds, FLAGS.window_steps, FLAGS.global_batch_size,
