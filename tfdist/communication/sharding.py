@@ -230,10 +230,11 @@ class ShardedOptimizerState:
 
     def _build(self, optimizer, keras_build, variables, strategy) -> None:
         """Per replica, the optimizer's state for its slice of each weight
-        (built by Keras from stand-ins of the slices' shapes, emptied once
-        built), the shapeless slice variables the updates run in (under the
-        stand-ins' keys), and the model's weights registered, so Keras
-        accepts them in ``apply``."""
+        (built by Keras from stand-ins of the slices' shapes, emptied before
+        it builds), the shapeless slice variables the updates run in (made
+        empty, under the stand-ins' keys), and the model's weights
+        registered, so Keras accepts them in ``apply``. Nothing but the
+        state is allocated beside the weights."""
         import keras  # pylint: disable=import-outside-toplevel
 
         variables = list(variables)
@@ -246,27 +247,28 @@ class ShardedOptimizerState:
         self._keys = [optimizer._var_key(v) for v in variables]  # pylint: disable=protected-access
         self._names = [v.path for v in variables]
         dtype = dtypes.pop()
-        # Keras makes the state from variables of each slice's shape; the
+        # Keras makes the state from variables of each slice's shape (it
+        # reads their shape and dtype only, so they are emptied first); the
         # slices are then updated in variables that hold their elements only
-        # during an update (module doc), under the same keys.
+        # during an update (module doc), made empty, under the same keys.
         with strategy.scope():
             stand_ins = [keras.Variable(tf.zeros([length], dtype), trainable=False,
                                         name=f"{variable.name}_shard")
                          for variable, length in zip(variables, self._layout.slice_sizes)]
+            for stand_in in stand_ins:
+                for component in strategy.experimental_local_results(stand_in.value):
+                    _release(component)
         record = sharded_checkpoints.BuildRecord()
         with record.recording(optimizer, stand_ins):
             keras_build(stand_ins)
         with strategy.scope():
-            self._shards = [tf.Variable(tf.zeros([length], dtype), shape=tf.TensorShape([None]),
+            self._shards = [tf.Variable(tf.zeros([0], dtype), shape=tf.TensorShape([None]),
                                         trainable=False, name=f"{variable.name}_shard")
-                            for variable, length in zip(variables, self._layout.slice_sizes)]
+                            for variable in variables]
         indices = optimizer._trainable_variables_indices  # pylint: disable=protected-access
         for stand_in, shard in zip(stand_ins, self._shards):
             indices[optimizer._var_key(shard)] = indices[  # pylint: disable=protected-access
                 optimizer._var_key(stand_in)]  # pylint: disable=protected-access
-            for variable in (stand_in.value, shard):
-                for component in strategy.experimental_local_results(variable):
-                    _release(component)
         self._ordinary = sharded_checkpoints.OrdinaryLayout(
             record, sharded_checkpoints.Shards(strategy, self._layout), variables)
         for state in record.state_variables():  # (saved alone, one slice would pass for all)
