@@ -233,8 +233,8 @@ class ShardedOptimizerState:
         (built by Keras from stand-ins of the slices' shapes, emptied before
         it builds), the shapeless slice variables the updates run in (made
         empty, under the stand-ins' keys), and the model's weights
-        registered, so Keras accepts them in ``apply``. Nothing but the
-        state is allocated beside the weights."""
+        registered, so Keras accepts them in ``apply``. Once built, only
+        the state is allocated beside the weights."""
         import keras  # pylint: disable=import-outside-toplevel
 
         variables = list(variables)
