@@ -26,9 +26,10 @@ clip norm, mixed precision's finite check, gradient accumulation's
 branch) they are made as usual. The variable the optimizer updates a
 weight's slice in holds its elements only during that update, and none
 between steps, as FSDP frees its unsharded parameters: Keras builds the
-state from variables of each slice's shape, which are emptied once built,
-and the update runs in shapeless variables under the same keys. The
-figures: the Large models guide.
+state from variables of each slice's shape, emptied before it builds (it
+reads their shape and dtype only), and the update runs in shapeless
+variables, made empty, under the same keys. The figures: the Large models
+guide.
 
 The math is the one-device math: an elementwise optimizer (SGD, momentum,
 Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, Lion) updates each weight
