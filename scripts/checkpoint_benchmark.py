@@ -163,10 +163,11 @@ class _Form:
         self.clock = None  # the running fit's step clock
         self.since_save = None  # step durations by steps since the last save
         self.forget_steps()
-        self.trainer = tfdist.Trainer(
-            model, strategy, checkpoint_dir=None if form == "none" else self.directory,
-            checkpoint_every_steps=FLAGS.every, checkpoint_every_epoch=False,
-            async_checkpoint=form == "async", log_every_steps=10**9)
+        self.trainer = tfdist.Trainer(model, strategy,
+            checkpointing=tfdist.CheckpointOptions(
+                None if form == "none" else self.directory, every_steps=FLAGS.every,
+                every_epoch=False, async_write=form == "async"),
+            reporting=tfdist.ReportingOptions(log_every_steps=10**9))
         checkpoint = self.trainer._checkpoint  # pylint: disable=protected-access
         if checkpoint is not None:  # time each save in the training thread
             save = checkpoint.save

@@ -72,7 +72,7 @@ def _worker() -> None:
                           metrics=["accuracy"])
         communication = None if name == "none" else Compression(name)
         return model, tfdist.Trainer(model, strategy, communication=communication,
-                                     log_every_steps=10**9)
+            reporting=tfdist.ReportingOptions(log_every_steps=10**9))
 
     runs = {name: build(name) for name in CONFIGS}
     windows = {name: [] for name in CONFIGS}

@@ -92,7 +92,7 @@ def _worker() -> None:
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         communication = tfdist.communication.ShardedOptimizerState() if form == "sharded" else None
         return model, tfdist.Trainer(model, strategy, communication=communication,
-                                     log_every_steps=10**9)
+            reporting=tfdist.ReportingOptions(log_every_steps=10**9))
 
     task = tfdist.cluster.training_process().rank
     if FLAGS.part == "memory":

@@ -113,7 +113,7 @@ def _worker() -> None:
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         parameters = model.count_params()
         trainer = tfdist.Trainer(model, strategy, communication=_communication(config),
-                                 log_every_steps=10**9)
+            reporting=tfdist.ReportingOptions(log_every_steps=10**9))
         callback = Copies()
         trainer.fit(stream, epochs=windows, steps_per_epoch=FLAGS.eval_every,
                     callbacks=[callback], verbose=0)

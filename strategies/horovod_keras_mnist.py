@@ -90,7 +90,7 @@ def main(args):
     # strategy starts every replica from the chief's weights and reduces
     # gradients and metrics. The chief alone writes checkpoints, and a
     # restarted job resumes from them.
-    tfdist.attach(model, strategy, checkpoint_dir=args.checkpoint_dir)
+    tfdist.attach(model, strategy, checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir))
     history = model.fit(dataset, steps_per_epoch=steps_per_epoch, epochs=args.epochs, verbose=1)
     if args.results_dir:
         write_results(args.results_dir, process, model, history)

@@ -41,12 +41,11 @@ def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=N
     )
     with strategy.scope():
         classifier = build_classifier(model, info, learning_rate, seed)
-    trainer = tfdist.Trainer(
-        classifier, strategy, checkpoint_dir=model_dir,
-        steps_per_execution=steps_per_execution, partial_batch=partial_batch,
+    trainer = tfdist.Trainer(classifier, strategy, steps_per_execution=steps_per_execution,
         jit_compile=jit_compile, static_shapes=static_shapes,
-        log_every_steps=log_every_steps, global_batch_size=batch_size,
-    )
+        checkpointing=tfdist.CheckpointOptions(model_dir),
+        data=tfdist.DataOptions(partial_batch=partial_batch, global_batch_size=batch_size),
+        reporting=tfdist.ReportingOptions(log_every_steps=log_every_steps))
     if getattr(strategy.extended, "should_checkpoint", True):
         print(f"{strategy.num_replicas_in_sync} replicas | {dataset}: "
               f"{info['train_examples']} training examples | global batch {batch_size}",

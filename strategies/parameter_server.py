@@ -68,10 +68,9 @@ def main(argv):
     shards = tfdist.strategies.sharded.shards(table)
     print(f"embedding {tuple(table.shape)} in {len(shards)} shard(s): "
           + ", ".join(v.device for v in shards), flush=True)
-    trainer = tfdist.Trainer(
-        model, strategy, checkpoint_dir=FLAGS.model_dir,
-        steps_per_execution=FLAGS.steps_per_execution, log_every_steps=FLAGS.log_every_steps,
-    )
+    trainer = tfdist.Trainer(model, strategy, steps_per_execution=FLAGS.steps_per_execution,
+        checkpointing=tfdist.CheckpointOptions(FLAGS.model_dir),
+        reporting=tfdist.ReportingOptions(log_every_steps=FLAGS.log_every_steps))
     trainer.fit(train, epochs=FLAGS.epochs, steps_per_epoch=FLAGS.steps_per_epoch,
                 validation_data=test)
     results = trainer.evaluate(test)

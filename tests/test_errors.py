@@ -101,7 +101,8 @@ def test_validation_data_of_the_wrong_form(make_strategy, bad):
 
 def test_pad_needs_batch_divisible_by_replicas(make_strategy):
     strategy = make_strategy(3)
-    trainer = tfdist.Trainer(_compiled_in(strategy), strategy, partial_batch="pad")
+    trainer = tfdist.Trainer(_compiled_in(strategy), strategy,
+        data=tfdist.DataOptions(partial_batch="pad"))
     with pytest.raises(tfdist.errors.ConfigurationError, match="divisible by the 3 replicas; got 16"):
         trainer.fit(ref.global_batches(40, 16), verbose=0)
 
@@ -109,7 +110,8 @@ def test_pad_needs_batch_divisible_by_replicas(make_strategy):
 def test_unknown_partial_batch_policy(make_strategy):
     strategy = make_strategy(2)
     with pytest.raises(tfdist.errors.ConfigurationError, match="`partial_batch` \\('trim'\\)"):
-        tfdist.Trainer(_compiled_in(strategy), strategy, partial_batch="trim")
+        tfdist.Trainer(_compiled_in(strategy), strategy,
+            data=tfdist.DataOptions(partial_batch="trim"))
 
 
 def test_jit_compile_rejects_masked_losses(make_strategy):
@@ -123,7 +125,8 @@ def test_jit_compile_rejects_masked_losses(make_strategy):
         model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
     tokens = np.array([[1, 2, 0, 0]] * 8, "int32")
     data = tf.data.Dataset.from_tensor_slices((tokens, np.ones((8, 4), "int64"))).batch(4)
-    trainer = tfdist.Trainer(model, strategy, jit_compile=True, partial_batch="pad")
+    trainer = tfdist.Trainer(model, strategy, jit_compile=True,
+        data=tfdist.DataOptions(partial_batch="pad"))
     with pytest.raises(Exception, match="jit_compile=True supports losses without Keras masks"):
         trainer.fit(data, verbose=0)
 
@@ -199,7 +202,8 @@ def test_every_error_class_lives_in_tfdist_errors():
     ({"steps_per_exection": 2}, r"tfdist\.attach got unknown option\(s\) 'steps_per_exection'; "
                                 r"it takes .*steps_per_execution"),
     ({"steps_per_execution": 0}, r"`steps_per_execution` \(0\) must be a positive integer"),
-    ({"partial_batch": "trim"}, r"`partial_batch` \('trim'\) must be one of"),
+    ({"partial_batch": "trim"}, r"`partial_batch=` is now `data=tfdist\.DataOptions\(partial_batch=\.\.\.\)`"),
+    ({"data": "pad"}, r"`data` must be a tfdist\.DataOptions \(or None\); got str 'pad'"),
 ])
 def test_attach_checks_its_trainer_options_when_called(make_strategy, options, message):
     """Before any fit: a misspelt or bad option is an error at ``attach``."""

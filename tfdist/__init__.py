@@ -39,7 +39,10 @@ __version__ = "0.1.0"
 
 _NAMES = {
     "Batch": "tfdist.data.batch",
+    "CheckpointOptions": "tfdist.training.options",
+    "DataOptions": "tfdist.training.options",
     "Preempted": "tfdist.cluster.stop_signals",
+    "ReportingOptions": "tfdist.training.options",
     "Trainer": "tfdist.training.trainer",
     "attach": "tfdist.training.keras_fit",
     "detach": "tfdist.training.keras_fit",

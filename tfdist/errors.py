@@ -67,7 +67,7 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint does not match the model and optimizer being restored.
 
     Raised by `Trainer.fit` (and ``TrainingCheckpoint.restore_latest``)
-    before anything is written; the fix is a new ``checkpoint_dir`` or the
+    before anything is written; the fix is a new checkpoint directory or the
     model that wrote it. A ``ValueError``, so existing handlers catch it:
 
     >>> import tfdist
@@ -77,7 +77,7 @@ class CheckpointMismatchError(ValueError):
 
 
 class CheckpointWriteError(RuntimeError):
-    """A checkpoint written in the background (``async_checkpoint=True``)
+    """A checkpoint written in the background (``CheckpointOptions(async_write=True)``)
     failed; the message names its path and TensorFlow's error. Raised in the
     training loop at the next step; the checkpoints before it are intact."""
 

@@ -66,7 +66,7 @@ def builders(strategy, model_name: str, batch_size: int, steps_per_execution: in
         import tfdist  # pylint: disable=import-outside-toplevel
 
         trainer = tfdist.Trainer(model(), strategy, steps_per_execution=spe,
-                                 log_every_steps=log_every_steps)
+            reporting=tfdist.ReportingOptions(log_every_steps=log_every_steps))
         return lambda steps: trainer.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
 
     def tfdist_attach():

@@ -101,13 +101,13 @@ def main(argv) -> None:
         communication = tfdist.communication.LocalSGD(args.local_sgd)
     elif args.sharded_state:
         communication = tfdist.communication.ShardedOptimizerState()
-    trainer = tfdist.Trainer(
-        model, strategy, checkpoint_dir=args.checkpoint_dir,
-        max_to_keep=2, checkpoint_every_steps=args.checkpoint_every_steps,
-        async_checkpoint=args.async_checkpoint, data_service=args.data_service,
-        communication=communication,
-        log_every_steps=args.log_every_steps, steps_per_execution=args.steps_per_execution,
-    )
+    trainer = tfdist.Trainer(model, strategy, communication=communication,
+        steps_per_execution=args.steps_per_execution,
+        checkpointing=tfdist.CheckpointOptions(
+            args.checkpoint_dir, max_to_keep=2, every_steps=args.checkpoint_every_steps,
+            async_write=args.async_checkpoint),
+        data=tfdist.DataOptions(data_service=args.data_service),
+        reporting=tfdist.ReportingOptions(log_every_steps=args.log_every_steps))
     trainer.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=1)
 
 

@@ -71,8 +71,9 @@ def test_finished_fits_leave_no_writer_thread_behind(make_strategy, tmp_path):
     for run in range(3):
         with strategy.scope():
             model = ref.compile_model(ref.build_mlp(), "sgd")
-        trainer = tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path / f"run{run}"),
-                                 async_checkpoint=True, checkpoint_every_steps=2)
+        trainer = tfdist.Trainer(model, strategy,
+            checkpointing=tfdist.CheckpointOptions(str(tmp_path / f"run{run}"), async_write=True,
+                                                   every_steps=2))
         trainer.fit(ref.global_batches(70, 16), epochs=2, verbose=0)
         assert trainer._checkpoint.latest.endswith("ckpt-10")  # pylint: disable=protected-access
         assert writer_threads() == set(), writer_threads()
@@ -108,8 +109,8 @@ def test_a_failed_background_write_is_raised_in_fit_naming_the_checkpoint(make_s
     strategy = make_strategy(2)
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "sgd")
-    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=str(directory),
-                             checkpoint_every_steps=2, async_checkpoint=True)
+    trainer = tfdist.Trainer(model, strategy,
+        checkpointing=tfdist.CheckpointOptions(str(directory), every_steps=2, async_write=True))
 
     class BreakTheDirectory(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -137,8 +138,8 @@ def test_attached_keras_fit_with_async_saves_resumes_like_one_device(make_strate
         strategy = make_strategy(replicas)
         with strategy.scope():
             model = ref.compile_model(ref.build_mlp(), "adam")
-        return tfdist.attach(model, strategy, checkpoint_dir=str(tmp_path),
-                             checkpoint_every_steps=3, async_checkpoint=True)
+        return tfdist.attach(model, strategy,
+            checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=3, async_write=True))
 
     first = attached(4)
     with pytest.raises(KeyboardInterrupt):

@@ -15,10 +15,11 @@ from tests.support.launcher_harness import LauncherRun
 BATCH = 16
 
 
-def _trainer(strategy, checkpoint_dir, **kwargs):
+def _trainer(strategy, checkpoint_dir, **checkpoint_options):
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    return model, tfdist.Trainer(model, strategy, checkpoint_dir=checkpoint_dir, **kwargs)
+    return model, tfdist.Trainer(model, strategy,
+        checkpointing=tfdist.CheckpointOptions(checkpoint_dir, **checkpoint_options))
 
 
 # Serial (tests/conftest.py SERIAL_TESTS).
@@ -30,10 +31,10 @@ def test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device(
     dataset = ref.global_batches(70, BATCH)
     expected_model, expected_history = ref.keras_fit(dataset, 3, "adam")
 
-    _, first = _trainer(make_strategy(4), str(tmp_path), async_checkpoint=async_checkpoint)
+    _, first = _trainer(make_strategy(4), str(tmp_path), async_write=async_checkpoint)
     first.fit(dataset, epochs=2, verbose=0)
     model, second = _trainer(make_strategy(resume_replicas), str(tmp_path),
-                             async_checkpoint=async_checkpoint)
+                             async_write=async_checkpoint)
     history = second.fit(dataset, epochs=3, verbose=0).history
 
     ref.assert_weights_close(expected_model, model)
@@ -48,12 +49,12 @@ def test_resume_mid_epoch_from_step_checkpoint_equals_uninterrupted(
     dataset = ref.global_batches(100, BATCH)  # 7 batches per epoch
     expected_model, _ = ref.keras_fit(dataset, 2, "adam")
 
-    _, first = _trainer(make_strategy(4), str(tmp_path), checkpoint_every_steps=3,
-                        async_checkpoint=async_checkpoint)
+    _, first = _trainer(make_strategy(4), str(tmp_path), every_steps=3,
+                        async_write=async_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         first.fit(dataset, epochs=2, verbose=0, callbacks=[ref.CrashAtStep(11)])
     # Saved at steps 3, 6 (epoch 1), 7 (epoch end), 9 (epoch 2, step 2).
-    model, second = _trainer(make_strategy(3), str(tmp_path), async_checkpoint=async_checkpoint)
+    model, second = _trainer(make_strategy(3), str(tmp_path), async_write=async_checkpoint)
     second.fit(dataset, epochs=2, verbose=0)
 
     ref.assert_weights_close(expected_model, model)
@@ -68,13 +69,13 @@ def test_epoch_resumed_mid_way_reports_the_uninterrupted_loss_and_metrics(
     dataset = ref.global_batches(100, BATCH)  # 7 batches per epoch
     _, expected_history = ref.keras_fit(dataset, 2, "adam")
 
-    _, first = _trainer(make_strategy(first_replicas), str(tmp_path), checkpoint_every_steps=3,
-                        async_checkpoint=async_checkpoint)
+    _, first = _trainer(make_strategy(first_replicas), str(tmp_path), every_steps=3,
+                        async_write=async_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         first.fit(dataset, epochs=2, verbose=0, callbacks=[ref.CrashAtStep(11)])
     # The newest checkpoint is mid-epoch 2 (step 9: 2 of its 7 batches).
     _, second = _trainer(make_strategy(resume_replicas), str(tmp_path),
-                         async_checkpoint=async_checkpoint)
+                         async_write=async_checkpoint)
     history = second.fit(dataset, epochs=2, verbose=0).history
 
     ref.assert_logs_close({k: v[1:] for k, v in expected_history.items()}, history)
@@ -107,7 +108,7 @@ def test_incompatible_checkpoint_raises_and_leaves_directory_untouched(
             keras.layers.Dense(ref.NUM_CLASSES, activation="softmax"),
         ])
         wider.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
-    trainer = tfdist.Trainer(wider, strategy, checkpoint_dir=str(tmp_path))
+    trainer = tfdist.Trainer(wider, strategy, checkpointing=tfdist.CheckpointOptions(str(tmp_path)))
 
     with pytest.raises(tfdist.errors.CheckpointMismatchError, match="does not match"):
         trainer.fit(ref.global_batches(40, BATCH), epochs=2, verbose=0)
@@ -135,8 +136,8 @@ def test_checkpoint_restores_into_single_device_keras_model(make_strategy, tmp_p
 
 def test_step_checkpoints_only_when_epoch_checkpoints_are_off(make_strategy, tmp_path):
     _, trainer = _trainer(
-        make_strategy(2), str(tmp_path), checkpoint_every_steps=2,
-        checkpoint_every_epoch=False, max_to_keep=10,
+        make_strategy(2), str(tmp_path), every_steps=2,
+        every_epoch=False, max_to_keep=10,
     )
     trainer.fit(ref.global_batches(80, BATCH), epochs=2, verbose=0)  # 5 steps/epoch
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -226,7 +227,7 @@ def test_async_checkpoints_under_parameter_servers_are_a_clear_error(tmp_path):
                      ["python", "tests/programs/ps_checkpoint_saves.py",
                       f"--checkpoint_dir={tmp_path}", "--saves=1", "--async_write"]) as run:
         assert run.wait(timeout=300) != 0
-    assert ("async_checkpoint=True is not supported under ParameterServerStrategy"
-            in run.output), run.output[-3000:]
-    assert "Use async_checkpoint=False" in run.output
+    assert ("async_write=True (background writes) is not supported under "
+            "ParameterServerStrategy" in run.output), run.output[-3000:]
+    assert "Use async_write=False" in run.output
     assert not list(tmp_path.glob("ckpt-*"))

@@ -229,16 +229,17 @@ def test_a_resume_mid_epoch_continues_the_outer_optimizer_exactly(make_strategy,
 
     with strategy.scope():
         model = _model()
-    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path), checkpoint_every_steps=2,
-                             communication=LocalSGD(every_steps=3, outer_optimizer=_outer()))
+    trainer = tfdist.Trainer(model, strategy,
+        communication=LocalSGD(every_steps=3, outer_optimizer=_outer()),
+        checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=2))
     with pytest.raises(KeyboardInterrupt):
         trainer.fit(ref.global_batches(EXAMPLES, BATCH), epochs=EPOCHS, verbose=0,
                     callbacks=[StopAfter7()])
     with strategy.scope():
         resumed = _model()
-    trainer = tfdist.Trainer(resumed, strategy, checkpoint_dir=str(tmp_path),
-                             checkpoint_every_steps=2,
-                             communication=LocalSGD(every_steps=3, outer_optimizer=_outer()))
+    trainer = tfdist.Trainer(resumed, strategy,
+        communication=LocalSGD(every_steps=3, outer_optimizer=_outer()),
+        checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=2))
     trainer.fit(ref.global_batches(EXAMPLES, BATCH), epochs=EPOCHS, verbose=0)
     assert trainer.step == EPOCHS * 5
     expected = _reference(2, 3, outer=True, save_every=2)

@@ -19,12 +19,12 @@ from tfdist.errors import ConfigurationError
 BATCH, EXAMPLES = 16, 100
 
 
-def _trainer(strategy, checkpoint_dir, sharded, **options):
+def _trainer(strategy, checkpoint_dir, sharded, **checkpoint_options):
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
     communication = ShardedOptimizerState() if sharded else None
-    return model, tfdist.Trainer(model, strategy, checkpoint_dir=checkpoint_dir,
-                                 communication=communication, **options)
+    return model, tfdist.Trainer(model, strategy, communication=communication,
+        checkpointing=tfdist.CheckpointOptions(checkpoint_dir, **checkpoint_options))
 
 
 def _saved(path) -> dict:
@@ -54,11 +54,11 @@ def test_a_run_stopped_mid_epoch_resumes_anywhere_like_one_device(make_strategy,
     dataset = ref.global_batches(EXAMPLES, BATCH)
     expected, _ = ref.keras_fit(dataset, 2, "adam")
     _, first = _trainer(make_strategy(first_replicas), str(tmp_path), first_sharded,
-                        checkpoint_every_steps=3, async_checkpoint=async_checkpoint)
+                        every_steps=3, async_write=async_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         first.fit(dataset, epochs=2, verbose=0, callbacks=[ref.CrashAtStep(11)])
     model, second = _trainer(make_strategy(replicas), str(tmp_path), sharded,
-                             async_checkpoint=async_checkpoint)
+                             async_write=async_checkpoint)
     second.fit(dataset, epochs=2, verbose=0)
     ref.assert_weights_close(expected, model, atol=1e-5)
     assert second.step == 14

@@ -104,7 +104,7 @@ def _dropout_run(tmp_path, epochs_in_first_call, seed_offset=0):
             model = _dropout_mlp()
         if seed_offset:
             model.layers[1].seed_generator.state.assign([seed_offset, 0])
-        tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path)).fit(
+        tfdist.Trainer(model, strategy, checkpointing=tfdist.CheckpointOptions(str(tmp_path))).fit(
             dataset, epochs=epochs, verbose=0)
         weights = model.get_weights()
     return weights

@@ -101,11 +101,11 @@ def test_resumed_run_on_a_new_dataset_object_sees_the_uninterrupted_orders(
 
     first_strategy = make_strategy(2)
     first = tfdist.Trainer(compiled(first_strategy), first_strategy,
-                           checkpoint_dir=str(tmp_path), checkpoint_every_steps=4)
+        checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=4))
     with pytest.raises(KeyboardInterrupt):  # 6 batches an epoch: crash in epoch 2
         first.fit(shuffled(), epochs=EPOCHS, verbose=0, callbacks=[ref.CrashAtStep(crash_step)])
     strategy = make_strategy(3)
     model = compiled(strategy)
-    tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path)).fit(
+    tfdist.Trainer(model, strategy, checkpointing=tfdist.CheckpointOptions(str(tmp_path))).fit(
         shuffled(), epochs=EPOCHS, verbose=0)
     ref.assert_weights_close(expected, model)

@@ -59,8 +59,8 @@ def test_only_executions_at_a_point_run_one_by_one_and_results_equal_keras(
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
     trainer = tfdist.Trainer(model, strategy, steps_per_execution=steps_per_execution,
-                             log_every_steps=5, checkpoint_every_steps=4,
-                             checkpoint_dir=str(tmp_path))
+        checkpointing=tfdist.CheckpointOptions(every_steps=4, directory=str(tmp_path)),
+        reporting=tfdist.ReportingOptions(log_every_steps=5))
     calls = _record_dispatch(trainer)
     history = trainer.fit(dataset, epochs=2, verbose=0)
 
@@ -86,7 +86,7 @@ def test_a_batch_hook_runs_every_execution_alone(make_strategy):
     strategy = make_strategy(2)
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    trainer = tfdist.Trainer(model, strategy, log_every_steps=5)
+    trainer = tfdist.Trainer(model, strategy, reporting=tfdist.ReportingOptions(log_every_steps=5))
     calls = _record_dispatch(trainer)
     counter = _BatchEndCounter()
     trainer.fit(ref.global_batches(13 * BATCH, BATCH), epochs=1, verbose=0, callbacks=[counter])
@@ -123,8 +123,9 @@ def test_a_stop_inside_a_stretch_saves_that_step_and_the_resumed_run_equals_kera
     def trainer():
         with strategy.scope():
             model = ref.compile_model(ref.build_mlp(), "adam")
-        return model, tfdist.Trainer(model, strategy, log_every_steps=1000,
-                                     checkpoint_dir=str(tmp_path))
+        return model, tfdist.Trainer(model, strategy,
+            checkpointing=tfdist.CheckpointOptions(str(tmp_path)),
+            reporting=tfdist.ReportingOptions(log_every_steps=1000))
 
     model, stopped = trainer()
     calls = _record_dispatch(stopped)

@@ -22,7 +22,9 @@ def train_reference_mlp(epochs: int = EPOCHS, checkpoint_dir=None, callbacks=(),
     strategy = tfdist.make_strategy("multi_worker_mirrored")
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=checkpoint_dir, log_every_steps=2)
+    trainer = tfdist.Trainer(model, strategy,
+        checkpointing=tfdist.CheckpointOptions(checkpoint_dir),
+        reporting=tfdist.ReportingOptions(log_every_steps=2))
     history = trainer.fit(ref.global_batches(EXAMPLES, BATCH), epochs=epochs, verbose=0,
                           callbacks=list(callbacks))
     return {

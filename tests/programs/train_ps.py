@@ -95,9 +95,11 @@ def main():
         def on_train_batch_end(self, batch, logs=None):
             time.sleep(args.step_delay)
 
-    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=args.checkpoint_dir, log_every_steps=args.log_every_steps,
-                             data_service=args.data_service,
-                             checkpoint_every_steps=args.checkpoint_every_steps)
+    trainer = tfdist.Trainer(model, strategy,
+        checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir,
+                                               every_steps=args.checkpoint_every_steps),
+        data=tfdist.DataOptions(data_service=args.data_service),
+        reporting=tfdist.ReportingOptions(log_every_steps=args.log_every_steps))
     try:  # Local SGD has no replicas to average here: a clear error.
         tfdist.Trainer(model, strategy, communication=tfdist.communication.LocalSGD(2))
         local_sgd_error = None

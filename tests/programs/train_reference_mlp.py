@@ -210,12 +210,12 @@ def main():
     if args.own_step:
         _own_step(args, strategy, ref)
         return
-    trainer = tfdist.Trainer(
-        model, strategy, checkpoint_dir=args.checkpoint_dir,
-        checkpoint_every_steps=args.checkpoint_every_steps,
-        log_every_steps=args.log_every_steps, async_checkpoint=args.async_checkpoint,
-        data_service=args.data_service, communication=communication,
-    )
+    trainer = tfdist.Trainer(model, strategy, communication=communication,
+        checkpointing=tfdist.CheckpointOptions(
+            args.checkpoint_dir, every_steps=args.checkpoint_every_steps,
+            async_write=args.async_checkpoint),
+        data=tfdist.DataOptions(data_service=args.data_service),
+        reporting=tfdist.ReportingOptions(log_every_steps=args.log_every_steps))
     overflow_row = 15 if args.mixed_float16 else None
     dataset = (ref.global_batches(args.examples, args.batch_size, overflow_row=overflow_row)
                if args.shuffle_seed is None

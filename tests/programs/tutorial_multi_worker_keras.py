@@ -141,7 +141,8 @@ def main():
     multi_worker_dataset = mnist_setup.mnist_dataset(global_batch_size)
     with strategy.scope():
         multi_worker_model = mnist_setup.build_and_compile_cnn_model()
-    tfdist.attach(multi_worker_model, strategy, checkpoint_dir=backup_dir)  # tfdist
+    tfdist.attach(multi_worker_model, strategy,  # tfdist
+                  checkpointing=tfdist.CheckpointOptions(backup_dir))
     multi_worker_model.fit(multi_worker_dataset, epochs=2, steps_per_epoch=STEPS_PER_EPOCH)
     # test: the job stops after 2 epochs; a restarted job (a new model, a new
     # dataset object, the same directory) trains the third epoch only.
@@ -152,7 +153,8 @@ def main():
     keras.utils.set_random_seed(mnist_setup.SEED + 1)  # other initial weights: restored over
     with strategy.scope():
         multi_worker_model = mnist_setup.build_and_compile_cnn_model()
-    tfdist.attach(multi_worker_model, strategy, checkpoint_dir=backup_dir)  # tfdist
+    tfdist.attach(multi_worker_model, strategy,  # tfdist
+                  checkpointing=tfdist.CheckpointOptions(backup_dir))
     history = multi_worker_model.fit(multi_worker_dataset, epochs=3,
                                      steps_per_epoch=STEPS_PER_EPOCH)
     results["resumed"] = {"history": history.history,

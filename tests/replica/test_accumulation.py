@@ -83,12 +83,12 @@ def test_resume_mid_accumulation_on_another_replica_count(make_strategy, tmp_pat
     first = _accumulating_model(first_strategy)
     with pytest.raises(KeyboardInterrupt):
         # Saved at step 7 (epoch 2, micro-batch 2 of 3), stopped before step 8.
-        tfdist.Trainer(first, first_strategy, checkpoint_dir=str(tmp_path),
-                       checkpoint_every_steps=7).fit(
+        tfdist.Trainer(first, first_strategy,
+            checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=7)).fit(
             dataset, epochs=2, verbose=0, callbacks=[_InterruptAt(1, 2)])
     strategy = make_strategy(2)
     model = _accumulating_model(strategy)
-    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=str(tmp_path))
+    trainer = tfdist.Trainer(model, strategy, checkpointing=tfdist.CheckpointOptions(str(tmp_path)))
     history = trainer.fit(dataset, epochs=2, verbose=0)
     assert trainer.step == 10 and history.epoch == [1]
     ref.assert_weights_close(expected, model)

@@ -128,7 +128,8 @@ def test_options_the_own_step_cannot_honour_are_errors(make_strategy):
     with strategy.scope():
         model = _compiled(GuideTrainStep)
     with pytest.raises(ConfigurationError, match="`jit_compile`.*train_step"):
-        tfdist.Trainer(model, strategy, jit_compile=True, partial_batch="pad")
+        tfdist.Trainer(model, strategy, jit_compile=True,
+            data=tfdist.DataOptions(partial_batch="pad"))
 
 
 def test_global_mean_is_a_plain_mean_outside_tfdist():

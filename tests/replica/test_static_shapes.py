@@ -68,9 +68,11 @@ def test_checkpoints_cross_between_static_and_dynamic_paths(
     dataset = ref.global_batches(PARTIAL, BATCH)
     expected_model, expected_history = ref.keras_fit(dataset, EPOCHS, "adam")
 
-    _, writer = _trainer(make_strategy(4), checkpoint_dir=str(tmp_path), **first)
+    _, writer = _trainer(make_strategy(4), checkpointing=tfdist.CheckpointOptions(str(tmp_path)),
+                         **first)
     writer.fit(dataset, epochs=2, verbose=0)
-    model, reader = _trainer(make_strategy(2), checkpoint_dir=str(tmp_path), **second)
+    model, reader = _trainer(make_strategy(2), checkpointing=tfdist.CheckpointOptions(str(tmp_path)),
+                             **second)
     history = reader.fit(dataset, epochs=EPOCHS, verbose=0).history
 
     ref.assert_weights_close(expected_model, model)
@@ -78,7 +80,8 @@ def test_checkpoints_cross_between_static_and_dynamic_paths(
 
 
 @pytest.mark.parametrize("options, named", [
-    ({"static_shapes": True, "partial_batch": "exact"}, "partial_batch='exact'"),
+    ({"static_shapes": True, "data": tfdist.DataOptions(partial_batch="exact")},
+     "partial_batch='exact'"),
     ({"static_shapes": "yes"}, "`static_shapes`"),
 ])
 def test_bad_static_shape_options_name_the_fix(make_strategy, options, named):

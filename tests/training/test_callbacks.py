@@ -98,7 +98,8 @@ def test_batch_logs_are_not_read_when_no_callback_asks(make_strategy):
     strategy = make_strategy(2)
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    trainer = tfdist.Trainer(model, strategy, log_every_steps=1000)
+    trainer = tfdist.Trainer(model, strategy,
+        reporting=tfdist.ReportingOptions(log_every_steps=1000))
     reads = []
     original = trainer._metrics.results
     trainer._metrics.results = lambda: reads.append(1) or original()

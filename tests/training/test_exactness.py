@@ -97,7 +97,7 @@ def test_drop_policy_equals_keras_on_full_batches(make_strategy):
 
     model, _, history = _tfdist_fit(
         make_strategy(4), ref.global_batches(PARTIAL, BATCH), "sgd",
-        trainer_kwargs={"partial_batch": "drop"},
+        trainer_kwargs={"data": tfdist.DataOptions(partial_batch="drop")},
     )
 
     ref.assert_weights_close(expected_model, model)

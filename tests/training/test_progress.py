@@ -34,7 +34,8 @@ def test_fit_logs_every_n_steps_and_writes_summaries(make_strategy, tmp_path, ca
     strategy = make_strategy(2)
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    trainer = tfdist.Trainer(model, strategy, log_dir=str(tmp_path), log_every_steps=2)
+    trainer = tfdist.Trainer(model, strategy,
+        reporting=tfdist.ReportingOptions(log_dir=str(tmp_path), log_every_steps=2))
     history = trainer.fit(
         ref.global_batches(70, 16), epochs=2, verbose=1,
         validation_data=ref.global_batches(30, 16),
@@ -58,7 +59,7 @@ def test_verbose_zero_prints_nothing(make_strategy, capsys):
     strategy = make_strategy(2)
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    tfdist.Trainer(model, strategy, log_every_steps=1).fit(
+    tfdist.Trainer(model, strategy, reporting=tfdist.ReportingOptions(log_every_steps=1)).fit(
         ref.global_batches(40, 16), epochs=1, verbose=0
     )
     assert "train |" not in capsys.readouterr().out

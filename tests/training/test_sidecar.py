@@ -26,7 +26,7 @@ def _trainer(make_strategy, checkpoint_dir):
     strategy = make_strategy(1)
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    return tfdist.Trainer(model, strategy, checkpoint_dir=checkpoint_dir)
+    return tfdist.Trainer(model, strategy, checkpointing=tfdist.CheckpointOptions(checkpoint_dir))
 
 
 def _fit(trainer, epochs=EPOCHS, validation=True):
@@ -85,7 +85,7 @@ def test_a_bad_timeout_is_named(trained, make_strategy, monkeypatch, value):
 
 def test_an_evaluator_needs_checkpoints_and_validation_data(trained, make_strategy):
     directory, _ = trained
-    with pytest.raises(ConfigurationError, match="needs `checkpoint_dir=`"):
+    with pytest.raises(ConfigurationError, match=r"needs `checkpointing=tfdist\.CheckpointOptions\(directory\)`"):
         _fit(_trainer(make_strategy, None))
     with pytest.raises(ConfigurationError, match="Pass `validation_data=`"):
         _fit(_trainer(make_strategy, str(directory)), validation=False)

@@ -6,16 +6,22 @@ import keras
 from tfdist.errors import ConfigurationError
 
 
-def positive_int(name: str, value, allow_none: bool = False) -> None:
+def positive_int(name: str, value, allow_none: bool = False, owner: str = "") -> None:
+    """``owner`` (e.g. "tfdist.DataOptions") begins the message when given."""
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigurationError(f"`{name}` ({value!r}) must be a positive integer.")
+        raise ConfigurationError(f"{_prefix(owner)}`{name}` ({value!r}) must be a positive integer.")
 
 
-def one_of(name: str, value, allowed) -> None:
+def one_of(name: str, value, allowed, owner: str = "") -> None:
     if value not in allowed:
-        raise ConfigurationError(f"`{name}` ({value!r}) must be one of {tuple(allowed)}.")
+        raise ConfigurationError(
+            f"{_prefix(owner)}`{name}` ({value!r}) must be one of {tuple(allowed)}.")
+
+
+def _prefix(owner: str) -> str:
+    return f"{owner}: " if owner else ""
 
 
 def check_compiled(model) -> None:
@@ -44,17 +50,6 @@ def check_created_in_scope(model, strategy) -> None:
                 "model inside `with strategy.scope():` so its variables are "
                 "placed on every replica."
             )
-
-
-def check_loop_options(*, steps_per_execution=1, log_every_steps=100,
-                       checkpoint_every_steps=None, partial_batch=None,
-                       partial_batch_policies=("exact", "drop", "pad")) -> None:
-    """The Trainer's loop options, each with its own error (checked by
-    `tfdist.Trainer` and, before any training, by `tfdist.attach`)."""
-    positive_int("steps_per_execution", steps_per_execution)
-    positive_int("log_every_steps", log_every_steps)
-    positive_int("checkpoint_every_steps", checkpoint_every_steps, True)
-    one_of("partial_batch", partial_batch, (None,) + tuple(partial_batch_policies))
 
 
 def check_option_names(given, accepted, where: str) -> None:

@@ -244,9 +244,10 @@ class TrainingCheckpoint:
         """Sharded variables (parameter servers) save as full tensors."""
         if self.writes is not None and spans_tasks(self._saved_variables()):
             raise ConfigurationError(
-                "async_checkpoint=True is not supported under ParameterServerStrategy: "
-                "its saves run as one traced function (tfdist.checkpoint.traced_saves), "
-                "which TensorFlow's background writer bypasses. Use async_checkpoint=False.")
+                "async_write=True (background writes) is not supported under "
+                "ParameterServerStrategy: its saves run as one traced function "
+                "(tfdist.checkpoint.traced_saves), which TensorFlow's background writer "
+                "bypasses. Use async_write=False.")
         sharded.save_as_full_tensors(self._saved_variables())
 
     def raise_write_error(self) -> None:
@@ -308,7 +309,7 @@ class TrainingCheckpoint:
             except (AssertionError, ValueError, tf.errors.OpError) as error:
                 raise CheckpointMismatchError(
                     f"The checkpoint {path} does not match this model and "
-                    f"optimizer: {str(error)[:500]}\nUse a new `checkpoint_dir` "
+                    f"optimizer: {str(error)[:500]}\nUse a new checkpoint directory "
                     "for this model, or rebuild the model that wrote the "
                     f"checkpoint. Nothing in {os.path.dirname(path)} was changed."
                 ) from error

@@ -12,9 +12,9 @@ back. tfdist uses it as it is:
   ``python -m tfdist.server dispatcher`` and ``python -m tfdist.server
   data_worker`` start them, and the address comes from that variable or
   an argument.
-- ``data_service=`` (on `tfdist.Trainer`, `tfdist.attach` and
-  `tfdist.data.distribute`) takes the address, or ``"auto"`` for the
-  variable (no service when it is unset).
+- ``data_service=`` (on `tfdist.DataOptions`, for `tfdist.Trainer` and
+  `tfdist.attach`, and on `tfdist.data.distribute`) takes the address, or
+  ``"auto"`` for the variable (no service when it is unset).
 
 What runs where, and what stays exact: the dataset of global batches (the
 user's whole pipeline, batching included) runs on the service, one job per

@@ -7,7 +7,8 @@ module adds what connects tfdist's training state to Ray's:
 
 - `checkpoint_dir()`: a local checkpoint directory for this worker, holding
   Ray's latest checkpoint (``ray.train.get_checkpoint()``) when Ray restarted
-  the run, so ``tfdist.Trainer(checkpoint_dir=...)`` resumes from it exactly;
+  the run, so a Trainer with ``tfdist.CheckpointOptions(directory)`` resumes
+  from it exactly;
 - `ReportToRay`: a Keras callback that reports each epoch's logs with
   ``ray.train.report`` (on every worker: it is a barrier) and hands the
   chief's newest tfdist checkpoint to Ray as a ``ray.train.Checkpoint``;
@@ -51,7 +52,7 @@ def checkpoint_dir(base: Optional[str] = None) -> str:
     """A new local directory for this worker's tfdist checkpoints, holding
     the checkpoint Ray restored (``ray.train.get_checkpoint()``) if any.
 
-    Pass it as ``tfdist.Trainer(checkpoint_dir=...)`` (or
+    Pass it as ``tfdist.CheckpointOptions(directory)`` (or
     ``TrainingCheckpoint.for_strategy``): every worker restores from its own
     copy, so the workers need no shared file system.
     """

@@ -16,7 +16,7 @@ Which to use when (both are exact; neither is deprecated):
 
 - On a TPU: nothing. A ``TPUStrategy`` takes this path by itself (and
   compiles the whole step, so tfdist adds no ``jit_compile``).
-- XLA on GPUs or CPUs: ``jit_compile=True, partial_batch="pad"``. Training
+- XLA on GPUs or CPUs: ``jit_compile=True`` with ``DataOptions(partial_batch="pad")``. Training
   and evaluation then run at one shape, exactly as here; ``predict`` keeps
   the exact last batch.
 - Rehearsing the TPU job on CPUs or GPUs (with `tfdist.tpu.preflight`):

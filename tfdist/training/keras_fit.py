@@ -9,6 +9,7 @@ equal one device. The Trainer is made on the first call (the model may be
 compiled after `attach`) and again when the model is recompiled.
 """
 
+import dataclasses
 import warnings
 
 import keras
@@ -19,6 +20,7 @@ from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.data import keras_inputs
 from tfdist.errors import ConfigurationError
 from tfdist.replica.keras_steps import overridden
+from tfdist.training.options import MOVED, RECORDS, ReportingOptions, check_record
 
 _ATTACHMENT = "_tfdist_attachment"
 _METHODS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
@@ -34,11 +36,10 @@ def _callback_list(model, callbacks, verbose, **params):
 class Attachment:
     """The Keras methods of one attached model, and its Trainer."""
 
-    def __init__(self, model, strategy, trainer_options: dict, seed: int):
+    def __init__(self, model, strategy, trainer_options: dict):
         self._model = model
         self._strategy = strategy
         self._options = trainer_options
-        self._seed = seed
         self._trainer = None
         self._compiled_with = None
 
@@ -50,9 +51,11 @@ class Attachment:
         validation.check_compiled(model)
         key = keras_compiled.compile_identity(model)
         if self._trainer is None or key != self._compiled_with:
-            self._trainer = Trainer(model, self._strategy, seed=self._seed,
-                                    keras_progress_bar=True,
-                                    **compile_options(model, self._options))
+            options = compile_options(model, self._options)
+            # Keras' progress bar, not tfdist's log lines, as model.fit shows.
+            options["reporting"] = dataclasses.replace(
+                options.get("reporting") or ReportingOptions(), keras_progress_bar=True)
+            self._trainer = Trainer(model, self._strategy, **options)
             self._compiled_with = key
         return self._trainer
 
@@ -141,15 +144,16 @@ def _check_strategy(model, strategy) -> None:
                         "strategy.scope():` before attaching it.")
 
 
-def attach(model, strategy=None, *, seed: int = 0, **trainer_options):
+def attach(model, strategy=None, **trainer_options):
     """Routes ``model.fit`` / ``evaluate`` / ``predict`` through tfdist.
 
     Args:
       model: a Keras model built under ``strategy.scope()``.
       strategy: the strategy it was built under (default: that one).
-      seed: seeds ``shuffle=True`` orders (per epoch, the same on every worker).
-      **trainer_options: `tfdist.Trainer` options (``checkpoint_dir``,
-        ``steps_per_execution``, ``static_shapes``, ...).
+      **trainer_options: `tfdist.Trainer` options, checked now: ``checkpointing``
+        (a `tfdist.CheckpointOptions`), ``data`` (a `tfdist.DataOptions`; its
+        ``seed`` seeds ``shuffle=True`` orders), ``reporting``,
+        ``steps_per_execution``, ``static_shapes``, ...
 
     Returns the model. Raises `ConfigurationError` for a model built outside
     the strategy's scope or under another strategy.
@@ -178,7 +182,7 @@ def attach(model, strategy=None, *, seed: int = 0, **trainer_options):
     _check_strategy(model, strategy)
     _check_trainer_options(trainer_options)
     detach(model)
-    attachment = Attachment(model, strategy, trainer_options, seed)
+    attachment = Attachment(model, strategy, trainer_options)
     object.__setattr__(model, _ATTACHMENT, attachment)
     for name in _METHODS:
         object.__setattr__(model, name, getattr(attachment, name))
@@ -187,17 +191,19 @@ def attach(model, strategy=None, *, seed: int = 0, **trainer_options):
 
 def _check_trainer_options(options: dict) -> None:
     """Names and values checked now, not at the first ``fit``."""
-    from tfdist.data import distributed  # pylint: disable=import-outside-toplevel
     from tfdist.training.trainer import Trainer  # pylint: disable=import-outside-toplevel
 
-    set_by_attach = {"seed", "keras_progress_bar"}  # (seed is attach's own argument)
-    validation.check_option_names(
-        options, set(Trainer.option_names()) - set_by_attach, "tfdist.attach")
-    loop_options = ("steps_per_execution", "log_every_steps", "checkpoint_every_steps",
-                    "partial_batch")
-    validation.check_loop_options(
-        **{name: options[name] for name in loop_options if name in options},
-        partial_batch_policies=distributed.PARTIAL_BATCH_POLICIES)
+    moved = {name: MOVED[name] for name in options if name in MOVED}
+    if moved:
+        raise ConfigurationError(
+            "tfdist.attach takes the Trainer's options as records now: "
+            + "; ".join(f"`{name}=` is now `{where}`" for name, where in sorted(moved.items()))
+            + " (see tfdist.Trainer).")
+    validation.check_option_names(options, Trainer.option_names(), "tfdist.attach")
+    for argument in RECORDS:
+        check_record(argument, options.get(argument))
+    if "steps_per_execution" in options:
+        validation.positive_int("steps_per_execution", options["steps_per_execution"])
 
 
 def detach(model):

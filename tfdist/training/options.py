@@ -1,12 +1,60 @@
-"""The Trainer's options, grouped by what they are about.
+"""The Trainer's options, one record per concern (examples below).
 
-`tfdist.Trainer` takes Keras-style keywords (and `tfdist.attach` passes
-them on); the Trainer keeps them as these three records, so each part of
-the loop reads the group it needs.
+`tfdist.Trainer` and `tfdist.attach` take these records beside the step's
+own settings (``steps_per_execution``, ``jit_compile``, ``static_shapes``,
+``communication``): what a run saves (`CheckpointOptions`), what each step
+reads (`DataOptions`) and what a run shows (`ReportingOptions`). A record
+checks its values when it is made, so a wrong value fails where it was
+written, not at the first ``fit``.
+
+>>> import tfdist
+>>> saves = tfdist.CheckpointOptions("/tmp/run", every_steps=500, async_write=True)
+>>> saves.every_epoch, saves.max_to_keep
+(True, 3)
+>>> tfdist.DataOptions(partial_batch="pad").shard_policy
+'auto'
+>>> tfdist.ReportingOptions(log_every_steps=0)
+Traceback (most recent call last):
+...
+tfdist.errors.ConfigurationError: tfdist.ReportingOptions: `log_every_steps` (0) must be a positive integer.
 """
 
 import dataclasses
+import numbers
 from typing import Optional
+
+from tfdist._internal import validation
+from tfdist.data import options as data_options
+from tfdist.data.distributed import PARTIAL_BATCH_POLICIES
+from tfdist.errors import ConfigurationError
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointOptions:
+    """When and how a run saves; ``fit`` resumes from the newest checkpoint
+    in ``directory``.
+
+    Attributes:
+      directory: where checkpoints (and, by default, summaries) go; None
+        saves nothing.
+      every_steps: also save every this many steps (None: at epoch ends only).
+      every_epoch: save at each epoch's end.
+      max_to_keep: checkpoints kept.
+      async_write: periodic and epoch saves written in the background
+        (`tfdist.checkpoint`); the last save of a ``fit`` is complete when it
+        returns.
+    """
+
+    directory: Optional[str] = None
+    every_steps: Optional[int] = None
+    every_epoch: bool = True
+    max_to_keep: int = 3
+    async_write: bool = False
+
+    def __post_init__(self):
+        owner = "tfdist.CheckpointOptions"
+        validation.positive_int("every_steps", self.every_steps, allow_none=True, owner=owner)
+        validation.positive_int("max_to_keep", self.max_to_keep, owner=owner)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,18 +62,30 @@ class DataOptions:
     """What each step reads.
 
     Attributes:
-      partial_batch: "exact", "drop" or "pad" (resolved: static shapes pad).
+      partial_batch: "exact", "drop" or "pad" (`tfdist.data`); None: "exact",
+        or "pad" where shapes must be static (`tfdist.replica.static_shapes`).
       global_batch_size: for "drop"/"pad" when the dataset does not show it.
       shard_policy: how workers split global-batch datasets (`tfdist.data`).
-      data_service: a tf.data service address, "auto", or None.
+      data_service: a tf.data service address, or "auto" (`tfdist.data.service`).
       seed: seeds ``shuffle=True`` array orders (per epoch, the same on every worker).
     """
 
-    partial_batch: str = "exact"
+    partial_batch: Optional[str] = None
     global_batch_size: Optional[int] = None
     shard_policy: str = "auto"
     data_service: Optional[str] = None
     seed: int = 0
+
+    def __post_init__(self):
+        owner = "tfdist.DataOptions"
+        validation.one_of("partial_batch", self.partial_batch,
+                          (None,) + tuple(PARTIAL_BATCH_POLICIES), owner=owner)
+        validation.positive_int("global_batch_size", self.global_batch_size,
+                                allow_none=True, owner=owner)
+        validation.one_of("shard_policy", self.shard_policy, tuple(data_options.SHARD_POLICIES),
+                          owner=owner)
+        if not isinstance(self.seed, numbers.Integral) or isinstance(self.seed, bool):
+            raise ConfigurationError(f"{owner}: `seed` ({self.seed!r}) must be an integer.")
 
     def evaluation_policy(self, static_shapes: bool) -> str:
         """Evaluation pads when training does (or on static shapes); else it
@@ -38,34 +98,51 @@ class ReportingOptions:
     """What a run shows while it trains.
 
     Attributes:
-      log_dir: TensorBoard directory (None on a task that writes no summaries).
+      log_dir: TensorBoard directory; None: ``<checkpoint directory>/logs``,
+        or no summaries without checkpoints.
       log_every_steps: steps between progress lines and batch summaries.
-      keras_progress_bar: ``verbose`` shows Keras' progress bar instead of
-        tfdist's log lines (`tfdist.attach`).
+      keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
+        line per epoch (2) instead of tfdist's log lines (`tfdist.attach`
+        sets it).
     """
 
     log_dir: Optional[str] = None
     log_every_steps: int = 100
     keras_progress_bar: bool = False
 
+    def __post_init__(self):
+        validation.positive_int("log_every_steps", self.log_every_steps,
+                                owner="tfdist.ReportingOptions")
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointOptions:
-    """When and how a run saves.
 
-    Attributes:
-      directory: where checkpoints go (None: no checkpoints).
-      every_steps: also save every this many steps (None: at epoch ends only).
-      every_epoch: save at each epoch's end.
-      max_to_keep: checkpoints kept.
-      async_write: periodic and epoch saves written in the background.
-    """
+# Where the Trainer's former keywords went (named in unknown-option errors).
+MOVED = {
+    "checkpoint_dir": "checkpointing=tfdist.CheckpointOptions(directory=...)",
+    "checkpoint_every_steps": "checkpointing=tfdist.CheckpointOptions(every_steps=...)",
+    "checkpoint_every_epoch": "checkpointing=tfdist.CheckpointOptions(every_epoch=...)",
+    "max_to_keep": "checkpointing=tfdist.CheckpointOptions(max_to_keep=...)",
+    "async_checkpoint": "checkpointing=tfdist.CheckpointOptions(async_write=...)",
+    "partial_batch": "data=tfdist.DataOptions(partial_batch=...)",
+    "global_batch_size": "data=tfdist.DataOptions(global_batch_size=...)",
+    "shard_policy": "data=tfdist.DataOptions(shard_policy=...)",
+    "data_service": "data=tfdist.DataOptions(data_service=...)",
+    "seed": "data=tfdist.DataOptions(seed=...)",
+    "log_dir": "reporting=tfdist.ReportingOptions(log_dir=...)",
+    "log_every_steps": "reporting=tfdist.ReportingOptions(log_every_steps=...)",
+    "keras_progress_bar": "reporting=tfdist.ReportingOptions(keras_progress_bar=...)",
+}
 
-    directory: Optional[str] = None
-    every_steps: Optional[int] = None
-    every_epoch: bool = True
-    max_to_keep: int = 3
-    async_write: bool = False
+RECORDS = {"checkpointing": CheckpointOptions, "data": DataOptions, "reporting": ReportingOptions}
+
+
+def check_record(argument: str, value) -> None:
+    """Raises unless ``value`` is None or the record ``argument`` takes."""
+    record = RECORDS[argument]
+    if value is not None and not isinstance(value, record):
+        raise ConfigurationError(
+            f"`{argument}` must be a tfdist.{record.__name__} (or None); got "
+            f"{type(value).__name__} {value!r}. Pass e.g. "
+            f"`{argument}=tfdist.{record.__name__}(...)`.")
 
 
 def summary_dir(strategy, log_dir: Optional[str], checkpoint_dir: Optional[str]) -> Optional[str]:
@@ -76,4 +153,3 @@ def summary_dir(strategy, log_dir: Optional[str], checkpoint_dir: Optional[str])
     if log_dir:
         return log_dir
     return f"{checkpoint_dir}/logs" if checkpoint_dir else None
-

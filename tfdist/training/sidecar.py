@@ -43,8 +43,8 @@ def evaluate_checkpoints(*, checkpoint, evaluate: Callable[[], Dict[str, float]]
     if checkpoint is None or checkpoint.directory is None:
         raise ConfigurationError(
             "This task is an evaluator: it evaluates the checkpoints training writes, so "
-            "the Trainer (or attach) needs `checkpoint_dir=`, the directory the chief "
-            "writes to.")
+            "the Trainer (or attach) needs `checkpointing=tfdist.CheckpointOptions(directory)`, "
+            "the directory the chief writes to.")
     if not has_validation_data:
         raise ConfigurationError(
             "This task is an evaluator: it evaluates each checkpoint on fit's validation "

@@ -9,6 +9,7 @@ epoch reads, `tfdist.loops.runners` how a step is dispatched,
 `tfdist.replica.step` the replica math."""
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import warnings
@@ -17,7 +18,7 @@ from typing import Dict, Optional
 import keras
 import tensorflow as tf
 
-from tfdist import cluster, data as data_lib
+from tfdist import cluster
 from tfdist._internal import validation
 from tfdist._internal.keras import callbacks as keras_callbacks, model_state as keras_model_state
 from tfdist._internal.keras.callback_files import ChiefOnlyFiles
@@ -30,7 +31,8 @@ from tfdist.loops.runners.base import ignore_steps
 from tfdist.loops.preemption import free_iterators_or_exit, Preempted, PreemptionWatcher
 from tfdist.replica import accumulation, keras_steps, static_shapes as static_shapes_lib
 from tfdist.training.epoch_loop import BatchReporting, EpochLoop, TrainerActions
-from tfdist.training.options import CheckpointOptions, DataOptions, ReportingOptions, summary_dir
+from tfdist.training.options import (CheckpointOptions, DataOptions, ReportingOptions,
+                                     check_record, summary_dir)
 from tfdist.training.predict import Predictor
 from tfdist.training import sidecar
 from tfdist.training.progress import ProgressReporter
@@ -44,7 +46,7 @@ class Trainer:
     >>> with strategy.scope():
     ...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, "softmax")])
     ...     model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
-    >>> trainer = tfdist.Trainer(model, strategy)       # checkpoint_dir=...: saves and resumes
+    >>> trainer = tfdist.Trainer(model, strategy)  # checkpointing=...: saves, resumes
     >>> x, y = np.ones((10, 3), "float32"), np.zeros((10,), "int64")
     >>> history = trainer.fit(x, y, batch_size=4, epochs=2, verbose=0)
     >>> len(history.history["loss"]), trainer.step     # 3 global batches per epoch
@@ -61,48 +63,40 @@ class Trainer:
     Args:
       model: a compiled ``keras.Model`` built inside ``strategy.scope()``.
       strategy: from `tfdist.make_strategy` or any ``tf.distribute.Strategy``.
-      checkpoint_dir: where checkpoints (and, by default, summaries) go;
-        ``fit`` resumes from the newest checkpoint found there.
-      log_dir: TensorBoard directory; default ``<checkpoint_dir>/logs``.
+      checkpointing: a `tfdist.CheckpointOptions`: where and when to save;
+        ``fit`` resumes from the newest checkpoint in its directory. None:
+        no checkpoints.
+      data: a `tfdist.DataOptions`: the partial-batch policy, sharding, the
+        tf.data service and the shuffle seed.
+      reporting: a `tfdist.ReportingOptions`: TensorBoard directory and log cadence.
       steps_per_execution: steps run per host call in a device-side loop.
       jit_compile: XLA for the forward/backward pass; with ``partial_batch="pad"``
         for one shape: XLA on GPUs/CPUs (predict keeps the exact last batch).
-      partial_batch: "exact" (default), "drop" or "pad" (see `tfdist.data`).
       static_shapes: the whole TPU path (`tfdist.replica.static_shapes`, which says
         when to use which): None: on for a TPUStrategy only; True rehearses it.
-      global_batch_size: for "drop"/"pad" when the dataset does not show the batch size.
-      shard_policy: how workers split global-batch datasets (`tfdist.data`).
-      log_every_steps: steps between progress lines and batch summaries.
-      checkpoint_every_steps: also save every this many steps.
-      checkpoint_every_epoch, max_to_keep: save at each epoch's end (default); checkpoints kept.
-      async_checkpoint: periodic and epoch saves written in the background.
-      data_service: a tf.data service address, or "auto" (`tfdist.data.service`).
       communication: `Compression`, `LocalSGD` or `ShardedOptimizerState`
         (`tfdist.communication`), or a tuple.
-      seed: seeds ``shuffle=True`` array orders (per epoch, the same on every worker).
-      keras_progress_bar: ``verbose`` shows Keras' progress bar (1) or one
-        line per epoch (2) instead of tfdist's log lines (`tfdist.attach`).
     """
 
     def __init__(
         self, model: keras.Model, strategy: tf.distribute.Strategy, *,
-        checkpoint_dir: Optional[str] = None, log_dir: Optional[str] = None,
+        checkpointing: Optional[CheckpointOptions] = None,
+        data: Optional[DataOptions] = None,
+        reporting: Optional[ReportingOptions] = None,
         steps_per_execution: int = 1, jit_compile: bool = False,
-        partial_batch: Optional[str] = None, static_shapes: Optional[bool] = None,
-        global_batch_size: Optional[int] = None, shard_policy: str = "auto",
-        log_every_steps: int = 100, checkpoint_every_steps: Optional[int] = None,
-        checkpoint_every_epoch: bool = True, max_to_keep: int = 3,
-        seed: int = 0, keras_progress_bar: bool = False, async_checkpoint: bool = False,
-        data_service: Optional[str] = None, communication=None,
+        static_shapes: Optional[bool] = None, communication=None,
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
-        validation.check_loop_options(
-            steps_per_execution=steps_per_execution, log_every_steps=log_every_steps,
-            checkpoint_every_steps=checkpoint_every_steps, partial_batch=partial_batch,
-            partial_batch_policies=data_lib.PARTIAL_BATCH_POLICIES)
+        validation.positive_int("steps_per_execution", steps_per_execution)
+        check_record("checkpointing", checkpointing)
+        check_record("data", data)
+        check_record("reporting", reporting)
+        checkpointing = checkpointing or CheckpointOptions()
+        data = data or DataOptions()
+        reporting = reporting or ReportingOptions()
         options = static_shapes_lib.resolve(
-            strategy, static_shapes=static_shapes, partial_batch=partial_batch,
+            strategy, static_shapes=static_shapes, partial_batch=data.partial_batch,
             jit_compile=jit_compile,
         )
         self._communication = Communication.attach(communication, model, strategy)
@@ -110,13 +104,10 @@ class Trainer:
         self.strategy = strategy
         self.steps_per_execution = steps_per_execution
         self.static_shapes = options.static_shapes
-        self._data = DataOptions(options.partial_batch, global_batch_size, shard_policy,
-                                 data_service, seed)
-        self._reporting = ReportingOptions(summary_dir(strategy, log_dir, checkpoint_dir),
-                                           log_every_steps, keras_progress_bar)
-        self._checkpointing = CheckpointOptions(checkpoint_dir, checkpoint_every_steps,
-                                                checkpoint_every_epoch, max_to_keep,
-                                                async_checkpoint)
+        self._data = dataclasses.replace(data, partial_batch=options.partial_batch)
+        self._reporting = dataclasses.replace(
+            reporting, log_dir=summary_dir(strategy, reporting.log_dir, checkpointing.directory))
+        self._checkpointing = checkpointing
         self._built_spec = None  # the element spec the model's state was built for
         # Only the chief writes summaries and prints progress (all compute the history).
         self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
