@@ -250,7 +250,7 @@ def define_flags() -> None:
     flags.DEFINE_string("bandwidth", "",
                         "Run the cluster under tfdist-run --bandwidth (e.g. 1gbit).")
     flags.DEFINE_bool("async_checkpoint", False,
-                      "Checkpoints written in the background (Trainer(async_checkpoint=True)).")
+                      "Checkpoints written in the background (CheckpointOptions(async_write=True)).")
     flags.DEFINE_integer("data_service_workers", 0,
                          "Read the data through a tf.data service with this many workers.")
     flags.DEFINE_integer("local_sgd", 0, "Train with LocalSGD(every_steps=N) (0: synchronous).")

@@ -27,9 +27,9 @@ flags.DEFINE_integer("log_every_steps", 100, "Steps between progress lines.")
 flags.DEFINE_integer("steps_per_execution", 1, "Steps per host call.")
 flags.DEFINE_integer("epoch_steps", 0, "Steps per epoch, each epoch a fresh pass (0: one epoch).")
 flags.DEFINE_bool("async_checkpoint", False,
-                  "Trainer(async_checkpoint=True): saves written in the background.")
+                  "CheckpointOptions(async_write=True): saves written in the background.")
 flags.DEFINE_string("data_service", None,
-                    "Trainer(data_service=...): 'auto' under --data_service_workers.")
+                    "DataOptions(data_service=...): 'auto' under --data_service_workers.")
 flags.DEFINE_integer("local_sgd", 0,
                      "Trainer(communication=LocalSGD(every_steps=N)) (0: synchronous).")
 flags.DEFINE_bool("sharded_state", False, "Trainer(communication=ShardedOptimizerState()); its "

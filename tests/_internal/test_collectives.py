@@ -75,8 +75,9 @@ _TRAINER_PROGRAM = textwrap.dedent("""
         def on_epoch_end(self, epoch, logs=None):
             taken.append(keys_taken())
 
-    trainer = tfdist.Trainer(model, strategy, checkpoint_dir=sys.argv[1],
-                             checkpoint_every_steps=3, log_every_steps=2)
+    trainer = tfdist.Trainer(model, strategy,
+                             checkpointing=tfdist.CheckpointOptions(sys.argv[1], every_steps=3),
+                             reporting=tfdist.ReportingOptions(log_every_steps=2))
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
     trainer.fit(data, epochs=4, callbacks=[Keys()], verbose=1)
     print(json.dumps(taken))

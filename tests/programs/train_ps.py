@@ -45,7 +45,7 @@ def main():
     parser.add_argument("--input", default="dataset", choices=["dataset", "dataset_fn"],
                         help="mlp: pass a dataset, or a dataset_fn(input_context) sharding it")
     parser.add_argument("--log_every_steps", type=int, default=5)
-    parser.add_argument("--data_service", default=None, help="Trainer(data_service=...)")
+    parser.add_argument("--data_service", default=None, help="DataOptions(data_service=...)")
     parser.add_argument("--validation_examples", type=int, default=0,
                         help="also validate on this many examples each epoch (0: no)")
     args = parser.parse_args()

@@ -163,10 +163,10 @@ def main():
                              "train_step or compute_loss (tfdist.attach + fit on "
                              "(x, y) batches)")
     parser.add_argument("--data_service", default=None,
-                        help="Trainer(data_service=...): 'auto' reads tfdist-run's "
+                        help="DataOptions(data_service=...): 'auto' reads tfdist-run's "
                              "TFDIST_DATA_SERVICE")
     parser.add_argument("--async_checkpoint", action="store_true",
-                        help="Trainer(async_checkpoint=True): saves written in the background")
+                        help="CheckpointOptions(async_write=True): saves written in the background")
     parser.add_argument("--keras_fit", action="store_true",
                         help="train with tfdist.attach + model.fit on arrays, with "
                              "validation_split=0.2, and also predict; then fit a "
