@@ -48,22 +48,24 @@ def _compiled(strategy):
 
 def test_the_trainer_keeps_the_records_it_was_given(make_strategy, tmp_path):
     """The records reach the loop: where it saves, how often it logs, how it
-    pads; the summary directory defaults to the checkpoint directory's."""
+    pads; the summary directory defaults to the checkpoint directory's;
+    ``max_to_keep=None`` keeps every checkpoint, as TensorFlow's manager does."""
     strategy = make_strategy(2)
     trainer = tfdist.Trainer(
         _compiled(strategy), strategy,
-        checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=2, max_to_keep=5),
+        checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=2, max_to_keep=None),
         data=tfdist.DataOptions(partial_batch="drop", seed=11),
         reporting=tfdist.ReportingOptions(log_every_steps=4))
     trainer.fit(np.ones((12, 3), "float32"), np.zeros((12, 2), "float32"), batch_size=4,
-                verbose=0)
-    assert trainer._checkpointing == tfdist.CheckpointOptions(str(tmp_path), 2, max_to_keep=5)
+                epochs=2, verbose=0)
+    assert trainer._checkpointing == tfdist.CheckpointOptions(str(tmp_path), 2, max_to_keep=None)
     assert trainer._data.partial_batch == "drop" and trainer._data.seed == 11
     assert trainer._reporting.log_every_steps == 4
     assert trainer._reporting.log_dir == f"{tmp_path}/logs"
     saved = sorted(int(path.stem.split("-")[-1])
                    for path in tmp_path.glob("ckpt-*.index"))
-    assert saved == [2, 3], saved  # every 2 steps, and at the epoch's end (3 steps)
+    # Every 2 steps and at each epoch's end (3 steps an epoch); all kept.
+    assert saved == [2, 3, 4, 6], saved
 
 
 @pytest.mark.parametrize("argument, value", [

@@ -39,7 +39,8 @@ class CheckpointOptions:
         saves nothing.
       every_steps: also save every this many steps (None: at epoch ends only).
       every_epoch: save at each epoch's end.
-      max_to_keep: checkpoints kept.
+      max_to_keep: checkpoints kept (None keeps every one, as in
+        ``tf.train.CheckpointManager``).
       async_write: periodic and epoch saves written in the background
         (`tfdist.checkpoint`); the last save of a ``fit`` is complete when it
         returns.
@@ -48,13 +49,13 @@ class CheckpointOptions:
     directory: Optional[str] = None
     every_steps: Optional[int] = None
     every_epoch: bool = True
-    max_to_keep: int = 3
+    max_to_keep: Optional[int] = 3
     async_write: bool = False
 
     def __post_init__(self):
         owner = "tfdist.CheckpointOptions"
         validation.positive_int("every_steps", self.every_steps, allow_none=True, owner=owner)
-        validation.positive_int("max_to_keep", self.max_to_keep, owner=owner)
+        validation.positive_int("max_to_keep", self.max_to_keep, allow_none=True, owner=owner)
 
 
 @dataclasses.dataclass(frozen=True)
