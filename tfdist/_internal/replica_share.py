@@ -35,6 +35,7 @@ import threading
 
 import tensorflow as tf
 
+from tfdist._internal import sparse_gradients
 from tfdist._internal.keras import patches
 
 _state = threading.local()
@@ -130,10 +131,8 @@ def gradient_scale() -> float:
 
 def _averaging(original):
     def all_reduce_gradients(self, grads_and_vars):
-        scale = gradient_scale()
-        if scale != 1.0:
-            grads_and_vars = [(scaled_gradient(g, scale), v) for g, v in grads_and_vars]
-        return original(self, grads_and_vars)
+        return sparse_gradients.all_reduce_in_one_device_form(
+            original, self, grads_and_vars, scale=gradient_scale())
     return all_reduce_gradients
 
 
@@ -149,7 +148,9 @@ def scaled_gradient(gradient, scale: float):
 
 def install() -> None:
     """Wraps Keras' scaling functions and its TensorFlow optimizer's gradient
-    all-reduce once per process (they defer to Keras outside `replica_share`)."""
+    all-reduce once per process (they defer to Keras outside `replica_share`,
+    except that sparse gradients always reduce to one device's form:
+    `tfdist._internal.sparse_gradients`)."""
     if _installed:
         return
     patches.wrap_loss_scaling(lambda scale: _by_share(scale, tf.math.multiply_no_nan),

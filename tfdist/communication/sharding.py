@@ -46,8 +46,10 @@ What works, and what is refused (a `ConfigurationError` saying why):
 - Gradient clipping (tfdist clips the batch's gradient before the optimizer
   sees it, `tfdist.replica.gradients`), weight decay (on the whole weights,
   as Keras does), mixed precision (the inner optimizer of a
-  LossScaleOptimizer is sharded), sparse ``Embedding`` gradients (summed
-  dense: the shard is a slice of every weight).
+  LossScaleOptimizer is sharded), sparse ``Embedding`` gradients (their
+  entries gathered, and each replica updates its slice from the entries
+  that fall in it, duplicates kept, as one device's optimizer updates the
+  whole table: `tfdist._internal.sparse_gradients`).
 - Checkpoints (``checkpoint_dir``, ``tf.train.Checkpoint``, ``model.save``,
   ``save_weights``) hold the ordinary Keras optimizer state, so they
   restore under any replica count, sharded or not
@@ -70,14 +72,12 @@ each replica's slices once. Under cross-device ops without collective ops
 the optimizer's own all-reduce sums and each replica keeps its slice.
 """
 
-import dataclasses
-from typing import Tuple
-
 import tensorflow as tf
 
-from tfdist._internal import collectives, graph_order, replica_share
+from tfdist._internal import collectives, graph_order, replica_share, sparse_gradients
 from tfdist._internal.keras import patches
 from tfdist.communication import compression, sharded_checkpoints
+from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.strategy_support import refuse_strategy
 from tfdist.errors import ConfigurationError
 
@@ -85,66 +85,6 @@ _WRAPPED = "_tfdist_sharded_state"
 # Keras optimizers whose update of a weight element reads only that
 # element's gradient and state (and global scalars: the step, the rate).
 ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "Adadelta", "Lion")
-
-
-@dataclasses.dataclass(frozen=True)
-class ShardLayout:
-    """Which elements of each weight a replica owns: slice ``r`` of every
-    weight, flattened and padded to N equal slices.
-
-    >>> layout = ShardLayout(shapes=((2, 3), (2,)), replicas=2)
-    >>> layout.slice_sizes
-    (3, 1)
-    >>> [row.tolist() for row in layout.rows(0, [[1., 2., 3.], [4., 5., 6.]]).numpy()]
-    [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
-    >>> layout.whole(1, [7., 8.]).numpy().tolist()
-    [7.0, 8.0]
-
-    Attributes:
-      shapes: each trainable weight's shape, in the optimizer's order.
-      replicas: N, the number of shards.
-    """
-
-    shapes: Tuple[Tuple[int, ...], ...]
-    replicas: int
-
-    @classmethod
-    def of(cls, variables, replicas: int) -> "ShardLayout":
-        return cls(tuple(tuple(int(d) for d in v.shape) for v in variables), replicas)
-
-    @property
-    def sizes(self) -> Tuple[int, ...]:
-        """Each weight's number of elements."""
-        return tuple(int(tf.TensorShape(shape).num_elements()) for shape in self.shapes)
-
-    @property
-    def slice_sizes(self) -> Tuple[int, ...]:
-        """Elements of each weight in one replica's slice (the last slices padded)."""
-        return tuple(-(-size // self.replicas) for size in self.sizes)
-
-    def rows(self, weight: int, tensor) -> tf.Tensor:
-        """Weight ``weight``'s ``tensor`` (its shape) as ``[N, slice]``, row
-        ``r`` replica ``r``'s slice (the last rows padded with zeros)."""
-        size, length = self.sizes[weight], self.slice_sizes[weight]
-        flat = tf.reshape(tf.convert_to_tensor(tensor), [-1])
-        return tf.reshape(tf.pad(flat, [[0, length * self.replicas - size]]),
-                          [self.replicas, length])
-
-    def own_slice(self, weight: int, tensor, replica: int) -> tf.Tensor:
-        """Row ``replica`` of `rows`, cut from ``tensor`` alone (the other
-        rows are not made)."""
-        size, length = self.sizes[weight], self.slice_sizes[weight]
-        start = min(replica * length, size)
-        stop = min(start + length, size)
-        part = tf.reshape(tf.convert_to_tensor(tensor), [-1])[start:stop]
-        return part if stop - start == length else tf.pad(part, [[0, length - (stop - start)]])
-
-    def whole(self, weight: int, slices) -> tf.Tensor:
-        """Weight ``weight`` from its N slices, one after the other in
-        replica order (its shape, without the padding)."""
-        slices, size = tf.convert_to_tensor(slices), self.sizes[weight]
-        return tf.reshape(slices if slices.shape[0] == size else slices[:size],
-                          self.shapes[weight])
 
 
 class ShardedOptimizerState:
@@ -336,12 +276,16 @@ class ShardedOptimizerState:
             reduced = optimizer._all_reduce_sum_gradients(  # pylint: disable=protected-access
                 list(zip(grads, variables)))
             return lambda weight: tf.cast(
-                layout.own_slice(weight, reduced[weight][0], replica), dtypes[weight])
+                self._own_slice(weight, reduced[weight][0], replica), dtypes[weight])
         scale = replica_share.gradient_scale()
         compressed = compression.attached_to(optimizer)
 
         def summed_slice(weight: int) -> tf.Tensor:
-            gradient = tf.convert_to_tensor(replica_share.scaled_gradient(grads[weight], scale))
+            gradient = grads[weight]
+            if isinstance(gradient, tf.IndexedSlices):
+                return tf.cast(self._sparse_slice(weight, gradient, scale, compressed,
+                                                  replica, context), dtypes[weight])
+            gradient = tf.convert_to_tensor(replica_share.scaled_gradient(gradient, scale))
             own_dtype = gradient.dtype
             if compressed is not None:
                 gradient = compressed.compress(gradient, layout.replicas)
@@ -351,6 +295,34 @@ class ShardedOptimizerState:
             return tf.cast(summed, dtypes[weight])
 
         return summed_slice
+
+    def _own_slice(self, weight: int, gradient, replica: int):
+        """Replica ``replica``'s slice of a whole (summed) gradient: dense,
+        or sparse in one device's form (`tfdist._internal.sparse_gradients`)."""
+        if isinstance(gradient, tf.IndexedSlices):
+            length = self._layout.slice_sizes[weight]
+            return sparse_gradients.flat_slice(gradient, replica * length, length)
+        return self._layout.own_slice(weight, gradient, replica)
+
+    def _sparse_slice(self, weight: int, gradient, scale, compressed, replica: int, context):
+        """Replica ``replica``'s slice of a sparse gradient (an Embedding's),
+        in the form one device's optimizer would update the whole table
+        from: every entry in the slice, duplicates kept
+        (`tfdist._internal.sparse_gradients`; summed dense, Adam's squares
+        would differ from one device's). The entries are gathered, as
+        ``tf.distribute`` gathers them without the sharding."""
+        own_dtype, replicas = gradient.dtype, self._layout.replicas
+
+        def send(values):
+            values = values * tf.cast(scale, values.dtype) if scale != 1.0 else values
+            return values if compressed is None else compressed.compress(values, replicas)
+
+        def receive(values):
+            return values if compressed is None else compressed.restore(
+                values, own_dtype, replicas)
+
+        whole = sparse_gradients.combine(gradient, context, send=send, receive=receive)
+        return self._own_slice(weight, whole, replica)
 
     def _in_built_order(self, optimizer, grads, variables):
         """The gradients and weights in the order the state was built for;

@@ -34,6 +34,18 @@ def is_arrays(x) -> bool:
     return bool(leaves) and all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves)
 
 
+def as_tensors(structure):
+    """``structure``'s arrays as tensors, its lists as tuples.
+
+    tf.data reads a list as one tensor to stack (``fit([x1, x2], y)`` would
+    stack two inputs of different widths), Keras reads it as a sequence of
+    inputs or outputs: lists become tuples first, as Keras' own array
+    adapter does, and models take either.
+    """
+    return tf.nest.map_structure(tf.convert_to_tensor,
+                                 keras_compiled.tree.lists_to_tuples(structure))
+
+
 def num_rows(structure) -> int:
     """Rows of arrays (x, y and weights must agree)."""
     counts = {int(leaf.shape[0]) for leaf in keras_compiled.tree.flatten(structure) if leaf is not None}
@@ -100,7 +112,7 @@ def array_batches(x, y, sample_weight, *, batch_size: Optional[int], shuffle=Fal
     batch_size = batch_size or DEFAULT_BATCH_SIZE
     parts = (x,) if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
     total_rows = num_rows(parts)
-    tensors = tf.nest.map_structure(tf.convert_to_tensor, parts)
+    tensors = as_tensors(parts)
 
     def batches(order):
         indices = tf.data.Dataset.from_tensor_slices(order).batch(batch_size)
@@ -182,6 +194,7 @@ def shuffled_py_dataset(py_dataset, seed: int) -> EpochDataset:
     """A `keras.utils.PyDataset` read with its batches in a seeded order per
     epoch (Keras' ``shuffle`` for a PyDataset shuffles batch order), then
     ``on_epoch_end`` as Keras calls it. Batches are read in this process."""
+    py_dataset = keras_data.lists_as_tuples(py_dataset)
     spec = keras_data.keras_data_as_dataset(py_dataset).element_spec
     count = py_dataset.num_batches
 
@@ -230,10 +243,13 @@ def validation_batches(validation_data, batch_size):
 
 
 def prediction_batches(x, batch_size=None):
-    """``predict``'s input as a dataset of global batches of x."""
+    """``predict``'s input as a dataset of global batches of x.
+
+    Arrays become batches of ``(x,)``: as in Keras, a tuple or list ``x``
+    holds a multi-input model's inputs, never ``(x, y)``.
+    """
     if is_arrays(x):
-        tensors = tf.nest.map_structure(tf.convert_to_tensor, x)
-        return tf.data.Dataset.from_tensor_slices(tensors).batch(
+        return tf.data.Dataset.from_tensor_slices((as_tensors(x),)).batch(
             batch_size or DEFAULT_BATCH_SIZE)
     if isinstance(x, tf.data.Dataset):
         return x

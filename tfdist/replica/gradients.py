@@ -17,8 +17,8 @@ plain ``optimizer.apply_gradients`` (no extra collective).
 
 import tensorflow as tf
 
-from tfdist._internal import collectives, replica_share
-from tfdist._internal.keras import optimizer as keras_optimizer
+from tfdist._internal import collectives, replica_share, sparse_gradients
+from tfdist._internal.keras import optimizer as keras_optimizer, patches
 
 
 def optimizer_clips(optimizer) -> bool:
@@ -49,20 +49,48 @@ def apply_gradients(optimizer, gradients, variables) -> None:
     >>> layer.kernel.numpy().tolist()
     [[-1.0]]
     """
+    replica_share.install()  # (sparse gradients reduce to one device's form)
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-    gradients = list(gradients)
-    if replicas > 1 and optimizer_clips(optimizer):
-        clipped = keras_optimizer.clip_gradients(optimizer, _batch_gradients(gradients))
-        gradients = [replica_share.scaled_gradient(g, 1.0 / replicas) for g in clipped]
+    gradients, variables = list(gradients), list(variables)
+    clipping = patches.inner_optimizer(optimizer)
+    if replicas > 1 and optimizer_clips(clipping):
+        clipped = _clipped_as_one_device(optimizer, clipping, _batch_gradients(gradients),
+                                         variables)
+        gradients = [g if sparse_gradients.is_whole(g)
+                     else replica_share.scaled_gradient(g, 1.0 / replicas) for g in clipped]
     optimizer.apply_gradients(zip(gradients, variables))
+
+
+def _clipped_as_one_device(optimizer, clipping, gradients, variables):
+    """The batch's ``gradients`` clipped by ``clipping`` (the optimizer, or a
+    LossScaleOptimizer's inner one, which clips the gradients after the loss
+    scale is divided out: so do these, then multiply it back)."""
+    scale = keras_optimizer.loss_scale(optimizer)
+    scaled = [scale is not None and g is not None and not keras_optimizer.keeps_gradient_unscaled(v)
+              for g, v in zip(gradients, variables)]
+    if scale is not None:
+        gradients = [_times(g, 1.0 / scale) if s else g for g, s in zip(gradients, scaled)]
+    clipped = keras_optimizer.clip_gradients(clipping, gradients)
+    if scale is not None:
+        clipped = [_times(g, scale) if s else g for g, s in zip(clipped, scaled)]
+    return clipped
+
+
+def _times(gradient, factor):
+    """``gradient * factor`` (dense or IndexedSlices, its ids kept)."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
 
 
 def _batch_gradients(gradients):
     """The global batch's gradients from every replica's shares, as one
     device holds them: dense ones summed (one all-reduce); sparse ones
-    (an ``Embedding``'s ``IndexedSlices``) as every replica's rows, in
-    order, because Keras clips those by their values, an id repeated in the
-    batch counting once per occurrence (all-gathers)."""
+    (an ``Embedding``'s ``IndexedSlices``) in one device's form
+    (`tfdist._internal.sparse_gradients.combine`: Keras clips those by their
+    values, an id repeated in the batch counting once per occurrence),
+    marked whole, so that the optimizer's all-reduce applies them as they are."""
     context = tf.distribute.get_replica_context()
     dense = [g for g in gradients if g is not None and not isinstance(g, tf.IndexedSlices)]
     summed = iter(collectives.all_reduce_sum(dense) if dense else [])
@@ -71,9 +99,7 @@ def _batch_gradients(gradients):
         if gradient is None:
             totals.append(None)
         elif isinstance(gradient, tf.IndexedSlices):
-            totals.append(tf.IndexedSlices(context.all_gather(gradient.values, axis=0),
-                                           context.all_gather(gradient.indices, axis=0),
-                                           gradient.dense_shape))
+            totals.append(sparse_gradients.mark_whole(sparse_gradients.combine(gradient, context)))
         else:
             totals.append(next(summed))
     return totals

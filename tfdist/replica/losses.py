@@ -22,6 +22,8 @@ for a pipeline of its own).
 """
 
 import dataclasses
+import warnings
+import weakref
 from typing import List, NamedTuple, Optional
 
 import tensorflow as tf
@@ -125,19 +127,16 @@ def _to_rank(tensor, values, name: str = "sample_weight", loss_name: str = "the 
     return tensor
 
 
-def _output_terms(loss_fn, y_true, y_pred, sample_weight, example_mask):
+def _output_terms(loss_fn, y_true, y_pred, sample_weight, example_mask, padded_rows):
     dtype = loss_fn.dtype or "float32"
     name = f"loss {loss_fn.name!r}"
     in_mask = keras_compiled.get_keras_mask(y_pred)
     values = loss_fn.call(tf.cast(y_true, dtype), tf.cast(y_pred, dtype))
     out_mask = keras_compiled.get_keras_mask(values)
     values = tf.convert_to_tensor(values)
-    if values.shape.rank == 0:
-        raise ConfigurationError(
-            f"Loss {loss_fn.name!r} returned a scalar; tfdist needs per-example "
-            "values (a Loss whose `call` returns shape [batch, ...])."
-        )
     masks = [m for m in (in_mask, out_mask) if m is not None]
+    if values.shape.rank == 0:
+        values = _scalar_as_elements(loss_fn, values, y_pred, masks, padded_rows)
     reduction = loss_fn.reduction
     if reduction not in _MEAN_REDUCTIONS + ("mean_with_sample_weight", "sum"):
         raise ConfigurationError(
@@ -184,10 +183,50 @@ def _output_terms(loss_fn, y_true, y_pred, sample_weight, example_mask):
     return numerator, denominator, per_example, reduction, bool(masks)
 
 
+def _scalar_as_elements(loss_fn, scalar, y_pred, masks, padded_rows: bool) -> tf.Tensor:
+    """A loss function's scalar result (``return ops.mean(...)``) as the
+    value of each of the replica's elements: the mean over its rows, so
+    that the replicas' shares, weighted by their rows, sum to the mean over
+    the global batch (a warning says so, once per loss).
+
+    Exact when the scalar is a mean of per-example terms, as the published
+    contrastive and custom losses are; a term that couples examples across
+    the batch (in-batch negatives, a batch-wide normalization, a ratio of
+    the batch's sums) is computed within each replica's rows. Refused where
+    padding rows stay in the batch (XLA's static shapes): the scalar would
+    average them in.
+    """
+    if padded_rows:
+        raise ConfigurationError(
+            f"Loss {loss_fn.name!r} returns a scalar, and with jit_compile=True (or static "
+            "shapes) a replica's batch keeps its padding rows, which the scalar would "
+            "average in. Return one value per example (drop the final `ops.mean`), or use "
+            "jit_compile=False.")
+    if loss_fn not in _SCALAR_LOSSES_WARNED:  # (once per compiled loss)
+        _SCALAR_LOSSES_WARNED.add(loss_fn)
+        warnings.warn(
+            f"Loss {loss_fn.name!r} returns a scalar, not one value per example: tfdist "
+            "takes it as the mean over each replica's examples and weights each replica by "
+            "its examples. That equals one device when the scalar is a mean of per-example "
+            "terms (`ops.mean` of elementwise values); a term that couples examples across "
+            "the batch is computed within each replica's rows. Return per-example values "
+            "(without the final mean) to silence this.")
+    # One value per example, or per element where a Keras mask says which count.
+    shape = tf.shape(masks[0]) if masks else tf.shape(tf.nest.flatten(y_pred)[0])[:1]
+    return tf.fill(shape, scalar)
+
+
+_SCALAR_LOSSES_WARNED = weakref.WeakSet()
+
+
 def compute_loss_terms(
-    model, y, y_pred, sample_weight=None, example_mask=None
+    model, y, y_pred, sample_weight=None, example_mask=None, *, padded_rows: bool = False
 ) -> LossTerms:
-    """Per-output local sums and counts of ``model``'s compiled loss."""
+    """Per-output local sums and counts of ``model``'s compiled loss.
+
+    ``padded_rows``: the batch may keep padding rows (masked by
+    ``example_mask``) that the model ran on (XLA's static shapes).
+    """
     losses = keras_compiled.flat_losses(model)
     if not losses:
         raise ConfigurationError(
@@ -203,7 +242,7 @@ def compute_loss_terms(
             weight = _resolve(sample_weight, path)
         numerator, denominator, per_example, reduction, masked = _output_terms(
             loss_fn, _resolve(y, path), _resolve(y_pred, path), weight,
-            example_mask,
+            example_mask, padded_rows,
         )
         terms.numerators.append(numerator)
         terms.denominators.append(denominator)

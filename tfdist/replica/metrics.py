@@ -231,7 +231,8 @@ def _require_replica_local(metric, function: str) -> None:
 
 
 def without_padding(mask, y, y_pred, sample_weight):
-    """Drops padded rows (``mask`` 0) before metrics see them.
+    """Drops padded rows (``mask`` 0) before metrics see them; the Keras
+    masks of ``y_pred``'s outputs lose the same rows and stay attached.
 
     A mask can not be passed to metrics as a sample weight: Keras applies
     sample weights only to ``weighted_metrics``, so plain ``metrics`` would
@@ -241,9 +242,19 @@ def without_padding(mask, y, y_pred, sample_weight):
         return y, y_pred, sample_weight
     keep = tf.cast(mask, tf.bool)
     drop = lambda t: tf.boolean_mask(t, keep)  # noqa: E731
+
+    def drop_output(output):
+        # A Keras mask on an output (a sequence model's padded time steps)
+        # is what its metrics skip: it loses the same rows and stays on.
+        kept = drop(output)
+        keras_mask = keras_compiled.get_keras_mask(output)
+        if keras_mask is not None:
+            keras_compiled.set_keras_mask(kept, drop(keras_mask))
+        return kept
+
     return (
         tf.nest.map_structure(drop, y),
-        tf.nest.map_structure(drop, y_pred),
+        tf.nest.map_structure(drop_output, y_pred),
         None if sample_weight is None else tf.nest.map_structure(drop, sample_weight),
     )
 

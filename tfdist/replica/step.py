@@ -28,7 +28,7 @@ import keras
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_random
-from tfdist._internal.keras import batch_statistics as keras_statistics
+from tfdist._internal.keras import batch_statistics as keras_statistics, compiled as keras_compiled
 from tfdist.data.batch import Batch
 from tfdist.replica import gradients as gradients_lib, loss_scaling, losses
 from tfdist.replica.losses import LossParts
@@ -87,7 +87,8 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
     """
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
-        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
+        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask,
+                                          padded_rows=count_only)
         local_examples = Batch(x, mask=mask).real_examples()
         if count_only:
             denominators = losses.example_count_denominators(terms, global_examples)
@@ -98,6 +99,10 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
         scaled = model.optimizer.scale_loss(loss)
     gradients = sharded.gradients(tape, scaled, model.trainable_variables)
     return ForwardBackward(gradients, parts, global_examples, y_pred)
+
+
+def _with_masks(outputs):
+    return outputs, keras_compiled.keras_masks(outputs)
 
 
 class ReplicaSteps:
@@ -118,8 +123,10 @@ class ReplicaSteps:
         self._xla_forward_backward = tf.function(
             self._forward_backward, jit_compile=True, reduce_retracing=True
         )
+        # The outputs' Keras masks leave the XLA function as outputs of
+        # their own (a function drops the attributes Keras keeps them in).
         self._xla_forward = tf.function(
-            lambda x: model(x, training=False), jit_compile=True,
+            lambda x: _with_masks(model(x, training=False)), jit_compile=True,
             reduce_retracing=True,
         )
 
@@ -183,8 +190,12 @@ class ReplicaSteps:
         model = self._model
         x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
         local_examples = batch.real_examples()
-        y_pred = self._xla_forward(x) if self._jit_compile else model(x, training=False)
-        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask)
+        if self._jit_compile:
+            y_pred = keras_compiled.with_keras_masks(*self._xla_forward(x))
+        else:
+            y_pred = model(x, training=False)
+        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask,
+                                          padded_rows=self._jit_compile)
         denominators, global_examples = _global_denominators(
             terms, local_examples, batch.carried_global_examples()
         )

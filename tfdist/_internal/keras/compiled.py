@@ -5,10 +5,29 @@ Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it re
 """
 
 import keras
+import tensorflow as tf
 from keras.src import backend as keras_backend
 from keras.src import tree  # noqa: F401  (keras_compiled.tree: Keras' nest utilities)
 
 get_keras_mask = keras_backend.get_keras_mask
+set_keras_mask = keras_backend.set_keras_mask
+
+
+def keras_masks(outputs):
+    """The Keras masks of ``outputs`` (a model's output structure), as a
+    structure of the same shape: each output's mask, or None (tf.function
+    drops the masks Keras attaches as attributes; `with_keras_masks` puts
+    them back). ``tf.nest``: None is a leaf there, not an empty node."""
+    return tf.nest.map_structure(get_keras_mask, outputs)
+
+
+def with_keras_masks(outputs, masks):
+    """``outputs`` with the masks `keras_masks` took from them attached again."""
+    def attach(output, mask):
+        if mask is not None:
+            set_keras_mask(output, mask)
+        return output
+    return tf.nest.map_structure(attach, outputs, masks)
 
 
 def flatten_metrics_in_order(model: keras.Model, logs: dict):

@@ -30,11 +30,14 @@ def build_model_state(model: keras.Model, element_spec) -> None:
     become distributed variables.
 
     A model without ``call()`` whose layers are built (keras.io's GAN: two
-    built sub-models, its own ``train_step``) cannot be run symbolically;
-    on one device Keras leaves it to its first step, which builds what is
-    left (its optimizers, in ``apply``): so does tfdist.
+    built sub-models, its own ``train_step``; its distiller: a teacher, a
+    student and compiled metrics) cannot be run symbolically; on one device
+    Keras leaves it to its first step, which builds what is left (its
+    optimizers in ``apply``, its compiled metrics in their first update):
+    so does tfdist.
     """
     if type(model).call is keras.Model.call and all(
             layer.built for layer in model._flatten_layers(include_self=False)):
         model.built = True
+        return
     model._symbolic_build(data_batch=element_spec)

@@ -1,0 +1,68 @@
+"""Which elements of each weight a replica owns under sharded optimizer
+state (`tfdist.communication.sharding`): slice ``r`` of every weight,
+flattened and padded to N equal slices."""
+
+import dataclasses
+from typing import Tuple
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardLayout:
+    """Which elements of each weight a replica owns: slice ``r`` of every
+    weight, flattened and padded to N equal slices.
+
+    >>> layout = ShardLayout(shapes=((2, 3), (2,)), replicas=2)
+    >>> layout.slice_sizes
+    (3, 1)
+    >>> [row.tolist() for row in layout.rows(0, [[1., 2., 3.], [4., 5., 6.]]).numpy()]
+    [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
+    >>> layout.whole(1, [7., 8.]).numpy().tolist()
+    [7.0, 8.0]
+
+    Attributes:
+      shapes: each trainable weight's shape, in the optimizer's order.
+      replicas: N, the number of shards.
+    """
+
+    shapes: Tuple[Tuple[int, ...], ...]
+    replicas: int
+
+    @classmethod
+    def of(cls, variables, replicas: int) -> "ShardLayout":
+        return cls(tuple(tuple(int(d) for d in v.shape) for v in variables), replicas)
+
+    @property
+    def sizes(self) -> Tuple[int, ...]:
+        """Each weight's number of elements."""
+        return tuple(int(tf.TensorShape(shape).num_elements()) for shape in self.shapes)
+
+    @property
+    def slice_sizes(self) -> Tuple[int, ...]:
+        """Elements of each weight in one replica's slice (the last slices padded)."""
+        return tuple(-(-size // self.replicas) for size in self.sizes)
+
+    def rows(self, weight: int, tensor) -> tf.Tensor:
+        """Weight ``weight``'s ``tensor`` (its shape) as ``[N, slice]``, row
+        ``r`` replica ``r``'s slice (the last rows padded with zeros)."""
+        size, length = self.sizes[weight], self.slice_sizes[weight]
+        flat = tf.reshape(tf.convert_to_tensor(tensor), [-1])
+        return tf.reshape(tf.pad(flat, [[0, length * self.replicas - size]]),
+                          [self.replicas, length])
+
+    def own_slice(self, weight: int, tensor, replica: int) -> tf.Tensor:
+        """Row ``replica`` of `rows`, cut from ``tensor`` alone (the other
+        rows are not made)."""
+        size, length = self.sizes[weight], self.slice_sizes[weight]
+        start = min(replica * length, size)
+        stop = min(start + length, size)
+        part = tf.reshape(tf.convert_to_tensor(tensor), [-1])[start:stop]
+        return part if stop - start == length else tf.pad(part, [[0, length - (stop - start)]])
+
+    def whole(self, weight: int, slices) -> tf.Tensor:
+        """Weight ``weight`` from its N slices, one after the other in
+        replica order (its shape, without the padding)."""
+        slices, size = tf.convert_to_tensor(slices), self.sizes[weight]
+        return tf.reshape(slices if slices.shape[0] == size else slices[:size],
+                          self.shapes[weight])
