@@ -1,11 +1,12 @@
 """Runs the full conformance matrix and writes its table.
 
-    python scripts/conformance.py [--clusters] [--output_dir=conformance_results]
+    python scripts/conformance.py [--clusters] [--axes] [--output_dir=conformance_results]
 
 Runs ``pytest tests/conformance --conformance=full`` (every model family of
 the zoo x one device and Mirrored on 2, 3 and 4 replicas x even, uneven
 partial and tiny last batches x attach / Trainer / custom loop; with
-``--clusters`` also 2 MultiWorkerMirrored workers and 1 worker + 1 ps), each
+``--clusters`` also 2 MultiWorkerMirrored workers and 1 worker + 1 ps; with
+``--axes`` also the axes of ``tests/conformance/test_axes.py``), each
 test appending a row to a report, then writes the table
 ``<output_dir>/conformance.md`` (the one on the docs site) and the rows as
 ``conformance.json``. Exits with pytest's code.
@@ -68,6 +69,10 @@ def define_flags() -> None:
     flags.DEFINE_string("output_dir", "conformance_results", "Where the table and rows go.")
     flags.DEFINE_bool("clusters", False,
                       "Also the real-cluster columns (several minutes per family).")
+    flags.DEFINE_bool("axes", False,
+                      "Also the axes beyond families (optimizers x gradient patterns x sharded "
+                      "state, loss / metric / model forms, input containers x feeds): "
+                      "1,620 combinations, about two hours on 2 cores.")
 
 
 def main(argv) -> int:
@@ -80,6 +85,8 @@ def main(argv) -> int:
     tests = ["tests/conformance/test_zoo.py"]
     if args.clusters:
         tests.append("tests/conformance/test_clusters.py")
+    if args.axes:
+        tests.append("tests/conformance/test_axes.py")
     env = dict(os.environ, TFDIST_CONFORMANCE_REPORT=str(report.resolve()))
     code = subprocess.call([sys.executable, "-m", "pytest", "-q", "--conformance=full",
                             "-n", "2", "--dist", "load", *tests], cwd=REPO, env=env)

@@ -105,7 +105,7 @@ def test_flat_slice_keeps_every_entry_of_the_slice():
     np.add.at(whole, ids, values)
     np.add.at(squares, ids, values ** 2)
     for start, length in ((0, 14), (14, 14), (28, 14), (38, 4)):
-        part = sparse_gradients.flat_slice(gradient, start, length)
+        part = sparse_gradients.flat_slice(gradient, start, length, (4,))
         dense = np.zeros(length, "float32")
         part_squares = np.zeros(length, "float32")
         np.add.at(dense, part.indices.numpy(), part.values.numpy())
@@ -115,3 +115,24 @@ def test_flat_slice_keeps_every_entry_of_the_slice():
         np.testing.assert_allclose(part_squares[:stop - start],
                                    squares.reshape(-1)[start:stop], 1e-6)
         assert part.dense_shape.numpy().tolist() == [length]
+
+
+def test_lookup_kind_follows_ids_into_an_xla_function():
+    """An XLA step's forward and backward pass are one function call: the
+    walk goes on in its body and back out through its arguments."""
+    table = tf.Variable(TABLE)
+    positions = tf.function(lambda x: tf.gather(table, tf.range(tf.shape(x)[1])),
+                            jit_compile=True)
+    tokens = tf.function(lambda x: tf.gather(table, x), jit_compile=True)
+    found = {}
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    def step(x):
+        for name, lookup in (("positions", positions), ("tokens", tokens)):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(lookup(x))
+            found[name] = sparse_gradients.lookup_kind(tape.gradient(loss, table).indices)
+        return x
+
+    step(tf.constant([[1, 2, 3]]))
+    assert found == {"positions": "shared", "tokens": "rows"}

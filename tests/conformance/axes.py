@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from conformance import zoo
+from conformance.corpus.knowledge_distillation import Distiller
 from conformance.zoo import CLASSES, SEQUENCE, VOCABULARY, Case
 
 # -- optimizers x sparse gradient patterns ------------------------------------
@@ -73,7 +74,7 @@ def padded_sequences_counted(examples: int, batch: int) -> tf.data.Dataset:
         tf.data.experimental.assert_cardinality(-(-examples // batch)))
 
 
-# pattern -> (build, dataset, clipping)
+# pattern -> (build, dataset, clipping[, XLA])
 SPARSE_PATTERNS = {
     "dense": (zoo.mlp(), zoo.features, {}),
     "tokens": (_pooled(lambda: keras.layers.Embedding(VOCABULARY, 8)), zoo.tokens, {}),
@@ -90,14 +91,17 @@ SPARSE_PATTERNS = {
     "dense_global_clipnorm": (zoo.mlp(), zoo.features, {"global_clipnorm": 0.05}),
     "tokens_global_clipnorm": (_pooled(lambda: keras.layers.Embedding(VOCABULARY, 8)),
                                zoo.tokens, {"global_clipnorm": 0.05}),
+    # The forward and backward pass compiled as one XLA function (the
+    # lookups' ids are followed into it).
+    "positions_under_xla": (_pooled(TokenAndPositionEmbedding), zoo.tokens, {}, True),
 }
 
 
 def optimizer_case(optimizer: str, pattern: str) -> Case:
-    build, dataset, clipping = SPARSE_PATTERNS[pattern]
+    build, dataset, clipping, *xla = SPARSE_PATTERNS[pattern]
 
     def compile_model(model):
-        model.compile(optimizer=OPTIMIZERS[optimizer](**clipping),
+        model.compile(optimizer=OPTIMIZERS[optimizer](**clipping), jit_compile=bool(xla),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     return Case(f"{optimizer}-{pattern}", zoo._seeded(build), compile_model, dataset)
@@ -226,44 +230,9 @@ def nested():
     return keras.Model(inputs, keras.layers.Dense(CLASSES, activation="softmax")(block(inputs)))
 
 
-class Distiller(keras.Model):
-    """keras.io's "Knowledge distillation": no ``call()``, its own
-    ``compile`` and ``train_step`` around a teacher and a student, and
-    compiled metrics updated in the step (loss rates set to 0.5 / 2.0)."""
-
-    def __init__(self, student, teacher):
-        super().__init__()
-        self.teacher = teacher
-        self.student = student
-
-    def compile(self, optimizer, metrics, student_loss_fn, distillation_loss_fn,  # pylint: disable=arguments-differ
-                alpha=0.5, temperature=2.0):
-        super().compile(optimizer=optimizer, metrics=metrics)
-        self.student_loss_fn = student_loss_fn
-        self.distillation_loss_fn = distillation_loss_fn
-        self.alpha = alpha
-        self.temperature = temperature
-
-    def train_step(self, data):
-        x, y = data
-        teacher_predictions = self.teacher(x, training=False)
-        with tf.GradientTape() as tape:
-            student_predictions = self.student(x, training=True)
-            student_loss = self.student_loss_fn(y, student_predictions)
-            distillation_loss = self.distillation_loss_fn(
-                keras.ops.softmax(teacher_predictions / self.temperature, axis=1),
-                keras.ops.softmax(student_predictions / self.temperature, axis=1),
-            ) * self.temperature ** 2
-            loss = self.alpha * student_loss + (1 - self.alpha) * distillation_loss
-        gradients = tape.gradient(loss, self.student.trainable_variables)
-        self.optimizer.apply_gradients(zip(gradients, self.student.trainable_variables))
-        for metric in self.metrics:
-            if metric.name != "loss":
-                metric.update_state(y, student_predictions)
-        return {m.name: m.result() for m in self.metrics}
-
-
 def distiller():
+    """keras.io's "Knowledge distillation" (`conformance.corpus.knowledge_distillation`):
+    no ``call()``, its own ``compile`` and ``train_step``, compiled metrics."""
     teacher = keras.Sequential([keras.Input((6,)), keras.layers.Dense(CLASSES)], name="teacher")
     student = keras.Sequential([keras.Input((6,)), keras.layers.Dense(CLASSES)], name="student")
     return Distiller(student, teacher)
@@ -273,7 +242,7 @@ def _compile_distiller(model):
     model.compile(optimizer=keras.optimizers.SGD(0.1),
                   metrics=[keras.metrics.SparseCategoricalAccuracy()],
                   student_loss_fn=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  distillation_loss_fn=keras.losses.KLDivergence())
+                  distillation_loss_fn=keras.losses.KLDivergence(), alpha=0.5, temperature=2.0)
 
 
 def subclassed():

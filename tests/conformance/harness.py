@@ -8,6 +8,8 @@ that on one device by reversing the rows of every batch).
 """
 
 import dataclasses
+import json
+import os
 from typing import Dict, List, Optional
 
 import keras
@@ -171,3 +173,16 @@ def assert_matches(reference: Result, result: Result, tolerance: float, *,
             assert got.shape == want.shape, (index, got.shape, want.shape)
             np.testing.assert_allclose(got, want, rtol=0, atol=max(tolerance, 1e-5),
                                        err_msg=f"predict output {index}")
+
+
+def record(row: dict) -> None:
+    """Appends a result row for `scripts/conformance.py`'s tables (when it
+    runs the matrix: ``TFDIST_CONFORMANCE_REPORT`` names the report)."""
+    path = os.environ.get("TFDIST_CONFORMANCE_REPORT")
+    if path:
+        with open(path, "a", encoding="utf-8") as report:
+            report.write(json.dumps(row) + "\n")
+
+
+def largest_difference(reference: Result, result: Result) -> float:
+    return max(float(abs(a - b).max()) for a, b in zip(reference.weights, result.weights))

@@ -10,7 +10,8 @@ import faulthandler
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # (conformance)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # (tests.support)
 
 import tfdist  # noqa: E402
 

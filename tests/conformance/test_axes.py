@@ -60,9 +60,22 @@ def test_optimizer_on_gradient_pattern_equals_one_device(optimizer, pattern, sha
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = _case_reference(optimizer, pattern, examples)
     options = {"communication": tfdist.communication.ShardedOptimizerState()} if sharded else {}
-    result = harness.run_attached(case, _strategy(strategy_name), examples, initial,
-                                  attach_options=options)
-    harness.assert_matches(reference, result, 1e-5)
+    row = dict(case=f"{optimizer} on {pattern}" + (" (sharded state)" if sharded else ""),
+               strategy=strategy_name, shape=shape, entry="attach")
+    _checked(row, reference, lambda: harness.run_attached(
+        case, _strategy(strategy_name), examples, initial, attach_options=options))
+
+
+def _checked(row, reference, run) -> None:
+    """Runs and compares one combination, recording its row for the table."""
+    try:
+        result = run()
+        harness.assert_matches(reference, result, 1e-5)
+    except BaseException as error:
+        harness.record(dict(row, outcome="failed", error=f"{type(error).__name__}: {error}"[:300]))
+        raise
+    harness.record(dict(row, outcome="passed",
+                        difference=harness.largest_difference(reference, result)))
 
 
 # -- loss, metric and model forms ---------------------------------------------------
@@ -86,8 +99,9 @@ def test_form_equals_one_device(form, strategy_name, shape):
     case = axes.FORMS[form]
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = _form_reference(form, examples)
-    result = harness.run_attached(case, _strategy(strategy_name), examples, initial)
-    harness.assert_matches(reference, result, 1e-5)
+    row = dict(case=form, strategy=strategy_name, shape=shape, entry="attach")
+    _checked(row, reference, lambda: harness.run_attached(
+        case, _strategy(strategy_name), examples, initial))
 
 
 # -- input containers x feeds ---------------------------------------------------------
@@ -106,5 +120,7 @@ def _container_reference(container: str, feed: str, examples: int):
 def test_input_container_equals_one_device(container, feed, strategy_name, shape):
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = _container_reference(container, feed, examples)
-    result = containers.run(container, feed, examples, _strategy(strategy_name), initial)
-    harness.assert_matches(reference, result, 1e-5)
+    row = dict(case=f"{container} x as {feed}", strategy=strategy_name, shape=shape,
+               entry="attach")
+    _checked(row, reference, lambda: containers.run(
+        container, feed, examples, _strategy(strategy_name), initial))

@@ -8,7 +8,6 @@ and the dict model (StringLookup, a lookup table) under parameter servers;
 """
 
 import json
-import os
 import re
 
 import numpy as np
@@ -73,10 +72,10 @@ def test_cluster_equals_one_device(tmp_path, case_name, cluster, shape):
     if (cluster, case_name) in REFUSED:
         assert code != 0 and re.search(REFUSED[(cluster, case_name)], run.output), \
             run.output[-4000:]
-        _record(dict(row, outcome="n/a"))
+        harness.record(dict(row, outcome="n/a"))
         return
     if code != 0:
-        _record(dict(row, outcome="failed"))
+        harness.record(dict(row, outcome="failed"))
     assert code == 0, run.output[-4000:]
     for task in tasks:
         with np.load(tmp_path / "out" / f"{task}-weights.npz") as weights, \
@@ -91,15 +90,7 @@ def test_cluster_equals_one_device(tmp_path, case_name, cluster, shape):
         try:
             harness.assert_matches(reference, result, tolerance)
         except AssertionError:
-            _record(dict(row, outcome="failed"))
+            harness.record(dict(row, outcome="failed"))
             raise
     difference = ref.largest_difference(reference.weights, result.weights)
-    _record(dict(row, outcome="passed", difference=difference))
-
-
-def _record(row: dict) -> None:
-    """A row of `scripts/conformance.py --clusters`' table."""
-    path = os.environ.get("TFDIST_CONFORMANCE_REPORT")
-    if path:
-        with open(path, "a", encoding="utf-8") as report:
-            report.write(json.dumps(row) + "\n")
+    harness.record(dict(row, outcome="passed", difference=difference))

@@ -9,8 +9,6 @@ runs the whole matrix (`scripts/conformance.py` writes its table for the docs).
 """
 
 import functools
-import json
-import os
 
 import pytest
 
@@ -69,21 +67,13 @@ def _tolerance(case_name: str, examples: int) -> float:
     return harness.tolerance(zoo.BY_NAME[case_name], examples, reference)
 
 
-def _record(row: dict) -> None:
-    """Appends a result row for `scripts/conformance.py`'s table."""
-    path = os.environ.get("TFDIST_CONFORMANCE_REPORT")
-    if path:
-        with open(path, "a", encoding="utf-8") as report:
-            report.write(json.dumps(row) + "\n")
-
-
 @pytest.mark.parametrize("case_name,strategy_name,shape,entry", list(_matrix()))
 def test_equals_one_device(case_name, strategy_name, shape, entry):
     case = zoo.BY_NAME[case_name]
     row = dict(case=case_name, strategy=strategy_name, shape=shape, entry=entry)
     reason = _applies(case, strategy_name, entry)
     if reason:
-        _record(dict(row, outcome="n/a"))
+        harness.record(dict(row, outcome="n/a"))
         pytest.skip(reason)
     replicas = STRATEGIES[strategy_name]
     examples = harness.BATCH_SHAPES[shape]
@@ -93,13 +83,13 @@ def test_equals_one_device(case_name, strategy_name, shape, entry):
     if case.not_exact_over_replicas and replicas > 1:
         with pytest.warns(UserWarning, match="synchronized"):
             harness.ENTRY_POINTS[entry](case, strategy, examples, initial)
-        _record(dict(row, outcome="warned"))
+        harness.record(dict(row, outcome="warned"))
         pytest.skip(f"not exact by design, warned: {case.not_exact_over_replicas}")
     try:
         result = harness.ENTRY_POINTS[entry](case, strategy, examples, initial)
         harness.assert_matches(reference, result, tolerance)
     except BaseException as error:
-        _record(dict(row, outcome="failed", error=f"{type(error).__name__}: {error}"[:300]))
+        harness.record(dict(row, outcome="failed", error=f"{type(error).__name__}: {error}"[:300]))
         raise
     difference = max(float(abs(a - b).max()) for a, b in zip(reference.weights, result.weights))
-    _record(dict(row, outcome="passed", difference=difference, tolerance=tolerance))
+    harness.record(dict(row, outcome="passed", difference=difference, tolerance=tolerance))

@@ -2,8 +2,8 @@
 
 An ``Embedding``'s gradient is a ``tf.IndexedSlices``: one entry per
 lookup, duplicates not summed. Keras 3 optimizers update from that form as
-it is, and the form changes the result: Adam, RMSprop and Adagrad square
-each entry before duplicate rows are summed (``v`` grows by the sum of the
+it is, and the form changes the result: Adam, AdamW, RMSprop, Adagrad and
+Adamax square each entry (or take its magnitude) before duplicate rows are summed (``v`` grows by the sum of the
 entries' squares, not by the square of their sum). One device's form is
 therefore part of what N replicas must reproduce, and it depends on where a
 lookup's ids come from:
@@ -18,9 +18,9 @@ lookup's ids come from:
   times in the squares).
 
 `combine` gives one device's form for both (`lookup_kind` tells them apart
-from the graph the step was traced in); a gradient that sums lookups of
-both kinds (one table, both ways) is split into its parts (`pieces`). Ids
-the analysis cannot follow (inside a ``tf.function`` call it cannot open,
+from the graph the step was traced in, into the functions it calls: an XLA
+step's); a gradient that sums lookups of both kinds (one table, both ways)
+is split into its parts (`pieces`). Ids the analysis cannot follow (through
 control flow) count as rows, the form ``tf.distribute`` gives.
 """
 
@@ -33,12 +33,12 @@ SHARED = "shared"
 
 # Ops whose value is the same on every replica of a step: constants and
 # variable reads (mirrored variables hold one value).
-_SAME_ON_EVERY_REPLICA = {"Const", "HostConst", "ReadVariableOp", "VarHandleOp", "Rank",
-                          "ZerosLike", "OnesLike"}
-# Ops the walk cannot look into (function bodies, control flow).
-_OPAQUE = {"PartitionedCall", "StatefulPartitionedCall", "If", "StatelessIf", "While",
-           "StatelessWhile", "Case", "StatelessCase"}
-_ZEROS_LIKE = {"ZerosLike", "OnesLike"}  # (their input's shape only)
+_SAME_ON_EVERY_REPLICA = {"Const", "HostConst", "ReadVariableOp", "VarHandleOp", "Rank"}
+# Function calls: the walk goes on in the function's body (an XLA step's
+# forward and backward pass are one).
+_CALLS = {"PartitionedCall", "StatefulPartitionedCall"}
+# Ops the walk cannot look into (control flow).
+_OPAQUE = {"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"}
 _WALK_LIMIT = 5000  # ops visited before the walk gives up (and says rows)
 _WHOLE = "_tfdist_whole_gradient"
 
@@ -82,34 +82,54 @@ def _non_batch_dimension(strided_slice) -> bool:
     return index > 0
 
 
+def _body(call):
+    """The graph of the function a call op runs, or None."""
+    try:
+        return call.graph._get_function(call.get_attr("f").name).graph  # pylint: disable=protected-access
+    except (AttributeError, ValueError, KeyError):
+        return None
+
+
 def depends_on_rows(tensor) -> bool:
     """Whether ``tensor`` (traced in a replica's step) may differ between
     replicas: it reads the batch's values, its number of rows, a random
     draw, or something the walk cannot follow. (The shape of a tensor
     counts as the tensor, except a sequence dimension of it: `tf.shape(x)[1]`
-    is the same on every replica.)"""
-    stack, seen = [tensor], set()
+    is the same on every replica.) The walk follows function calls into
+    their bodies and their arguments back out."""
+    stack, seen = [(tensor, ())], set()
     while stack:
-        op = stack.pop().op
-        if op.name in seen:
+        tensor, calls = stack.pop()
+        op = tensor.op
+        if (op.name, calls) in seen:
             continue
-        seen.add(op.name)
+        seen.add((op.name, calls))
         if len(seen) > _WALK_LIMIT or op.type in _OPAQUE or _is_random(op.type):
             return True
         if op.type in _SAME_ON_EVERY_REPLICA or (
                 op.type == "StridedSlice" and _non_batch_dimension(op)):
             continue
+        if op.type in _CALLS:
+            body = _body(op)
+            if body is None:
+                return True
+            stack.append((body.outputs[tensor.value_index], calls + (op,)))
+            continue
         if op.type == "Placeholder":
-            outer = _captured(op.outputs[0])
+            if calls and tensor.graph is _body(calls[-1]):  # (an argument of the call)
+                index = [t.ref() for t in tensor.graph.inputs].index(tensor.ref())
+                stack.append((calls[-1].inputs[index], calls[:-1]))
+                continue
+            outer = _captured(tensor)
             if outer is not None and _is_eager_constant(outer):
                 continue
             if outer is None or not hasattr(outer, "op") or outer.dtype == tf.resource:
                 return True
-            stack.append(outer)  # (a branch or function body: its enclosing graph's tensor)
+            stack.append((outer, calls))  # (a branch's input: its enclosing graph's tensor)
             continue
         if not op.inputs:
             return True
-        stack.extend(op.inputs)
+        stack.extend((t, calls) for t in op.inputs)
     return False
 
 
@@ -249,15 +269,15 @@ def split_for_all_reduce(gradient: tf.IndexedSlices, scale: float = 1.0):
     return parts, assemble
 
 
-def flat_slice(gradient: tf.IndexedSlices, start: int, length: int) -> tf.IndexedSlices:
-    """Elements ``start .. start + length`` of a sparse gradient's weight,
-    flattened, as a sparse gradient of a 1-D slice: one entry per entry's
-    element in the slice (duplicates kept, so an optimizer that squares
-    entries squares the same numbers as on the whole weight)."""
-    shape = gradient.dense_shape
+def flat_slice(gradient: tf.IndexedSlices, start: int, length: int,
+               row_shape) -> tf.IndexedSlices:
+    """Elements ``start .. start + length`` of a sparse gradient's weight
+    (whose rows have shape ``row_shape``), flattened, as a sparse gradient
+    of a 1-D slice: one entry per entry's element in the slice (duplicates
+    kept, so an optimizer that squares entries squares the same numbers as
+    on the whole weight)."""
     row_elements = 1
-    static = tf.get_static_value(shape)
-    for dimension in (static[1:] if static is not None else gradient.values.shape[1:]):
+    for dimension in row_shape:
         row_elements *= int(dimension)
     values = tf.reshape(gradient.values, [-1])
     elements = tf.reshape(

@@ -301,7 +301,8 @@ class ShardedOptimizerState:
         or sparse in one device's form (`tfdist._internal.sparse_gradients`)."""
         if isinstance(gradient, tf.IndexedSlices):
             length = self._layout.slice_sizes[weight]
-            return sparse_gradients.flat_slice(gradient, replica * length, length)
+            return sparse_gradients.flat_slice(gradient, replica * length, length,
+                                               self._layout.shapes[weight][1:])
         return self._layout.own_slice(weight, gradient, replica)
 
     def _sparse_slice(self, weight: int, gradient, scale, compressed, replica: int, context):
