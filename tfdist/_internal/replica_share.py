@@ -136,16 +136,6 @@ def _averaging(original):
     return all_reduce_gradients
 
 
-def scaled_gradient(gradient, scale: float):
-    """``gradient * scale`` (dense or IndexedSlices; None stays None)."""
-    if gradient is None:
-        return None
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values * tf.cast(scale, gradient.values.dtype),
-                                gradient.indices, gradient.dense_shape)
-    return gradient * tf.cast(scale, gradient.dtype)
-
-
 def install() -> None:
     """Wraps Keras' scaling functions and its TensorFlow optimizer's gradient
     all-reduce once per process (they defer to Keras outside `replica_share`,

@@ -3,8 +3,9 @@
 An ``Embedding``'s gradient is a ``tf.IndexedSlices``: one entry per
 lookup, duplicates not summed. Keras 3 optimizers update from that form as
 it is, and the form changes the result: Adam, AdamW, RMSprop, Adagrad and
-Adamax square each entry (or take its magnitude) before duplicate rows are summed (``v`` grows by the sum of the
-entries' squares, not by the square of their sum). One device's form is
+Adamax square each entry (or take its magnitude) before duplicate rows are
+summed (``v`` grows by the sum of the entries' squares, not by the square
+of their sum). One device's form is
 therefore part of what N replicas must reproduce, and it depends on where a
 lookup's ids come from:
 
@@ -312,7 +313,7 @@ def all_reduce_in_one_device_form(all_reduce, optimizer, grads_and_vars, scale: 
         else:
             plans.append((None, None, 1))
             sent.append((gradient if gradient is None or scale == 1.0
-                         else _scaled_gradient(gradient, scale), variable))
+                         else scaled_gradient(gradient, scale), variable))
     received = iter(all_reduce(optimizer, sent) if sent else [])
     reduced = []
     for (gradient, variable), (whole, assemble, count) in zip(grads_and_vars, plans):
@@ -324,8 +325,13 @@ def all_reduce_in_one_device_form(all_reduce, optimizer, grads_and_vars, scale: 
     return reduced
 
 
-def _scaled_gradient(gradient, scale: float):
+def scaled_gradient(gradient, scale):
+    """``gradient * scale`` (dense or IndexedSlices, whose ids are kept, and
+    with them a `mark_whole` mark; None stays None). ``scale`` may be a
+    tensor."""
+    if gradient is None:
+        return None
     if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(_scaled(gradient.values, scale), gradient.indices,
-                                gradient.dense_shape)
-    return _scaled(gradient, scale)
+        return tf.IndexedSlices(gradient.values * tf.cast(scale, gradient.values.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(scale, gradient.dtype)

@@ -60,7 +60,7 @@ to compress).
 
 import tensorflow as tf
 
-from tfdist._internal import collectives, replica_share
+from tfdist._internal import collectives, replica_share, sparse_gradients
 from tfdist._internal.keras import patches
 from tfdist.communication.strategy_support import refuse_strategy
 from tfdist.errors import ConfigurationError
@@ -232,7 +232,7 @@ def _local_gradients(optimizer, grads_and_vars):
     scale = replicas * replica_share.gradient_scale()
     if scale == 1:
         return list(grads_and_vars)
-    return [(replica_share.scaled_gradient(g, scale), v) for g, v in grads_and_vars]
+    return [(sparse_gradients.scaled_gradient(g, scale), v) for g, v in grads_and_vars]
 
 
 def attached_to(optimizer):

@@ -285,7 +285,7 @@ class ShardedOptimizerState:
             if isinstance(gradient, tf.IndexedSlices):
                 return tf.cast(self._sparse_slice(weight, gradient, scale, compressed,
                                                   replica, context), dtypes[weight])
-            gradient = tf.convert_to_tensor(replica_share.scaled_gradient(gradient, scale))
+            gradient = tf.convert_to_tensor(sparse_gradients.scaled_gradient(gradient, scale))
             own_dtype = gradient.dtype
             if compressed is not None:
                 gradient = compressed.compress(gradient, layout.replicas)

@@ -57,7 +57,7 @@ def apply_gradients(optimizer, gradients, variables) -> None:
         clipped = _clipped_as_one_device(optimizer, clipping, _batch_gradients(gradients),
                                          variables)
         gradients = [g if sparse_gradients.is_whole(g)
-                     else replica_share.scaled_gradient(g, 1.0 / replicas) for g in clipped]
+                     else sparse_gradients.scaled_gradient(g, 1.0 / replicas) for g in clipped]
     optimizer.apply_gradients(zip(gradients, variables))
 
 
@@ -66,22 +66,16 @@ def _clipped_as_one_device(optimizer, clipping, gradients, variables):
     LossScaleOptimizer's inner one, which clips the gradients after the loss
     scale is divided out: so do these, then multiply it back)."""
     scale = keras_optimizer.loss_scale(optimizer)
-    scaled = [scale is not None and g is not None and not keras_optimizer.keeps_gradient_unscaled(v)
-              for g, v in zip(gradients, variables)]
-    if scale is not None:
-        gradients = [_times(g, 1.0 / scale) if s else g for g, s in zip(gradients, scaled)]
-    clipped = keras_optimizer.clip_gradients(clipping, gradients)
-    if scale is not None:
-        clipped = [_times(g, scale) if s else g for g, s in zip(clipped, scaled)]
-    return clipped
+    if scale is None:
+        return keras_optimizer.clip_gradients(clipping, gradients)
+    unscaled = [g is not None and not keras_optimizer.keeps_gradient_unscaled(v)
+                for g, v in zip(gradients, variables)]
 
+    def times(factor, values):
+        return [sparse_gradients.scaled_gradient(g, factor) if u else g
+                for g, u in zip(values, unscaled)]
 
-def _times(gradient, factor):
-    """``gradient * factor`` (dense or IndexedSlices, its ids kept)."""
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype),
-                                gradient.indices, gradient.dense_shape)
-    return gradient * tf.cast(factor, gradient.dtype)
+    return times(scale, keras_optimizer.clip_gradients(clipping, times(1.0 / scale, gradients)))
 
 
 def _batch_gradients(gradients):
