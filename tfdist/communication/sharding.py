@@ -315,7 +315,7 @@ class ShardedOptimizerState:
         own_dtype, replicas = gradient.dtype, self._layout.replicas
 
         def send(values):
-            values = values * tf.cast(scale, values.dtype) if scale != 1.0 else values
+            values = sparse_gradients.scaled_gradient(values, scale)
             return values if compressed is None else compressed.compress(values, replicas)
 
         def receive(values):
