@@ -40,13 +40,13 @@ setup(
     # (tfdist/_internal/keras/, pinned by a test), hence one minor
     # version of each; a new pair is added once the whole suite passes on it.
     install_requires=[
-        "tensorflow>=2.21,<2.22",
+        "tensorflow>=2.19,<2.22",  # tfdist/versions.py: 2.19, 2.20, 2.21
         "keras>=3.15,<3.16",
         "tensorflow-datasets>=4.9.10,<5",
         "importlib_resources",  # tensorflow-datasets needs it, undeclared
         "numpy>=1.26",
         "absl-py>=2.0",
-        "tensorboard>=2.20",  # tf.summary writes nothing without it
+        "tensorboard>=2.19",  # tf.summary writes nothing without it (TensorFlow 2.19 needs 2.19)
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "psutil>=5.9", "matplotlib>=3.7", "pyyaml>=6",

@@ -102,7 +102,7 @@ def _train_worker() -> None:
                                   keras.layers.Dense(10)])
         model.compile(optimizer="sgd",
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    trainer = tfdist.Trainer(model, strategy, data=tfdist.DataOptions(data_service="auto"),
+    trainer = tfdist.Trainer(model, strategy, input_pipeline=tfdist.DataOptions(data_service="auto"),
         reporting=tfdist.ReportingOptions(log_every_steps=10**9))
     ps = FLAGS.strategy == "parameter_server"
     with warnings.catch_warnings():  # ps: a partial batch per service worker, steps to spare

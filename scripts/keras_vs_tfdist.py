@@ -61,9 +61,9 @@ def _fit_under(strategy, ref, x, y, batch_size, attach, optimizer_options,
             for name, value in optimizer_options.items():
                 setattr(optimizer, name, value)
             model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
-                          steps_per_execution=1 if attach else steps_per_execution)
+                          steps_per_execution=steps_per_execution)
         if attach:
-            tfdist.attach(model, strategy, steps_per_execution=steps_per_execution)
+            tfdist.attach(model, strategy)
         model.fit(x, y, batch_size=batch_size, epochs=EPOCHS, shuffle=False, verbose=0,
                   **fit_options)
         return model.get_weights()

@@ -1,5 +1,5 @@
 """Horovod's Keras MNIST example, ported to tfdist (docs/guides/coming-from-horovod.md
-shows the two side by side).
+maps its lines to tfdist's, one by one).
 
 The original: horovod/horovod, examples/tensorflow2/tensorflow2_keras_mnist.py
 (Apache License 2.0, Uber Technologies). Run it as Horovod users ran theirs:

@@ -14,7 +14,8 @@ import keras  # noqa: E402
 import recipes  # noqa: E402  (strategies/recipes.py: data and models of the examples)
 
 
-def build_classifier(model: str, info: dict, learning_rate: float, seed: int):
+def build_classifier(model: str, info: dict, learning_rate: float, seed: int,
+                     steps_per_execution: int = 1, jit_compile: bool = False):
     """The compiled classifier (call inside the strategy's scope)."""
     keras.utils.set_random_seed(seed)
     classifier = recipes.build_model(model, info["input_shape"], info["num_classes"])
@@ -22,6 +23,8 @@ def build_classifier(model: str, info: dict, learning_rate: float, seed: int):
         optimizer=keras.optimizers.Adam(learning_rate),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy"],
+        steps_per_execution=steps_per_execution,
+        jit_compile=jit_compile,
     )
     return classifier
 
@@ -40,11 +43,12 @@ def train_image_classifier(strategy, *, dataset="synthetic_patterns", data_dir=N
         dataset, global_batch_size=batch_size, data_dir=data_dir, seed=seed
     )
     with strategy.scope():
-        classifier = build_classifier(model, info, learning_rate, seed)
-    trainer = tfdist.Trainer(classifier, strategy, steps_per_execution=steps_per_execution,
-        jit_compile=jit_compile, static_shapes=static_shapes,
+        classifier = build_classifier(model, info, learning_rate, seed,
+                                      steps_per_execution=steps_per_execution,
+                                      jit_compile=jit_compile)
+    trainer = tfdist.Trainer(classifier, strategy, static_shapes=static_shapes,
         checkpointing=tfdist.CheckpointOptions(model_dir),
-        data=tfdist.DataOptions(partial_batch=partial_batch, global_batch_size=batch_size),
+        input_pipeline=tfdist.DataOptions(partial_batch=partial_batch, global_batch_size=batch_size),
         reporting=tfdist.ReportingOptions(log_every_steps=log_every_steps))
     if getattr(strategy.extended, "should_checkpoint", True):
         print(f"{strategy.num_replicas_in_sync} replicas | {dataset}: "

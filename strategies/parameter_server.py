@@ -63,12 +63,13 @@ def main(argv):
             info["vocabulary"], info["sequence_length"], info["num_classes"]
         )
         model.compile(optimizer=keras.optimizers.Adam(FLAGS.learning_rate),
-                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                      steps_per_execution=FLAGS.steps_per_execution)
     table = model.get_layer("embedding").embeddings
     shards = tfdist.strategies.sharded.shards(table)
     print(f"embedding {tuple(table.shape)} in {len(shards)} shard(s): "
           + ", ".join(v.device for v in shards), flush=True)
-    trainer = tfdist.Trainer(model, strategy, steps_per_execution=FLAGS.steps_per_execution,
+    trainer = tfdist.Trainer(model, strategy,
         checkpointing=tfdist.CheckpointOptions(FLAGS.model_dir),
         reporting=tfdist.ReportingOptions(log_every_steps=FLAGS.log_every_steps))
     trainer.fit(train, epochs=FLAGS.epochs, steps_per_epoch=FLAGS.steps_per_epoch,

@@ -66,6 +66,10 @@ SERIAL_TESTS = {
 
 def pytest_addoption(parser):
     parser.addoption(
+        "--full", action="store_true", default=os.environ.get("TFDIST_FULL") == "1",
+        help="also run the tests CI leaves out for time (marked full_form: the "
+             "benchmarks' quick runs); the whole suite is --full --conformance=full")
+    parser.addoption(
         "--conformance", choices=("short", "full"),
         default=os.environ.get("TFDIST_CONFORMANCE", "short"),
         help="the conformance matrix (tests/conformance): CI's short form, or all of it")
@@ -78,6 +82,9 @@ def pytest_configure(config):
         "markers", "conformance_full: a combination of the full conformance matrix only "
                    "(run with --conformance=full)")
     config.addinivalue_line(
+        "markers", "full_form: left out of CI for time, run with --full (a documented "
+                   "command: CONTRIBUTING.md)")
+    config.addinivalue_line(
         "markers", "soak: a real cluster runs for minutes (short form in CI)")
     config.addinivalue_line(
         "markers", "chaos: seeded faults on real clusters (short form in CI)")
@@ -86,12 +93,37 @@ def pytest_configure(config):
                    "slow beside another TensorFlow process; run alone (-m serial)")
 
 
+# The modules that take longest, in CI's order. `-n 2 --dist loadfile`
+# hands out whole files in collection order, so a long file collected last
+# runs alone on one core at the end while the other core idles; started
+# first, the short files fill in around it (longest-first scheduling).
+# Ordered by their share of a CI run (`--durations`); a module not listed
+# keeps its place after these.
+LONGEST_FIRST = (
+    "test_benchmark_script", "test_zoo", "test_axes", "test_corpus", "test_spark",
+    "test_mixed_precision", "test_program", "test_ray", "test_custom_loop",
+    "test_elastic_growth", "test_sharded_state", "test_custom_training",
+    "test_parameter_server_tutorial", "test_checkpoint", "test_evaluator",
+    "test_multi_worker_ctl", "test_multi_worker_keras", "test_empty_replicas",
+    "test_callback_files", "test_sharded_checkpoints", "test_keras_io_guide",
+)
+
+
+def _start_rank(item) -> int:
+    module = item.module.__name__.rsplit(".", 1)[-1]
+    return LONGEST_FIRST.index(module) if module in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_start_rank)  # stable: the files' own order otherwise
     full = config.getoption("--conformance") == "full"
     skip_full = pytest.mark.skip(reason="full conformance matrix only: --conformance=full")
+    skip_full_form = pytest.mark.skip(reason="left out of CI for time: run with --full")
     for item in items:
         if not full and item.get_closest_marker("conformance_full"):
             item.add_marker(skip_full)
+        if not config.getoption("--full") and item.get_closest_marker("full_form"):
+            item.add_marker(skip_full_form)
         module = item.module.__name__.rsplit(".", 1)[-1]
         if module in SERIAL_MODULES or (module, item.originalname) in SERIAL_TESTS:
             item.add_marker(pytest.mark.serial)

@@ -1,13 +1,16 @@
 """The shape the code keeps: no import cycles among tfdist modules, a generic
 Trainer whose `fit` loops over epochs and hands executions to the epoch
-loop, and modules that are split when they grow past ~400 lines (split,
-never compressed: a module near the limit is a module to split).
+loop, modules that are split when they grow past ~400 lines (split,
+never compressed: a module near the limit is a module to split), and
+Keras' internals reached in `tfdist/_internal/keras/` only.
 
 Read from the source with `ast` (module-level imports only; imports inside
 functions are deliberate late imports and listed where allowed).
 """
 
 import ast
+import functools
+import importlib.util
 import pathlib
 
 import pytest
@@ -192,3 +195,187 @@ def test_the_tests_mirror_the_package():
     shared = {"scenarios", "conformance", "support", "programs"}
     assert folders - shared <= set(LAYERS), folders - shared - set(LAYERS)
     assert not list(tests.glob("support/test_*.py")) and not list(tests.glob("programs/test_*.py"))
+
+
+# Keras internals in one room: a private Keras attribute is read, and a
+# Keras function or method replaced, in `tfdist/_internal/keras/` only,
+# behind a named function that tests/_internal/test_keras_contract.py pins.
+KERAS_ROOM = "tfdist._internal.keras"
+# TensorFlow's checkpoint protocol (a TensorFlow private, not Keras'; out of scope).
+TF_CHECKPOINT_PROTOCOL = {"_serialize_to_tensors", "_restore_from_tensors",
+                          "_copy_trackable_to_cpu"}
+# Privates tfdist relies on: the derived set must keep them (an exclusion
+# below that swallowed one would blind the check to it).
+RELIED_ON = {"_var_key", "_trainable_variables_indices", "_backend_update_step",
+             "_trackable_children", "_learning_rate", "_value", "_all_reduce_sum_gradients",
+             "_trainable_variables", "_clip_gradients", "_flatten_layers", "_symbolic_build",
+             "_seed_generators"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_names_defined(tree) -> set:
+    """Names a source assigns as ``self._x`` / ``cls._x``, and its private
+    classes and functions (in classes and at module level)."""
+    found = set()
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
+                   if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+        found.update(sub.attr for target in targets for sub in ast.walk(target)
+                     if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name)
+                     and sub.value.id in ("self", "cls") and _private(sub.attr))
+    bodies = [n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+    for body in bodies + [tree.body]:
+        found.update(n.name for n in body if isinstance(
+            n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _private(n.name))
+    return found
+
+
+def _keras_package() -> pathlib.Path:
+    return pathlib.Path(importlib.util.find_spec("keras").submodule_search_locations[0])
+
+
+@functools.lru_cache(maxsize=None)
+def _keras_privates() -> frozenset:
+    """Keras' private names, from the installed source (its tests
+    skipped), less TensorFlow's checkpoint protocol. tfdist's own private
+    attributes of the same names are told apart by their receiver
+    (`_own_receiver`), not by leaving the names out."""
+    keras_names = set()
+    for path in (_keras_package() / "src").rglob("*.py"):
+        if not (path.name.endswith("_test.py") or {"tests", "testing"} & set(path.parts)):
+            keras_names |= _private_names_defined(ast.parse(path.read_text()))
+    return frozenset(keras_names - TF_CHECKPOINT_PROTOCOL)
+
+
+@functools.lru_cache(maxsize=None)
+def _keras_public_classes() -> frozenset:
+    """The public ``keras.optimizers`` and ``keras.layers`` class names."""
+    names = set()
+    for package in ("optimizers", "layers"):
+        tree = ast.parse((_keras_package() / package / "__init__.py").read_text())
+        names.update(alias.asname or alias.name for node in tree.body
+                     if isinstance(node, ast.ImportFrom) for alias in node.names
+                     if (alias.asname or alias.name)[:1].isupper())
+    return frozenset(names)
+
+
+def _own_receiver(node: ast.Attribute, parents: dict) -> bool:
+    """``self._x`` / ``cls._x`` where ``self`` is a parameter of a method
+    of a tfdist class (a function outside any class that takes ``self`` is
+    installed on a Keras class: its ``self`` is a Keras object)."""
+    if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+        return False
+    scope = parents.get(node)
+    while scope is not None:
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = scope.args.posonlyargs + scope.args.args + scope.args.kwonlyargs
+            if node.value.id in [a.arg for a in arguments]:
+                return isinstance(parents.get(scope), ast.ClassDef)
+        scope = parents.get(scope)
+    return False
+
+
+def _set_or_removed(node: ast.Call, constants: dict):
+    """For ``object.__setattr__(o, name, ...)``, ``object.__delattr__(o,
+    name)`` and ``o.__dict__.pop(name)``: ``name`` (a string, or a module
+    constant's value; "" when neither); else None."""
+    func, argument = node.func, None
+    if not isinstance(func, ast.Attribute):
+        return None
+    if (func.attr in ("__setattr__", "__delattr__") and isinstance(func.value, ast.Name)
+            and func.value.id == "object" and len(node.args) >= 2):
+        argument = node.args[1]
+    elif func.attr == "pop" and isinstance(func.value, ast.Attribute) \
+            and func.value.attr == "__dict__" and node.args:
+        argument = node.args[0]
+    else:
+        return None
+    if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+        return argument.value
+    return constants.get(argument.id, "") if isinstance(argument, ast.Name) else ""
+
+
+def _keras_internals_in(source: str, privates, classes) -> list:
+    """``(line, rule, code)`` for each reach into Keras' internals: (R1) a
+    private Keras attribute not on a tfdist method's ``self``, (R2) a
+    string naming one (docstrings aside), (R3) an attribute set or removed
+    past Keras' tracking that is not a ``_tfdist_*`` marker, (R4) Keras
+    optimizer or layer classes listed by name."""
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, documented) and n.body and isinstance(n.body[0], ast.Expr)
+                  and isinstance(n.body[0].value, ast.Constant)}
+    constants = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+                 for target in node.targets if isinstance(target, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in privates \
+                and not _own_receiver(node, parents):
+            found.append((node.lineno, "R1 a private Keras attribute", ast.unparse(node)))
+        elif isinstance(node, ast.Constant) and node.value in privates \
+                and id(node) not in docstrings:
+            found.append((node.lineno, "R2 a string naming a private Keras attribute",
+                          repr(node.value)))
+        elif isinstance(node, ast.Call):
+            name = _set_or_removed(node, constants)
+            if name is not None and not (name.startswith("_tfdist_")
+                                         or name in TF_CHECKPOINT_PROTOCOL):
+                found.append((node.lineno, "R3 a method set or removed past Keras' tracking",
+                              ast.unparse(node)))
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2 and all(
+                isinstance(e, ast.Constant) and e.value in classes for e in node.elts):
+            found.append((node.lineno, "R4 Keras classes matched by name", ast.unparse(node)))
+    return sorted(found)
+
+
+def test_the_keras_private_names_are_read_from_keras():
+    privates = _keras_privates()
+    assert RELIED_ON <= privates, sorted(RELIED_ON - privates)
+    assert not privates & TF_CHECKPOINT_PROTOCOL
+    assert {"SGD", "Adam", "AdamW", "Lion", "Dense", "Embedding"} <= _keras_public_classes()
+
+
+def test_keras_internals_are_reached_in_internal_keras_only():
+    """Every private Keras attribute read (R1, R2), Keras method replaced on
+    an object (R3) and Keras class matched by its name (R4) is in
+    `tfdist/_internal/keras/`, behind a named function."""
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {rule}: {code[:80]}"
+             for name, path in _modules().items() if not name.startswith(KERAS_ROOM)
+             for line, rule, code in _keras_internals_in(
+                 path.read_text(), _keras_privates(), _keras_public_classes())]
+    assert found == [], ("move these behind a named function in tfdist/_internal/keras/ "
+                         "(and pin it in tests/_internal/test_keras_contract.py):\n"
+                         + "\n".join(found))
+
+
+KERAS_REACHES = '''\
+ELEMENTWISE = ("SGD", "Adam")
+def f(optimizer, o, m, v, f):
+    optimizer._var_key(v)
+    getattr(o, "_learning_rate")
+    object.__setattr__(m, "fit", f)
+    m.__dict__.pop("fit")
+    object.__setattr__(m, "_tfdist_marker", 1)
+def installed_on_a_keras_class(self, value):
+    return self._value
+class Own:
+    def __init__(self):
+        "_value"
+        self._layout = 1
+        self.read = lambda: self._layout
+'''
+
+
+def test_the_keras_internals_check_sees_them():
+    """The check itself: each rule flags its reach; tfdist's own private
+    attributes on ``self``, markers and docstrings pass."""
+    found = _keras_internals_in(KERAS_REACHES, _keras_privates() | {"_layout"},
+                                _keras_public_classes())
+    assert [(line, rule[:2]) for line, rule, _ in found] == [
+        (1, "R4"), (3, "R1"), (4, "R2"), (5, "R3"), (6, "R3"), (9, "R1")], found

@@ -64,11 +64,14 @@ def test_model_not_compiled(make_strategy):
         tfdist.Trainer(model, strategy)
 
 
-@pytest.mark.parametrize("value", [0, -1, 2.5])
+@pytest.mark.parametrize("value", [0, -1])
 def test_steps_per_execution_must_be_positive(make_strategy, value):
     strategy = make_strategy(2)
-    with pytest.raises(tfdist.errors.ConfigurationError, match=f"`steps_per_execution` \\({value}\\)"):
-        tfdist.Trainer(_compiled_in(strategy), strategy, steps_per_execution=value)
+    model = _compiled_in(strategy)
+    model.steps_per_execution = value  # as model.compile(steps_per_execution=value) sets it
+    with pytest.raises(tfdist.errors.ConfigurationError,
+                       match=f"model.compile: `steps_per_execution` \\({value}\\)"):
+        tfdist.Trainer(model, strategy)
 
 
 def test_dataset_without_batch_dimension(make_strategy):
@@ -102,7 +105,7 @@ def test_validation_data_of_the_wrong_form(make_strategy, bad):
 def test_pad_needs_batch_divisible_by_replicas(make_strategy):
     strategy = make_strategy(3)
     trainer = tfdist.Trainer(_compiled_in(strategy), strategy,
-        data=tfdist.DataOptions(partial_batch="pad"))
+        input_pipeline=tfdist.DataOptions(partial_batch="pad"))
     with pytest.raises(tfdist.errors.ConfigurationError, match="divisible by the 3 replicas; got 16"):
         trainer.fit(ref.global_batches(40, 16), verbose=0)
 
@@ -111,7 +114,7 @@ def test_unknown_partial_batch_policy(make_strategy):
     strategy = make_strategy(2)
     with pytest.raises(tfdist.errors.ConfigurationError, match="`partial_batch` \\('trim'\\)"):
         tfdist.Trainer(_compiled_in(strategy), strategy,
-            data=tfdist.DataOptions(partial_batch="trim"))
+            input_pipeline=tfdist.DataOptions(partial_batch="trim"))
 
 
 def test_jit_compile_rejects_masked_losses(make_strategy):
@@ -122,11 +125,11 @@ def test_jit_compile_rejects_masked_losses(make_strategy):
             keras.layers.Embedding(10, 3, mask_zero=True),
             keras.layers.Dense(2, activation="softmax"),
         ])
-        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", jit_compile=True)
     tokens = np.array([[1, 2, 0, 0]] * 8, "int32")
     data = tf.data.Dataset.from_tensor_slices((tokens, np.ones((8, 4), "int64"))).batch(4)
-    trainer = tfdist.Trainer(model, strategy, jit_compile=True,
-        data=tfdist.DataOptions(partial_batch="pad"))
+    trainer = tfdist.Trainer(model, strategy,
+        input_pipeline=tfdist.DataOptions(partial_batch="pad"))
     with pytest.raises(Exception, match="jit_compile=True supports losses without Keras masks"):
         trainer.fit(data, verbose=0)
 
@@ -198,12 +201,22 @@ def test_every_error_class_lives_in_tfdist_errors():
     assert tfdist.errors.SparkTrainingError.__module__ == "tfdist.errors"
 
 
+def test_a_misspelt_option_is_pythons_error_naming_it(make_strategy):
+    strategy = make_strategy(1)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    with pytest.raises(TypeError, match="unexpected keyword argument 'checkpionting'"):
+        tfdist.attach(model, strategy, checkpionting=None)
+
+
 @pytest.mark.parametrize("options,message", [
-    ({"steps_per_exection": 2}, r"tfdist\.attach got unknown option\(s\) 'steps_per_exection'; "
-                                r"it takes .*steps_per_execution"),
-    ({"steps_per_execution": 0}, r"`steps_per_execution` \(0\) must be a positive integer"),
-    ({"partial_batch": "trim"}, r"`partial_batch=` is now `data=tfdist\.DataOptions\(partial_batch=\.\.\.\)`"),
-    ({"data": "pad"}, r"`data` must be a tfdist\.DataOptions \(or None\); got str 'pad'"),
+    ({"steps_per_execution": 2}, r"`steps_per_execution=` is now "
+                                 r"`model\.compile\(steps_per_execution=\.\.\.\)`"),
+    ({"partial_batch": "trim"},
+     r"`partial_batch=` is now `input_pipeline=tfdist\.DataOptions\(partial_batch=\.\.\.\)`"),
+    ({"data": tfdist.DataOptions()}, r"`data=` is now `input_pipeline=tfdist\.DataOptions"),
+    ({"input_pipeline": "pad"},
+     r"`input_pipeline` must be a tfdist\.DataOptions \(or None\); got str 'pad'"),
 ])
 def test_attach_checks_its_trainer_options_when_called(make_strategy, options, message):
     """Before any fit: a misspelt or bad option is an error at ``attach``."""

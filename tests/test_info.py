@@ -2,11 +2,12 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import tfdist
-from tfdist import info
+from tfdist import info, versions
 
 
 def test_python_m_tfdist_prints_versions_devices_and_role():
@@ -18,6 +19,7 @@ def test_python_m_tfdist_prints_versions_devices_and_role():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert f"tfdist {tfdist.__version__}" in out and "tensorflow 2." in out and "keras 3." in out
+    assert "(supported)" in out or "not supported: tfdist supports" in out
     assert "CPU: " in out and "GPU: " in out and "TPU: " in out
     assert "task worker-0 (not chief); cluster: chief x1, worker x1" in out
 
@@ -32,3 +34,24 @@ def test_a_missing_device_kind_says_why():
 def test_a_malformed_tf_config_is_reported_not_raised():
     text = info.report(environ={"TF_CONFIG": '{"cluster": {"worker": ["nohost"]}}'})
     assert "TF_CONFIG: invalid:" in text
+
+
+def test_setup_py_and_the_versions_page_say_what_tfdist_versions_says():
+    """One list of supported versions (`tfdist.versions`): the pins in
+    ``setup.py`` admit exactly those minors, and docs/versions.md names them."""
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    setup = (repo / "setup.py").read_text()
+    oldest, newest = versions.TENSORFLOW[0], versions.TENSORFLOW[-1]
+    following = f"{newest.split('.')[0]}.{int(newest.split('.')[1]) + 1}"
+    assert f'"tensorflow>={oldest},<{following}"' in setup
+    keras_following = f"3.{int(versions.KERAS[-1].split('.')[1]) + 1}"
+    assert f'"keras>={versions.KERAS[0]},<{keras_following}"' in setup
+    page = (repo / "docs" / "versions.md").read_text()
+    for minor in versions.TENSORFLOW + versions.KERAS:
+        assert f"| {minor} " in page or f"{minor}." in page, minor
+
+
+def test_an_unsupported_version_is_named():
+    assert versions.support("tensorflow", "2.18.0").startswith("not supported: tfdist supports "
+                                                              "TensorFlow 2.19")
+    assert versions.support("keras", "3.15.1") == "supported"

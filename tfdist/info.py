@@ -16,6 +16,7 @@ import sys
 from typing import List, Mapping, Optional
 
 import tfdist
+from tfdist import versions
 from tfdist._internal import tf_logs
 from tfdist.cluster import tf_config
 from tfdist.errors import ConfigurationError
@@ -25,8 +26,9 @@ def _versions() -> List[str]:
     tf = tf_logs.import_module("tensorflow")
     import keras  # pylint: disable=import-outside-toplevel
 
-    return [f"tfdist {tfdist.__version__}", f"tensorflow {tf.__version__}",
-            f"keras {keras.__version__}",
+    return [f"tfdist {tfdist.__version__}",
+            f"tensorflow {tf.__version__} ({versions.support('tensorflow', tf.__version__)})",
+            f"keras {keras.__version__} ({versions.support('keras', keras.__version__)})",
             f"python {platform.python_version()} ({sys.platform}, {platform.machine()})"]
 
 

@@ -65,14 +65,14 @@ def builders(strategy, model_name: str, batch_size: int, steps_per_execution: in
     def tfdist_fit(log_every_steps=100):
         import tfdist  # pylint: disable=import-outside-toplevel
 
-        trainer = tfdist.Trainer(model(), strategy, steps_per_execution=spe,
+        trainer = tfdist.Trainer(model(), strategy,
             reporting=tfdist.ReportingOptions(log_every_steps=log_every_steps))
         return lambda steps: trainer.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
 
     def tfdist_attach():
         import tfdist  # pylint: disable=import-outside-toplevel
 
-        attached = tfdist.attach(model(), strategy, steps_per_execution=spe)
+        attached = tfdist.attach(model(), strategy)
         return lambda steps: attached.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
 
     def keras_fit():

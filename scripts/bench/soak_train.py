@@ -95,18 +95,18 @@ def main(argv) -> None:
                 keras.layers.Dense(3, activation="softmax"),
             ])
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                      steps_per_execution=args.steps_per_execution)
     communication = None
     if args.local_sgd:
         communication = tfdist.communication.LocalSGD(args.local_sgd)
     elif args.sharded_state:
         communication = tfdist.communication.ShardedOptimizerState()
     trainer = tfdist.Trainer(model, strategy, communication=communication,
-        steps_per_execution=args.steps_per_execution,
         checkpointing=tfdist.CheckpointOptions(
             args.checkpoint_dir, max_to_keep=2, every_steps=args.checkpoint_every_steps,
             async_write=args.async_checkpoint),
-        data=tfdist.DataOptions(data_service=args.data_service),
+        input_pipeline=tfdist.DataOptions(data_service=args.data_service),
         reporting=tfdist.ReportingOptions(log_every_steps=args.log_every_steps))
     trainer.fit(data, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=1)
 

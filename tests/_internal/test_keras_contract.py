@@ -3,13 +3,17 @@
 If a Keras upgrade changes them, this fails first, with a clear name.
 """
 
+import functools
+import inspect
 import subprocess
 import sys
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfdist._internal.keras import compiled as keras_compiled, model_state as keras_model_state
+from tfdist._internal.keras import optimizer as keras_optimizer, patches
 
 
 def test_compiled_model_exposes_what_tfdist_reads():
@@ -108,3 +112,212 @@ def test_file_writing_callbacks_have_the_paths_tfdist_redirects(tmp_path):
     board.set_model(model)
     assert board._train_dir == str(tmp_path / "b" / "train")
     assert keras.callbacks.CSVLogger(str(tmp_path / "log.csv")).csv_file is None
+
+
+# The privates behind tfdist/_internal/keras/{optimizer,patches,model_state}:
+# one test each, failing with the private and the function to update.
+
+def _changed(private: str, where: str) -> str:
+    return (f"Keras {keras.__version__} changed {private}: tfdist/_internal/keras/{where} "
+            "needs updating")
+
+
+def _parameters(function) -> list:
+    return list(inspect.signature(function).parameters)
+
+
+def _weights():
+    return [keras.Variable(np.ones([3], "float32"), name="a"),
+            keras.Variable(np.ones([2, 2], "float32"), name="b")]
+
+
+def test_var_key_is_one_key_per_weight_across_its_forms():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    message = _changed("TFOptimizer._var_key", "optimizer.variable_key")
+    assert _parameters(TFOptimizer._var_key) == ["self", "variable"], message
+    optimizer, (a, b) = keras.optimizers.SGD(), _weights()
+    key = keras_optimizer.variable_key(optimizer, a)
+    assert key == keras_optimizer.variable_key(optimizer, a.value), message
+    assert key != keras_optimizer.variable_key(optimizer, b), message
+    hash(key)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        mirrored = keras.Variable(np.ones([3], "float32"))
+    wanted = keras_optimizer.variable_key(optimizer, mirrored)
+    assert [keras_optimizer.variable_key(optimizer, component) for component in
+            strategy.experimental_local_results(mirrored.value)] == [wanted, wanted], message
+
+
+def test_trainable_variables_indices_file_each_weight_by_key():
+    message = _changed("BaseOptimizer._trainable_variables_indices", "optimizer.state_index")
+    optimizer, (a, b) = keras.optimizers.Adam(), _weights()
+    optimizer.build([a, b])
+    assert [keras_optimizer.state_index(optimizer, v) for v in (a, b)] == [0, 1], message
+    stand_in = keras.Variable(np.ones([3], "float32"))
+    keras_optimizer.set_state_index(optimizer, stand_in, 1)
+    assert keras_optimizer.state_index(optimizer, stand_in) == 1, message
+    # Keras' apply accepts a variable filed so (sharded state's slices).
+    optimizer._check_variables_are_known([stand_in])  # pylint: disable=protected-access
+
+
+def test_backend_update_step_is_the_update_apply_calls():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    message = _changed("TFOptimizer._backend_update_step", "patches.replace_update_of")
+    assert _parameters(TFOptimizer._backend_update_step) == [
+        "self", "grads", "trainable_variables", "learning_rate"], message
+    optimizer, weights = keras.optimizers.SGD(0.5), _weights()
+    optimizer.build(weights)
+    calls = []
+    patches.replace_update_of(optimizer, lambda *args: calls.append(args))
+    optimizer.apply([tf.ones_like(w) for w in weights], weights)
+    assert len(calls) == 1 and len(calls[0]) == 3, message
+    grads, variables, rate = calls[0]
+    assert len(grads) == len(variables) == 2 and float(rate) == 0.5, message
+    assert [float(w.numpy().sum()) for w in weights] == [3.0, 4.0], message  # (not Keras')
+
+
+def test_all_reduce_sum_gradients_takes_and_returns_pairs():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    message = _changed("TFOptimizer._all_reduce_sum_gradients", "patches.all_reduce_sum")
+    assert _parameters(getattr(TFOptimizer, patches.GRADIENT_ALL_REDUCE)) == [
+        "self", "grads_and_vars"], message
+    optimizer, (a, _) = keras.optimizers.SGD(), _weights()
+    (gradient, variable), = patches.all_reduce_sum(optimizer, [(tf.ones([3]), a)])
+    assert variable is a and gradient.numpy().tolist() == [1.0, 1.0, 1.0], message
+
+
+def test_checkpoint_children_name_the_weights_and_state_lists(tmp_path):
+    message = _changed("the optimizer's _trackable_children",
+                       "optimizer.is_weights_child / patches.replace_checkpoint_children_of")
+    optimizer, weights = keras.optimizers.Adam(), _weights()
+    optimizer.build(weights)
+    seen = []
+
+    def wrap(children):
+        seen.append(dict(children))
+        return children
+
+    patches.replace_checkpoint_children_of(optimizer, wrap)
+    path = tf.train.Checkpoint(optimizer=optimizer).write(str(tmp_path / "ckpt"))
+    assert seen, message
+    children = seen[0]
+    weights_children = [name for name in children if keras_optimizer.is_weights_child(name)]
+    assert len(weights_children) == 1, (message, sorted(children))
+    assert list(children[weights_children[0]]) == weights, message
+    state = {id(v) for v in optimizer.variables}
+    assert {id(v) for v in children["_variables"]} == state, (message, sorted(children))
+    slot_lists = [name for name, child in children.items() if name != "_variables"
+                  and isinstance(child, (list, tuple, type(children["_variables"])))
+                  and child and all(id(v) in state for v in child)]
+    assert sorted(slot_lists) == ["_momentums", "_velocities"], (message, sorted(children))
+    assert any(name.startswith("optimizer/_variables/")
+               for name, _ in tf.train.list_variables(path)), message
+
+
+def test_add_variable_from_reference_makes_each_weights_state():
+    message = _changed("BaseOptimizer.add_variable_from_reference",
+                       "optimizer.recording_state_variables")
+    optimizer, weights = keras.optimizers.Adam(), _weights()
+    made = []
+    with keras_optimizer.recording_state_variables(
+            optimizer, lambda reference, variable: made.append((reference, variable))):
+        optimizer.build(weights)
+    # Adam: a momentum and a velocity per weight, each made from its weight.
+    assert sorted(id(reference) for reference, _ in made) == sorted(
+        2 * [id(w) for w in weights]), message
+    assert {id(v) for _, v in made} <= {id(v) for v in optimizer.variables}, message
+    assert not patches.has_own_method(optimizer, "add_variable_from_reference"), message
+
+
+def test_learning_rate_is_one_of_the_optimizer_variables():
+    message = _changed("BaseOptimizer._learning_rate", "optimizer.learning_rate_variable")
+    optimizer = keras.optimizers.SGD(0.25)
+    optimizer.build(_weights())
+    rate = keras_optimizer.learning_rate_variable(optimizer)
+    assert rate is not None and any(v is rate for v in optimizer.variables), message
+    assert float(rate.numpy()) == 0.25, message
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    assert keras_optimizer.learning_rate_variable(keras.optimizers.SGD(schedule)) is None, message
+
+
+def test_value_is_the_tensorflow_variable_behind_a_keras_variable():
+    message = _changed("Variable._value", "model_state.tensorflow_variable")
+    variable = keras.Variable(np.ones([2], "float32"))
+    storage = keras_model_state.tensorflow_variable(variable)
+    assert isinstance(storage, tf.Variable) and storage is variable.value, message
+    from keras.src.backend.common.variables import AutocastScope
+
+    with AutocastScope("float16"):  # (.value is cast there; the storage is not)
+        assert variable.value.dtype == tf.float16, message
+        assert keras_model_state.tensorflow_variable(variable) is storage, message
+    tf_variable = tf.Variable(1.0)
+    assert keras_model_state.tensorflow_variable(tf_variable) is tf_variable
+
+
+def test_train_step_calls_the_models_own_compute_loss():
+    message = _changed("Trainer.compute_loss (per-object)", "patches.replace_methods_of")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    keras_compute_loss, calls = model.compute_loss, []
+
+    @functools.wraps(keras_compute_loss)
+    def compute_loss(*args, **kwargs):
+        calls.append(1)
+        return keras_compute_loss(*args, **kwargs)
+
+    assert not patches.has_own_method(model, "compute_loss")
+    patches.replace_methods_of(model, {"compute_loss": compute_loss})
+    assert patches.has_own_method(model, "compute_loss")
+    model.train_on_batch(np.ones([4, 3]), np.ones([4, 2]))
+    assert calls, message
+    patches.restore_methods_of(model, ("compute_loss",))
+    assert not patches.has_own_method(model, "compute_loss")
+    assert model.compute_loss.__func__ is type(model).compute_loss
+
+
+def test_saving_calls_the_optimizers_own_save_and_load_own_variables(tmp_path):
+    message = _changed("save_own_variables / load_own_variables (per-object)",
+                       "patches.replace_methods_of")
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    model.train_on_batch(np.ones([4, 3]), np.ones([4, 2]))
+    optimizer, calls = model.optimizer, []
+    keras_save, keras_load = optimizer.save_own_variables, optimizer.load_own_variables
+    assert _parameters(keras_save) == ["store"] and _parameters(keras_load) == ["store"], message
+    patches.replace_methods_of(optimizer, {
+        "save_own_variables": lambda store: (calls.append("save"), keras_save(store)),
+        "load_own_variables": lambda store: (calls.append("load"), keras_load(store))})
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    model.load_weights(path)
+    assert calls == ["save", "load"], (message, calls)
+
+
+class _MyAdam(keras.optimizers.Adam):
+    """Adam with other defaults: its update is Adam's."""
+
+    def __init__(self, learning_rate=0.02, **kwargs):
+        super().__init__(learning_rate=learning_rate, beta_2=0.99, **kwargs)
+
+
+class _OwnStepAdam(keras.optimizers.Adam):
+    def update_step(self, gradient, variable, learning_rate):
+        super().update_step(gradient, variable, learning_rate)
+
+
+def test_updates_elementwise_by_capability():
+    message = _changed("an optimizer's update methods", "optimizer.updates_elementwise")
+    accepted = [cls() for cls in keras_optimizer.elementwise_classes()]
+    accepted += [keras.optimizers.AdamW(), _MyAdam()]
+    for optimizer in accepted:
+        assert keras_optimizer.updates_elementwise(optimizer), (message, type(optimizer))
+        assert callable(getattr(type(optimizer), patches.DISTRIBUTED_UPDATE)), message
+    refused = [keras.optimizers.Nadam(), keras.optimizers.Lamb(), keras.optimizers.Adafactor(),
+               keras.optimizers.Muon(), keras.optimizers.ScheduleFreeAdamW(), _OwnStepAdam()]
+    for optimizer in refused:
+        assert not keras_optimizer.updates_elementwise(optimizer), (message, type(optimizer))
+    assert keras_optimizer.elementwise_base(_MyAdam()) is keras.optimizers.Adam
+    assert keras_optimizer.overridden_update_methods(_OwnStepAdam()) == ["update_step"]

@@ -28,10 +28,54 @@ def _strategy():
 @pytest.mark.parametrize("make,name", [(lambda: keras.optimizers.Lamb(), "Lamb"),
                                        (lambda: keras.optimizers.Adafactor(), "Adafactor"),
                                        (lambda: keras.optimizers.Nadam(), "Nadam")])
-def test_an_optimizer_that_looks_across_elements_is_refused_by_name(strategy, make, name):
+def test_an_optimizer_that_looks_across_elements_is_refused(strategy, make, name):
     model = _model(strategy, make())
     with pytest.raises(ConfigurationError, match=f"{name} is not one of them"):
         tfdist.Trainer(model, strategy, communication=ShardedOptimizerState())
+
+
+class MyAdam(keras.optimizers.Adam):
+    """A user's Adam with other defaults: its update is Adam's own."""
+
+    def __init__(self, learning_rate=0.02, beta_2=0.99, **kwargs):
+        super().__init__(learning_rate=learning_rate, beta_2=beta_2, **kwargs)
+
+
+class AdamWithItsOwnStep(keras.optimizers.Adam):
+    """An Adam subclass whose update is its own (it may look across elements)."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        super().update_step(gradient, variable, learning_rate)
+
+
+def test_a_subclass_with_its_own_update_step_is_refused_naming_it(strategy):
+    model = _model(strategy, AdamWithItsOwnStep())
+    with pytest.raises(ConfigurationError,
+                       match="AdamWithItsOwnStep subclasses Adam but overrides update_step"):
+        tfdist.Trainer(model, strategy, communication=ShardedOptimizerState())
+
+
+def test_a_subclass_keeping_adams_update_equals_one_device_adam():
+    """``class MyAdam(keras.optimizers.Adam)`` (its defaults changed only) is
+    accepted by capability, not by name, and trains as one device's plain
+    Adam with the same settings, on 3 replicas (the last batch uneven)."""
+    data = ref.global_batches(70, 16)
+    expected = ref.build_mlp()
+    expected.compile(optimizer=keras.optimizers.Adam(0.02, beta_2=0.99),
+                     loss="sparse_categorical_crossentropy")
+    initial = expected.get_weights()
+    expected.fit(data, epochs=3, verbose=0)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
+    with strategy.scope():
+        model = ref.build_mlp()
+        model.compile(optimizer=MyAdam(), loss="sparse_categorical_crossentropy")
+    model.set_weights(initial)
+    tfdist.attach(model, strategy, communication=ShardedOptimizerState())
+    model.fit(data, epochs=3, verbose=0)
+    ref.assert_weights_close(expected, model, atol=1e-5)
+    sliced = sorted(int(np.prod(v.shape)) for v in model.optimizer.variables if v.shape != ())
+    thirds = [-(-int(np.prod(w.shape)) // 3) for w in model.trainable_variables]
+    assert sliced == sorted(thirds * 2)  # (sharded: a third of each slot per replica)
 
 
 def test_moving_averages_are_refused(strategy):

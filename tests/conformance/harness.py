@@ -114,19 +114,25 @@ def run_attached(case, strategy, examples: int, initial, attach_options=None,
     return _finish(case, model, dataset, history)
 
 
-def run_trainer(case, strategy, examples: int, initial) -> Result:
-    """``tfdist.Trainer(model, strategy).fit`` on the dataset of global batches."""
+def run_trainer(case, strategy, examples: int, initial, trainer_options=None) -> Result:
+    """``tfdist.Trainer(model, strategy).fit`` on the dataset of global
+    batches (with ``trainer_options``)."""
     model = _model_under(case, strategy, initial)
-    history = tfdist.Trainer(model, strategy).fit(
+    history = tfdist.Trainer(model, strategy, **(trainer_options or {})).fit(
         case.dataset(examples, GLOBAL_BATCH), epochs=case.epochs, verbose=0, **case.fit_options)
     return Result(model.get_weights(), dict(history.history))
 
 
-def run_custom_loop(case, strategy, examples: int, initial) -> Result:
-    """A hand-written loop on `tfdist.replica`: the README's custom loop."""
+def run_custom_loop(case, strategy, examples: int, initial,
+                    compiled_optimizer: bool = False) -> Result:
+    """A hand-written loop on `tfdist.replica`: the README's custom loop,
+    with SGD and momentum, or (``compiled_optimizer``) the optimizer the
+    case compiles (a loss-scale optimizer's loss scaled as Keras' custom
+    loops do: ``optimizer.scale_loss``)."""
     model = _model_under(case, strategy, initial)
     with strategy.scope():
-        optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+        optimizer = (model.optimizer if compiled_optimizer
+                     else keras.optimizers.SGD(0.1, momentum=0.9))
         optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
 
@@ -134,6 +140,7 @@ def run_custom_loop(case, strategy, examples: int, initial) -> Result:
         with tf.GradientTape() as tape:
             predictions = model(batch.x, training=True)
             loss = tfdist.replica.losses.replica_loss(loss_fn(batch.y, predictions), batch, model)
+            loss = optimizer.scale_loss(loss)
         gradients = tape.gradient(loss, model.trainable_variables)
         tfdist.replica.gradients.apply_gradients(optimizer, gradients, model.trainable_variables)
 

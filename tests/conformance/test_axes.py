@@ -5,7 +5,10 @@
 * loss forms, metric forms and model forms;
 * input containers x feeds (fit, evaluate and predict in each run);
 
-each crossed with the mirrored strategies and the batch shapes.
+each crossed with the mirrored strategies and the batch shapes, the
+optimizers and the forms also with the entry points (`tfdist.attach`,
+`tfdist.Trainer`, and for the optimizers a hand-written loop on
+`tfdist.replica`) where they apply.
 
 CI runs a covering design: every pair of values of every two factors in
 some row for the optimizer and container axes (`tests.support.covering`),
@@ -28,11 +31,14 @@ STRATEGIES = {"mirrored_2": 2, "mirrored_3": 3, "mirrored_4": 4}
 SHAPES = tuple(harness.BATCH_SHAPES)
 
 
-def _parameters(factors: dict, short_form: list, name: str):
-    """Every row of ``factors``' product, marked full unless in ``short_form``."""
+def _parameters(factors: dict, short_form: list, name: str, applies=None):
+    """Every row of ``factors``' product that ``applies``, marked full unless
+    in ``short_form``."""
     keys = list(factors)
     short = {tuple(row[key] for key in keys) for row in short_form}
     for values in itertools.product(*factors.values()):
+        if applies is not None and not applies(dict(zip(keys, values))):
+            continue
         marks = [] if values in short else [pytest.mark.conformance_full]
         yield pytest.param(*values, marks=marks, id=f"{name}-" + "-".join(map(str, values)))
 
@@ -44,7 +50,14 @@ def _strategy(strategy_name: str):
 # -- optimizers x sparse patterns x sharded state ------------------------------------
 
 OPTIMIZER_FACTORS = {"optimizer": tuple(axes.OPTIMIZERS), "pattern": tuple(axes.SPARSE_PATTERNS),
-                     "sharded": (False, True), "strategy": tuple(STRATEGIES), "shape": SHAPES}
+                     "sharded": (False, True), "strategy": tuple(STRATEGIES), "shape": SHAPES,
+                     "entry": tuple(harness.ENTRY_POINTS)}
+
+
+def _optimizer_applies(row: dict) -> bool:
+    """``ShardedOptimizerState`` is an option of `tfdist.attach` and
+    `tfdist.Trainer`, which a hand-written loop does not take."""
+    return not (row["entry"] == "custom_loop" and row["sharded"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -52,18 +65,27 @@ def _case_reference(optimizer: str, pattern: str, examples: int):
     return harness.run_keras(axes.optimizer_case(optimizer, pattern), examples)
 
 
-@pytest.mark.parametrize("optimizer,pattern,sharded,strategy_name,shape", list(_parameters(
-    OPTIMIZER_FACTORS, covering.all_pairs(OPTIMIZER_FACTORS), "optimizer")))
+@pytest.mark.parametrize("optimizer,pattern,sharded,strategy_name,shape,entry", list(_parameters(
+    OPTIMIZER_FACTORS, covering.all_pairs(OPTIMIZER_FACTORS, _optimizer_applies), "optimizer",
+    _optimizer_applies)))
 def test_optimizer_on_gradient_pattern_equals_one_device(optimizer, pattern, sharded,
-                                                         strategy_name, shape):
+                                                         strategy_name, shape, entry):
     case = axes.optimizer_case(optimizer, pattern)
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = _case_reference(optimizer, pattern, examples)
     options = {"communication": tfdist.communication.ShardedOptimizerState()} if sharded else {}
     row = dict(case=f"{optimizer} on {pattern}" + (" (sharded state)" if sharded else ""),
-               strategy=strategy_name, shape=shape, entry="attach")
-    _checked(row, reference, lambda: harness.run_attached(
-        case, _strategy(strategy_name), examples, initial, attach_options=options))
+               strategy=strategy_name, shape=shape, entry=entry)
+    strategy = _strategy(strategy_name)
+    runs = {
+        "attach": lambda: harness.run_attached(case, strategy, examples, initial,
+                                               attach_options=options),
+        "trainer": lambda: harness.run_trainer(case, strategy, examples, initial,
+                                               trainer_options=options),
+        "custom_loop": lambda: harness.run_custom_loop(case, strategy, examples, initial,
+                                                       compiled_optimizer=True),
+    }
+    _checked(row, reference, runs[entry])
 
 
 def _checked(row, reference, run) -> None:
@@ -80,11 +102,34 @@ def _checked(row, reference, run) -> None:
 
 # -- loss, metric and model forms ---------------------------------------------------
 
-FORM_FACTORS = {"form": tuple(axes.FORMS), "strategy": tuple(STRATEGIES), "shape": SHAPES}
-_PLACES = list(itertools.product(STRATEGIES, SHAPES))
-FORMS_SHORT = [{"form": form, "strategy": _PLACES[index % len(_PLACES)][0],
-                "shape": _PLACES[index % len(_PLACES)][1]}
-               for index, form in enumerate(axes.FORMS)]
+FORM_ENTRIES = ("attach", "trainer")  # the hand-written loop writes its own loss
+FORM_FACTORS = {"form": tuple(axes.FORMS), "strategy": tuple(STRATEGIES), "shape": SHAPES,
+                "entry": FORM_ENTRIES}
+_PLACES = list(itertools.product(STRATEGIES, SHAPES, FORM_ENTRIES))
+
+
+def _form_applies(row: dict) -> bool:
+    """A model with its own step runs through `tfdist.attach` (the Trainer
+    takes compiled losses)."""
+    return row["entry"] == "attach" or axes.FORMS[row["form"]].trainer
+
+
+def _forms_short() -> list:
+    """Each form once, at the next (strategy, batch shape, entry) in turn
+    that applies to it."""
+    rows, turn = [], 0
+    for form in axes.FORMS:
+        while True:
+            strategy, shape, entry = _PLACES[turn % len(_PLACES)]
+            turn += 1
+            row = {"form": form, "strategy": strategy, "shape": shape, "entry": entry}
+            if _form_applies(row):
+                rows.append(row)
+                break
+    return rows
+
+
+FORMS_SHORT = _forms_short()
 
 
 @functools.lru_cache(maxsize=None)
@@ -93,14 +138,14 @@ def _form_reference(form: str, examples: int):
 
 
 @pytest.mark.filterwarnings("ignore:Loss '_scalar_function' returns a scalar")
-@pytest.mark.parametrize("form,strategy_name,shape",
-                         list(_parameters(FORM_FACTORS, FORMS_SHORT, "form")))
-def test_form_equals_one_device(form, strategy_name, shape):
+@pytest.mark.parametrize("form,strategy_name,shape,entry", list(_parameters(
+    FORM_FACTORS, FORMS_SHORT, "form", _form_applies)))
+def test_form_equals_one_device(form, strategy_name, shape, entry):
     case = axes.FORMS[form]
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = _form_reference(form, examples)
-    row = dict(case=form, strategy=strategy_name, shape=shape, entry="attach")
-    _checked(row, reference, lambda: harness.run_attached(
+    row = dict(case=form, strategy=strategy_name, shape=shape, entry=entry)
+    _checked(row, reference, lambda: harness.ENTRY_POINTS[entry](
         case, _strategy(strategy_name), examples, initial))
 
 

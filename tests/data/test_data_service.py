@@ -81,7 +81,7 @@ def test_trainer_fit_through_the_service_equals_one_device(make_strategy, dispat
     strategy = make_strategy(num_replicas)
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    history = tfdist.Trainer(model, strategy, data=tfdist.DataOptions(data_service=dispatcher)).fit(
+    history = tfdist.Trainer(model, strategy, input_pipeline=tfdist.DataOptions(data_service=dispatcher)).fit(
         dataset, epochs=2, verbose=0)
     ref.assert_weights_close(expected, model)
     ref.assert_logs_close(expected_history, history.history)
@@ -93,7 +93,7 @@ def test_attached_fit_takes_data_service(make_strategy, dispatcher):
     strategy = make_strategy(2)
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    tfdist.attach(model, strategy, data=tfdist.DataOptions(data_service=dispatcher)).fit(
+    tfdist.attach(model, strategy, input_pipeline=tfdist.DataOptions(data_service=dispatcher)).fit(
         dataset, epochs=2, verbose=0)
     ref.assert_weights_close(expected, model)
 

@@ -57,8 +57,9 @@ def test_only_executions_at_a_point_run_one_by_one_and_results_equal_keras(
     expected, expected_history = ref.keras_fit(dataset, epochs=2)
     strategy = make_strategy(4)
     with strategy.scope():
-        model = ref.compile_model(ref.build_mlp(), "adam")
-    trainer = tfdist.Trainer(model, strategy, steps_per_execution=steps_per_execution,
+        model = ref.compile_model(ref.build_mlp(), "adam",
+                                  steps_per_execution=steps_per_execution)
+    trainer = tfdist.Trainer(model, strategy,
         checkpointing=tfdist.CheckpointOptions(every_steps=4, directory=str(tmp_path)),
         reporting=tfdist.ReportingOptions(log_every_steps=5))
     calls = _record_dispatch(trainer)

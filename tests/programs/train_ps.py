@@ -98,7 +98,7 @@ def main():
     trainer = tfdist.Trainer(model, strategy,
         checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir,
                                                every_steps=args.checkpoint_every_steps),
-        data=tfdist.DataOptions(data_service=args.data_service),
+        input_pipeline=tfdist.DataOptions(data_service=args.data_service),
         reporting=tfdist.ReportingOptions(log_every_steps=args.log_every_steps))
     try:  # Local SGD has no replicas to average here: a clear error.
         tfdist.Trainer(model, strategy, communication=tfdist.communication.LocalSGD(2))

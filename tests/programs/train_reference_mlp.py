@@ -214,7 +214,7 @@ def main():
         checkpointing=tfdist.CheckpointOptions(
             args.checkpoint_dir, every_steps=args.checkpoint_every_steps,
             async_write=args.async_checkpoint),
-        data=tfdist.DataOptions(data_service=args.data_service),
+        input_pipeline=tfdist.DataOptions(data_service=args.data_service),
         reporting=tfdist.ReportingOptions(log_every_steps=args.log_every_steps))
     overflow_row = 15 if args.mixed_float16 else None
     dataset = (ref.global_batches(args.examples, args.batch_size, overflow_row=overflow_row)

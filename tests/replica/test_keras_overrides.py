@@ -127,9 +127,8 @@ def test_options_the_own_step_cannot_honour_are_errors(make_strategy):
     strategy = make_strategy(2)
     with strategy.scope():
         model = _compiled(GuideTrainStep)
-    with pytest.raises(ConfigurationError, match="`jit_compile`.*train_step"):
-        tfdist.Trainer(model, strategy, jit_compile=True,
-            data=tfdist.DataOptions(partial_batch="pad"))
+    with pytest.raises(ConfigurationError, match="`static_shapes`.*train_step"):
+        tfdist.Trainer(model, strategy, static_shapes=True)
 
 
 def test_global_mean_is_a_plain_mean_outside_tfdist():

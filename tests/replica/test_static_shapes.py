@@ -15,9 +15,9 @@ EPOCHS, BATCH = 3, 16
 PARTIAL, SMALLER_THAN_REPLICAS = 70, 66
 
 
-def _trainer(strategy, **kwargs):
+def _trainer(strategy, steps_per_execution=1, **kwargs):
     with strategy.scope():
-        model = ref.compile_model(ref.build_mlp(), "adam")
+        model = ref.compile_model(ref.build_mlp(), "adam", steps_per_execution=steps_per_execution)
     return model, tfdist.Trainer(model, strategy, **kwargs)
 
 
@@ -80,7 +80,7 @@ def test_checkpoints_cross_between_static_and_dynamic_paths(
 
 
 @pytest.mark.parametrize("options, named", [
-    ({"static_shapes": True, "data": tfdist.DataOptions(partial_batch="exact")},
+    ({"static_shapes": True, "input_pipeline": tfdist.DataOptions(partial_batch="exact")},
      "partial_batch='exact'"),
     ({"static_shapes": "yes"}, "`static_shapes`"),
 ])

@@ -1,5 +1,8 @@
 """scripts/benchmark.py --quick runs every kind of configuration end to end.
 
+CI runs the entry point's checks and one benchmark (every optional
+contender); each benchmark's quick run is in the full form (``--full``).
+
 One device, MirroredStrategy(2), 2 workers under tfdist-run and a
 parameter-server cluster: every contender is built, warmed up and timed
 (in tiny windows: a check that the paths work, not a measurement; no
@@ -37,6 +40,7 @@ def _run_benchmark(output_dir, flags, timeout, script="benchmark.py"):
     assert process.returncode == 0, log[-5000:]
 
 
+@pytest.mark.full_form
 def test_benchmark_quick_covers_every_strategy_kind(tmp_path):
     has_matplotlib = importlib.util.find_spec("matplotlib") is not None
     _run_benchmark(tmp_path, ["--quick"] + (["--plot"] if has_matplotlib else []), timeout=900)
@@ -88,6 +92,7 @@ def test_every_optional_contender_runs(tmp_path, monkeypatch):
         assert min(run["results"][name]["rates"]) > 0, name
 
 
+@pytest.mark.full_form
 def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
     """scripts/checkpoint_benchmark.py --quick: no saves, synchronous and
     background saves each timed (paired with no saves) and measured for
@@ -107,6 +112,7 @@ def test_checkpoint_benchmark_quick_times_every_form(tmp_path):
     assert "the step the save falls in" in (tmp_path / "checkpoint_benchmark.md").read_text()
 
 
+@pytest.mark.full_form
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--spare_core needs 2 CPUs")
 def test_checkpoint_benchmark_spare_core_gives_the_writer_a_cpu_of_its_own(tmp_path):
     """--spare_core: training on one CPU, TensorFlow's writer thread moved
@@ -121,6 +127,7 @@ def test_checkpoint_benchmark_spare_core_gives_the_writer_a_cpu_of_its_own(tmp_p
     assert not (tmp_path / "checkpoint_benchmark.json").exists()
 
 
+@pytest.mark.full_form
 def test_sharding_benchmark_quick_measures_both_forms(tmp_path):
     """scripts/sharding_benchmark.py --quick: each form in its own process;
     the sharded state per replica is the plain one over N (to a shard's
@@ -137,6 +144,7 @@ def test_sharding_benchmark_quick_measures_both_forms(tmp_path):
     assert "| sharded |" in (tmp_path / "sharding_benchmark.md").read_text()
 
 
+@pytest.mark.full_form
 def test_data_service_benchmark_quick_runs_both_strategies(tmp_path):
     """2 training workers with 1 tf.data service worker (mwms) and with 2
     (parameter servers, dynamic sharding), real tfdist-run clusters; CPU
@@ -150,6 +158,7 @@ def test_data_service_benchmark_quick_runs_both_strategies(tmp_path):
 
 
 @needs_namespaces
+@pytest.mark.full_form
 def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
     """Under tfdist-run --bandwidth=1gbit: every configuration timed, its
     link bytes counted, its accuracy measured (no timing asserts)."""
@@ -162,6 +171,7 @@ def test_compression_benchmark_quick_on_a_limited_network(tmp_path):
 
 
 @needs_namespaces
+@pytest.mark.full_form
 def test_sharding_cluster_benchmark_quick_measures_workers_and_the_network(tmp_path):
     """scripts/sharding_cluster_benchmark.py --quick: 2 workers per form for
     memory (resident, then live tensors under the BFC allocator), then both
@@ -196,6 +206,7 @@ def test_allreduce_benchmark_quick_measures_against_the_ring_bound(tmp_path):
 
 
 @needs_namespaces
+@pytest.mark.full_form
 def test_time_to_accuracy_quick_times_every_configuration_to_its_target(tmp_path):
     """Under tfdist-run --bandwidth=1gbit, 2 workers: synchronous, bf16 and
     local SGD (H = 4, 16) runs, each evaluated off the clock at every copy;

@@ -1,6 +1,6 @@
 """Coming from Horovod: its Keras MNIST example as ported to tfdist
-(strategies/horovod_keras_mnist.py, shown beside the original in
-docs/guides/coming-from-horovod.md) on 2 workers under ``tfdist-run``, as
+(strategies/horovod_keras_mnist.py, which
+docs/guides/coming-from-horovod.md shows with a line-by-line mapping) on 2 workers under ``tfdist-run``, as
 ``horovodrun -np 2`` ran it, against plain Keras on one device with the
 same global batches, learning-rate schedule and initial weights.
 
@@ -72,7 +72,7 @@ def test_the_ported_horovod_example_on_two_workers_equals_one_device(tmp_path):
 
 def test_the_guide_shows_the_program_as_it_runs():
     """docs/guides/coming-from-horovod.md's tfdist code is this program's
-    code, verbatim; its Horovod code is the published example's ``main``."""
+    code, verbatim; its first block outlines the Horovod calls it maps."""
     guide = (REPO / "docs" / "guides" / "coming-from-horovod.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", guide, flags=re.S)
     program = (REPO / "strategies" / "horovod_keras_mnist.py").read_text()

@@ -39,7 +39,7 @@ def test_one_signal_stops_every_task_without_a_checkpoint_dir(tmp_path, signum):
     # Every worker stopped itself at the same step (143: tfdist's stop), none was killed.
     assert _exit_codes(last) == {"worker-0": "143", "worker-1": "143"}, last
     assert took < 30, took
-    stops = [l for l in run.output.splitlines() if "no checkpoint_dir, nothing saved" in l]
+    stops = [l for l in run.output.splitlines() if "no checkpoint directory, nothing saved" in l]
     assert len(stops) == 2 and stops[0].split("at step")[1] == stops[1].split("at step")[1]
 
 

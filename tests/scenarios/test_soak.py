@@ -58,7 +58,8 @@ def test_judge_tells_a_bounded_spike_of_threads_from_a_leak():
 
 
 @pytest.mark.soak
-@pytest.mark.parametrize("mode", ["mwms", "ps", pytest.param("mwms-1gbit", marks=needs_namespaces)])
+@pytest.mark.parametrize("mode", ["mwms", "ps", pytest.param(
+    "mwms-1gbit", marks=[needs_namespaces, pytest.mark.full_form])])  # (the network: --full)
 def test_short_soak_keeps_every_task_flat_and_stops_on_sigterm(tmp_path, mode):
     """MWMS in epochs of 512 steps: per-step and per-epoch work (a fresh
     iterator each epoch, the old one freed on `tfdist.data.iterator_release`'s

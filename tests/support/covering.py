@@ -13,7 +13,7 @@ True
 """
 
 import itertools
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 
 def _pairs_of(row: dict, names: Sequence[str]):
@@ -21,17 +21,29 @@ def _pairs_of(row: dict, names: Sequence[str]):
             for first, second in itertools.combinations(names, 2)}
 
 
-def all_pairs(factors: Dict[str, Sequence]) -> List[dict]:
+def all_pairs(factors: Dict[str, Sequence],
+              applies: Optional[Callable[[dict], bool]] = None) -> List[dict]:
     """Rows (dicts of factor -> value) covering every pair of values of
-    every two factors; deterministic (greedy, in the factors' order)."""
+    every two factors; deterministic (greedy, in the factors' order).
+
+    ``applies(row)``: False for a combination that does not exist (e.g. an
+    option a hand-written loop does not take); such rows are never chosen,
+    and a pair found in no applicable row is not asked for.
+
+    >>> rows = all_pairs({"a": (1, 2), "b": ("x", "y")}, applies=lambda r: r != {"a": 2, "b": "y"})
+    >>> sorted((row["a"], row["b"]) for row in rows)
+    [(1, 'x'), (1, 'y'), (2, 'x')]
+    """
     names = list(factors)
-    if len(names) < 2:
-        return [dict(zip(names, values)) for values in itertools.product(*factors.values())]
-    uncovered = set()
-    for first, second in itertools.combinations(names, 2):
-        uncovered.update((first, a, second, b) for a in factors[first] for b in factors[second])
-    rows = []
     candidates = [dict(zip(names, values)) for values in itertools.product(*factors.values())]
+    if applies is not None:
+        candidates = [row for row in candidates if applies(row)]
+    if len(names) < 2:
+        return candidates
+    uncovered = set()
+    for row in candidates:
+        uncovered |= _pairs_of(row, names)
+    rows = []
     while uncovered:
         best = max(candidates, key=lambda row: len(_pairs_of(row, names) & uncovered))
         rows.append(best)

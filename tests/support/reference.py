@@ -75,13 +75,16 @@ def make_optimizer(name: str):
     return keras.optimizers.Adam(learning_rate=0.02)
 
 
-def compile_model(model: keras.Model, optimizer: str) -> keras.Model:
+def compile_model(model: keras.Model, optimizer: str, **compile_options) -> keras.Model:
+    """``model`` compiled with the test optimizer, loss and metrics (and
+    ``compile_options``, e.g. ``steps_per_execution``)."""
     model.compile(
         optimizer=make_optimizer(optimizer),
         loss="sparse_categorical_crossentropy",
         metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(2, name="top2")],
         # Keras applies sample weights only to these.
         weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="weighted_acc")],
+        **compile_options,
     )
     return model
 

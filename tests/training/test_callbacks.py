@@ -35,8 +35,8 @@ def test_callbacks_see_epoch_logs_and_batches(make_strategy):
 
     strategy = make_strategy(2)
     with strategy.scope():
-        model = ref.compile_model(ref.build_mlp(), "adam")
-    tfdist.Trainer(model, strategy, steps_per_execution=2).fit(
+        model = ref.compile_model(ref.build_mlp(), "adam", steps_per_execution=2)
+    tfdist.Trainer(model, strategy).fit(
         ref.global_batches(40, 16), epochs=1, verbose=0, callbacks=[Recorder()],
         validation_data=ref.global_batches(20, 16),
     )

@@ -1,5 +1,6 @@
 """``model.compile(steps_per_execution=..., jit_compile=...)`` is read by
-`tfdist.attach`, never silently dropped (issue 33 point 5)."""
+`tfdist.attach` and `tfdist.Trainer`, never silently dropped, and given
+nowhere else."""
 
 import warnings
 
@@ -38,11 +39,14 @@ def test_compiled_jit_compile_is_used(make_strategy):
     assert attachment_of(model).trainer()._steps._jit_compile is True
 
 
-def test_a_setting_given_two_ways_must_agree(make_strategy):
-    model = tfdist.attach(_model(make_strategy(2), steps_per_execution=4), steps_per_execution=2)
-    with pytest.raises(ConfigurationError, match="`steps_per_execution` is 2 in tfdist.attach "
-                                                 "but 4 in model.compile"):
-        attachment_of(model).trainer()
+@pytest.mark.parametrize("name", ["steps_per_execution", "jit_compile"])
+@pytest.mark.parametrize("entry", ["attach", "Trainer"])
+def test_a_setting_compile_owns_is_given_in_compile_only(make_strategy, entry, name):
+    strategy = make_strategy(2)
+    with pytest.raises(ConfigurationError,
+                       match=rf"tfdist\.{entry}'s options moved: `{name}=` is now "
+                             rf"`model\.compile\({name}=\.\.\.\)`"):
+        getattr(tfdist, entry)(_model(strategy), strategy, **{name: 2})
 
 
 def test_xla_for_a_model_with_its_own_step_is_a_warning_not_silence(make_strategy):

@@ -23,9 +23,10 @@ PARTIAL, SMALLER_THAN_REPLICAS = 70, 66
 
 
 def _tfdist_fit(strategy, dataset, optimizer, epochs=EPOCHS, trainer_kwargs=None,
-                model_kwargs=None, fit_kwargs=None):
+                model_kwargs=None, fit_kwargs=None, compile_kwargs=None):
     with strategy.scope():
-        model = ref.compile_model(ref.build_mlp(**(model_kwargs or {})), optimizer)
+        model = ref.compile_model(ref.build_mlp(**(model_kwargs or {})), optimizer,
+                                  **(compile_kwargs or {}))
     trainer = tfdist.Trainer(model, strategy, **(trainer_kwargs or {}))
     history = trainer.fit(dataset, epochs=epochs, verbose=0, **(fit_kwargs or {}))
     return model, trainer, history.history
@@ -61,7 +62,7 @@ def test_steps_per_execution_equals_single_device(make_strategy, num_replicas):
 
     model, _, history = _tfdist_fit(
         make_strategy(num_replicas), dataset, "adam",
-        trainer_kwargs={"steps_per_execution": 4},
+        compile_kwargs={"steps_per_execution": 4},
     )
 
     ref.assert_weights_close(expected_model, model)
@@ -97,7 +98,7 @@ def test_drop_policy_equals_keras_on_full_batches(make_strategy):
 
     model, _, history = _tfdist_fit(
         make_strategy(4), ref.global_batches(PARTIAL, BATCH), "sgd",
-        trainer_kwargs={"data": tfdist.DataOptions(partial_batch="drop")},
+        trainer_kwargs={"input_pipeline": tfdist.DataOptions(partial_batch="drop")},
     )
 
     ref.assert_weights_close(expected_model, model)

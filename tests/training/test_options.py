@@ -54,7 +54,7 @@ def test_the_trainer_keeps_the_records_it_was_given(make_strategy, tmp_path):
     trainer = tfdist.Trainer(
         _compiled(strategy), strategy,
         checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=2, max_to_keep=None),
-        data=tfdist.DataOptions(partial_batch="drop", seed=11),
+        input_pipeline=tfdist.DataOptions(partial_batch="drop", seed=11),
         reporting=tfdist.ReportingOptions(log_every_steps=4))
     trainer.fit(np.ones((12, 3), "float32"), np.zeros((12, 2), "float32"), batch_size=4,
                 epochs=2, verbose=0)
@@ -69,11 +69,12 @@ def test_the_trainer_keeps_the_records_it_was_given(make_strategy, tmp_path):
 
 
 @pytest.mark.parametrize("argument, value", [
-    ("checkpointing", "/tmp/run"), ("data", tfdist.ReportingOptions()), ("reporting", {}),
+    ("checkpointing", "/tmp/run"), ("input_pipeline", tfdist.ReportingOptions()),
+    ("reporting", {}),
 ])
 def test_the_trainer_refuses_anything_but_its_record(make_strategy, argument, value):
     strategy = make_strategy(1)
-    record = {"checkpointing": "CheckpointOptions", "data": "DataOptions",
+    record = {"checkpointing": "CheckpointOptions", "input_pipeline": "DataOptions",
               "reporting": "ReportingOptions"}[argument]
     with pytest.raises(ConfigurationError,
                        match=rf"`{argument}` must be a tfdist\.{record} \(or None\); got "
@@ -81,17 +82,18 @@ def test_the_trainer_refuses_anything_but_its_record(make_strategy, argument, va
         tfdist.Trainer(_compiled(strategy), strategy, **{argument: value})
 
 
-def test_attach_says_where_each_former_keyword_went(make_strategy):
+@pytest.mark.parametrize("entry", ["attach", "Trainer"])
+def test_attach_and_the_trainer_say_where_each_former_keyword_went(make_strategy, entry):
     strategy = make_strategy(1)
     with pytest.raises(ConfigurationError) as raised:
-        tfdist.attach(_compiled(strategy), strategy, checkpoint_dir="/tmp/run", seed=3,
-                      log_every_steps=10, async_checkpoint=True)
+        getattr(tfdist, entry)(_compiled(strategy), strategy, checkpoint_dir="/tmp/run", seed=3,
+                               log_every_steps=10, async_checkpoint=True)
     assert str(raised.value) == (
-        "tfdist.attach takes the Trainer's options as records now: "
+        f"tfdist.{entry}'s options moved: "
         "`async_checkpoint=` is now `checkpointing=tfdist.CheckpointOptions(async_write=...)`; "
         "`checkpoint_dir=` is now `checkpointing=tfdist.CheckpointOptions(directory=...)`; "
         "`log_every_steps=` is now `reporting=tfdist.ReportingOptions(log_every_steps=...)`; "
-        "`seed=` is now `data=tfdist.DataOptions(seed=...)` (see tfdist.Trainer).")
+        "`seed=` is now `input_pipeline=tfdist.DataOptions(seed=...)`.")
 
 
 def test_attach_seeds_shuffle_through_data_options(make_strategy):
@@ -104,7 +106,7 @@ def test_attach_seeds_shuffle_through_data_options(make_strategy):
     def trained_with(seed):
         model = _compiled(strategy)
         model.set_weights([np.full_like(w, 0.1) for w in model.get_weights()])
-        tfdist.attach(model, strategy, data=tfdist.DataOptions(seed=seed))
+        tfdist.attach(model, strategy, input_pipeline=tfdist.DataOptions(seed=seed))
         model.fit(x, y, batch_size=4, epochs=1, shuffle=True, verbose=0)
         return model.get_weights()[0]
 

@@ -131,9 +131,9 @@ def _instance_keys_fixed_at_trace():
 
     TensorFlow's default (``_prefer_unique_instance_key``) draws a new key for
     every call of a function, and each worker's collective param resolver
-    keeps a record per key that it never frees: ~1.6 KB per collective op
+    keeps a record per key that it never frees: memory per collective op
     per host call under MultiWorkerMirroredStrategy, which grows without
-    bound in a long run (docs/reliability.md, "Memory"). TensorFlow reads the
+    bound in a long run (docs/reliability.md#memory). TensorFlow reads the
     flag while it traces, so the flag is off only while tfdist's functions
     are called (and, at their first call, traced).
     """

@@ -93,7 +93,7 @@ def scale_compute_loss(model) -> None:
     reported loss is the example-weighted mean. Set once per model, as an
     instance attribute (the class and its ``super()`` calls are untouched).
     """
-    if "compute_loss" in vars(model):
+    if patches.has_own_method(model, "compute_loss"):
         return
     compute_loss = model.compute_loss
 
@@ -114,8 +114,7 @@ def scale_compute_loss(model) -> None:
             _state.compute_loss_depth -= 1
         return tf.math.multiply_no_nan(loss, tf.cast(share, loss.dtype))
 
-    # Past Keras' attribute tracking: a function, not a layer or variable.
-    object.__setattr__(model, "compute_loss", compute_loss_by_share)
+    patches.replace_methods_of(model, {"compute_loss": compute_loss_by_share})
 
 
 def gradient_scale() -> float:

@@ -52,15 +52,6 @@ def check_created_in_scope(model, strategy) -> None:
             )
 
 
-def check_option_names(given, accepted, where: str) -> None:
-    """Raises naming each option in ``given`` that ``accepted`` lacks."""
-    unknown = sorted(set(given) - set(accepted))
-    if unknown:
-        raise ConfigurationError(
-            f"{where} got unknown option(s) {', '.join(map(repr, unknown))}; it takes "
-            f"{', '.join(sorted(accepted))}.")
-
-
 def check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq) -> None:
     """``fit``'s counts, each with its own error."""
     positive_int("epochs", epochs)

@@ -93,8 +93,9 @@ class BackgroundWrites:
     def _yield_to_training(self) -> None:
         """Gives TensorFlow's writer thread the CPU only when training leaves
         it idle (Linux ``SCHED_IDLE``; elsewhere the lowest nice value), once
-        per thread. Training threads no longer wait behind the writer: on the
-        checkpoint benchmark, background saves cost 13% instead of 17%."""
+        per thread. Training threads no longer wait behind the writer, so
+        background saves cost training less (figures:
+        docs/performance.md#measurements-behind-design-choices)."""
         helper = self._helper()
         thread = getattr(helper, "_async_save_thread", None)
         if thread is None or thread.native_id is None or thread.native_id == self._lowered:

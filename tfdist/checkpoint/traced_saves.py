@@ -4,13 +4,13 @@ Under ParameterServerStrategy the model and optimizer variables live on the
 ps tasks and the checkpoint's counters on the chief. For such a checkpoint
 TensorFlow's eager save (``MultiDeviceSaver.save``) traces a new
 ``tf.function`` at every save, and the traced function's parts stay
-registered on the chief and on every ps: measured (1 ps, the 6-16-3 MLP with
-Adam, 400 saves) ~110 KB per save on the chief and ~320 KB on the ps,
-without bound. A long parameter-server run that checkpoints every few
-hundred steps grew without end.
+registered on the chief and on every ps, without bound. A long
+parameter-server run that checkpoints every few hundred steps grew
+without end.
 
 `TracedSaves` traces the save once and calls it with the file prefix as a
-tensor: measured the same way, ~2.5 KB per save on each. It traces again
+tensor, which keeps almost nothing per save (figures:
+docs/reliability.md#memory). It traces again
 only when the objects the checkpoint reaches change (a variable created
 after the first save) and keeps one function. A checkpoint whose variables
 all live on one task (one device, mirrored, multi-worker mirrored) is saved

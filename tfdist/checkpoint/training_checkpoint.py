@@ -100,9 +100,8 @@ def _forget_glob_patterns() -> None:
     ``glob.glob(prefix + "*")``, and ``fnmatch`` keeps every compiled
     pattern, up to 32,768 of them. The prefix is new at every save
     (``ckpt-<step>``, and a new scratch directory on the other workers), so
-    each save kept its pattern: measured in one process, 0.79 KB per save
-    with new prefixes against 0.17 with the patterns dropped. Only compiled
-    patterns are lost; they are rebuilt when next needed.
+    each save kept its pattern (figures: docs/reliability.md#memory). Only
+    compiled patterns are lost; they are rebuilt when next needed.
     """
     cache_clear = getattr(getattr(fnmatch, "_compile_pattern", None), "cache_clear", None)
     if cache_clear is not None:

@@ -13,18 +13,16 @@ go on, and lets every other error through unchanged.
 Peers are found lost by heartbeats, not by per-collective timeouts.
 TensorFlow arms each collective's timeout with a timer thread that lives
 until the timeout expires, whether or not the collective finished: at fast
-step rates that is thousands of live threads (measured: ~300 new threads a
-second with 2 workers, a 300 s timeout and 20 steps/s, until both workers
-abort at ~15,000). So tfdist runs collectives without a timeout and bounds
-the wait on a peer with TensorFlow's coordination service: every task sends
-heartbeats to the leader (worker 0) from one thread. A task that stops
+step rates that is thousands of live threads, until the workers abort
+(docs/reliability.md#memory, "Threads"). So tfdist runs collectives
+without a timeout and bounds the wait on a peer with TensorFlow's
+coordination service: every task sends heartbeats to the leader (worker 0)
+from one thread. A task that stops
 sending them (killed, or stopped by SIGSTOP) makes the service abort the
 collectives of every other task; a stopped leader makes the others'
-heartbeats fail. Either way the pending step raises.
-
-Measured on 2 CPU workers with a 10 s heartbeat timeout: a SIGKILLed worker
-was noticed by its peer after 7 s, a SIGSTOPped worker after 18 s, a
-SIGSTOPped leader after 18 s.
+heartbeats fail. Either way the pending step raises, within about one
+heartbeat timeout of the fault (measured:
+docs/reliability.md#faults-a-lost-or-hung-task).
 """
 
 import contextlib
@@ -100,7 +98,8 @@ def _address(job: str, index: int) -> str:
 def _how_to_resume(checkpoint_dir: Optional[str]) -> str:
     return (
         f"the Trainer resumes from the latest checkpoint in {checkpoint_dir}"
-        if checkpoint_dir else "set `checkpoint_dir` to resume instead of starting over"
+        if checkpoint_dir else ("pass checkpointing=tfdist.CheckpointOptions(directory=...) "
+                                "to resume instead of starting over")
     )
 
 

@@ -54,7 +54,7 @@ class Preempted(SystemExit):
             return f"stopped ({name}) outside training; nothing saved"
         if self.saved:
             return f"preempted ({name}): checkpoint saved at step {self.step}"
-        return f"stopped ({name}) at step {self.step}; no checkpoint_dir, nothing saved"
+        return f"stopped ({name}) at step {self.step}; no checkpoint directory, nothing saved"
 
 
 def _on_stop_signal(signum, frame):

@@ -61,7 +61,7 @@ to compress).
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share, sparse_gradients
-from tfdist._internal.keras import patches
+from tfdist._internal.keras import optimizer as keras_optimizer, patches
 from tfdist.communication.strategy_support import refuse_strategy
 from tfdist.errors import ConfigurationError
 from tfdist.replica import accumulation
@@ -135,7 +135,7 @@ class LocalSGD:
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         optimizer = patches.inner_optimizer(self._optimizer)
-        shared = (optimizer.iterations, getattr(optimizer, "_learning_rate", None))
+        shared = (optimizer.iterations, keras_optimizer.learning_rate_variable(optimizer))
         self._slots = [getattr(v, "value", v) for v in optimizer.variables
                        if tf.as_dtype(v.dtype).is_floating and not any(v is s for s in shared)]
         self._since = tf.Variable(0, dtype=tf.int64, trainable=False,

@@ -4,10 +4,10 @@ With `tfdist.communication.ShardedOptimizerState` each replica holds one
 slice of every state variable (Adam's momentum and velocity of slice ``r``
 of each weight, one ``[slice]`` variable per weight and slot). What is saved
 is nevertheless the ordinary Keras optimizer state: a checkpoint
-(``tf.train.Checkpoint``, the Trainer's ``checkpoint_dir``, background
-saves) and ``model.save`` / ``save_weights`` see the optimizer exactly as
-an unsharded one, with one whole state variable per weight and slot, under
-the same names and in the same order. So a checkpoint written with sharded
+(``tf.train.Checkpoint``, the Trainer's ``tfdist.CheckpointOptions``,
+background saves) and ``model.save`` / ``save_weights`` see the optimizer
+exactly as an unsharded one, with one whole state variable per weight
+and slot, under the same names and in the same order. So a checkpoint written with sharded
 state restores under any replica count, with or without the sharding, and
 an ordinary checkpoint restores into sharded state.
 
@@ -48,6 +48,7 @@ import tensorflow as tf
 from tensorflow.python.trackable import data_structures
 
 from tfdist._internal import collectives
+from tfdist._internal.keras import optimizer as keras_optimizer
 
 _VALUE = "VARIABLE_VALUE"  # the name a variable's value is saved under
 
@@ -61,40 +62,21 @@ class BuildRecord:
     weight_of: Dict[int, int] = dataclasses.field(default_factory=dict)  # id(state) -> weight
     made: List[object] = dataclasses.field(default_factory=list)
 
-    def recording(self, optimizer, shards: Sequence) -> "_Recording":
+    def recording(self, optimizer, shards: Sequence):
         """Notes the state variables ``optimizer`` makes from ``shards``
         during a ``with`` block (its ``build``)."""
-        return _Recording(self, optimizer, shards)
+        weight_of_shard = {id(shard): index for index, shard in enumerate(shards)}
+
+        def made(reference_variable, variable) -> None:
+            weight = weight_of_shard.get(id(reference_variable))
+            if weight is not None:
+                self.weight_of[id(variable)] = weight
+                self.made.append(variable)
+
+        return keras_optimizer.recording_state_variables(optimizer, made)
 
     def state_variables(self) -> List[object]:
         return list(self.made)
-
-
-class _Recording:
-    """Wraps Keras' ``add_variable_from_reference`` (which its
-    ``add_optimizer_variables`` calls too) to fill a `BuildRecord`."""
-
-    def __init__(self, record: BuildRecord, optimizer, shards: Sequence):
-        self._record, self._optimizer = record, optimizer
-        self._weight_of_shard = {id(shard): index for index, shard in enumerate(shards)}
-
-    def __enter__(self) -> BuildRecord:
-        make_one = self._optimizer.add_variable_from_reference
-
-        def add_variable_from_reference(reference_variable, *args, **kwargs):
-            variable = make_one(reference_variable, *args, **kwargs)
-            weight = self._weight_of_shard.get(id(reference_variable))
-            if weight is not None:
-                self._record.weight_of[id(variable)] = weight
-                self._record.made.append(variable)
-            return variable
-
-        object.__setattr__(self._optimizer, "add_variable_from_reference",
-                           add_variable_from_reference)
-        return self._record
-
-    def __exit__(self, *unused) -> None:
-        self._optimizer.__dict__.pop("add_variable_from_reference", None)
 
 
 class Shards:
@@ -212,7 +194,7 @@ class OrdinaryLayout:
         if self._children is None:
             children = {}
             for name, child in sharded_children.items():
-                if name == "_trainable_variables":
+                if keras_optimizer.is_weights_child(name):
                     child = list(self._weights)
                 elif _is_list(child) and any(id(item) in self._views for item in child):
                     child = self.variables(list(child))

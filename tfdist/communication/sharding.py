@@ -34,9 +34,13 @@ guide.
 The math is the one-device math: an elementwise optimizer (SGD, momentum,
 Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, Lion) updates each weight
 element from its own gradient and state, so a replica that owns 1/N of the
-elements computes the same numbers. Optimizers that look across elements
-(LAMB's per-layer norms, Adafactor's factored moments, Muon) and Nadam
-(whose shared momentum product Keras updates per step) are refused by name.
+elements computes the same numbers. A subclass of one of them is accepted
+when it keeps that class's update (``update_step``, ``build``; a
+``class MyAdam(keras.optimizers.Adam)`` that changes its defaults); one
+that replaces it is refused, naming the method. Optimizers that look
+across elements (LAMB's per-layer norms, Adafactor's factored moments,
+Muon) and Nadam (whose shared momentum product Keras updates per step)
+are refused (`tfdist._internal.keras.optimizer.updates_elementwise`).
 
 What works, and what is refused (a `ConfigurationError` saying why):
 
@@ -50,9 +54,9 @@ What works, and what is refused (a `ConfigurationError` saying why):
   entries gathered, and each replica updates its slice from the entries
   that fall in it, duplicates kept, as one device's optimizer updates the
   whole table: `tfdist._internal.sparse_gradients`).
-- Checkpoints (``checkpoint_dir``, ``tf.train.Checkpoint``, ``model.save``,
-  ``save_weights``) hold the ordinary Keras optimizer state, so they
-  restore under any replica count, sharded or not
+- Checkpoints (``tfdist.CheckpointOptions``, ``tf.train.Checkpoint``,
+  ``model.save``, ``save_weights``) hold the ordinary Keras optimizer
+  state, so they restore under any replica count, sharded or not
   (`tfdist.communication.sharded_checkpoints`).
 - Gradient accumulation (``gradient_accumulation_steps``): tfdist's exact
   accumulator (`tfdist.replica.accumulation`) keeps each replica's gradient
@@ -75,16 +79,13 @@ the optimizer's own all-reduce sums and each replica keeps its slice.
 import tensorflow as tf
 
 from tfdist._internal import collectives, graph_order, replica_share, sparse_gradients
-from tfdist._internal.keras import patches
+from tfdist._internal.keras import optimizer as keras_optimizer, patches
 from tfdist.communication import compression, sharded_checkpoints
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.strategy_support import refuse_strategy
 from tfdist.errors import ConfigurationError
 
 _WRAPPED = "_tfdist_sharded_state"
-# Keras optimizers whose update of a weight element reads only that
-# element's gradient and state (and global scalars: the step, the rate).
-ELEMENTWISE = ("SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adamax", "Adadelta", "Lion")
 
 
 class ShardedOptimizerState:
@@ -126,19 +127,15 @@ class ShardedOptimizerState:
             return  # one replica: the whole state is its shard, Keras' own update
         object.__setattr__(target, _WRAPPED, self)
         keras_build = target.build
-        object.__setattr__(target, "build", lambda variables: self._build(
-            target, keras_build, variables, strategy))
-        object.__setattr__(target, "_backend_update_step", lambda grads, variables, rate:
-                           self._update(target, grads, variables, rate))
+        patches.replace_update_of(target, lambda grads, variables, rate:
+                                  self._update(target, grads, variables, rate))
         # What checkpoints and model.save see: the ordinary Keras state.
-        keras_children = target._trackable_children  # pylint: disable=protected-access
-        object.__setattr__(target, "_trackable_children", lambda *args, **kwargs: (
-            self._ordinary.children(keras_children(*args, **kwargs)) if self._ordinary
-            else keras_children(*args, **kwargs)))
-        object.__setattr__(target, "save_own_variables",
-                           lambda store: self._save_own_variables(target, store))
-        object.__setattr__(target, "load_own_variables",
-                           lambda store: self._load_own_variables(target, store))
+        patches.replace_checkpoint_children_of(target, lambda children: (
+            self._ordinary.children(children) if self._ordinary else children))
+        patches.replace_methods_of(target, {
+            "build": lambda variables: self._build(target, keras_build, variables, strategy),
+            "save_own_variables": lambda store: self._save_own_variables(target, store),
+            "load_own_variables": lambda store: self._load_own_variables(target, store)})
 
     def _save_own_variables(self, optimizer, store) -> None:
         """``model.save`` / ``save_weights``: the ordinary Keras state."""
@@ -185,7 +182,7 @@ class ShardedOptimizerState:
                 f"{self!r} shards weights of one dtype; this model's trainable weights are "
                 f"{sorted(str(d) for d in dtypes)}. Drop it for this model.")
         self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync)
-        self._keys = [optimizer._var_key(v) for v in variables]  # pylint: disable=protected-access
+        self._keys = [keras_optimizer.variable_key(optimizer, v) for v in variables]
         self._names = [v.path for v in variables]
         dtype = dtypes.pop()
         # Keras makes the state from variables of each slice's shape (it
@@ -206,16 +203,15 @@ class ShardedOptimizerState:
             self._shards = [tf.Variable(tf.zeros([0], dtype), shape=tf.TensorShape([None]),
                                         trainable=False, name=f"{variable.name}_shard")
                             for variable in variables]
-        indices = optimizer._trainable_variables_indices  # pylint: disable=protected-access
         for stand_in, shard in zip(stand_ins, self._shards):
-            indices[optimizer._var_key(shard)] = indices[  # pylint: disable=protected-access
-                optimizer._var_key(stand_in)]  # pylint: disable=protected-access
+            keras_optimizer.set_state_index(optimizer, shard,
+                                            keras_optimizer.state_index(optimizer, stand_in))
         self._ordinary = sharded_checkpoints.OrdinaryLayout(
             record, sharded_checkpoints.Shards(strategy, self._layout), variables)
         for state in record.state_variables():  # (saved alone, one slice would pass for all)
             object.__setattr__(state.value, "_serialize_to_tensors", self._refuse_saving)
         for variable in variables:  # (apply checks they are known; never updated one by one)
-            indices[optimizer._var_key(variable)] = 0  # pylint: disable=protected-access
+            keras_optimizer.set_state_index(optimizer, variable, 0)
 
     def _update(self, optimizer, grads, variables, learning_rate) -> None:
         """Keras' distributed update (``_backend_update_step``), sharded:
@@ -273,8 +269,7 @@ class ShardedOptimizerState:
         dtypes = [shard.dtype for shard in self._shards]
         launcher = collectives.replica_launcher(context.strategy, replica)
         if launcher is None:  # (no collective ops: the slice of the optimizer's all-reduce)
-            reduced = optimizer._all_reduce_sum_gradients(  # pylint: disable=protected-access
-                list(zip(grads, variables)))
+            reduced = patches.all_reduce_sum(optimizer, zip(grads, variables))
             return lambda weight: tf.cast(
                 self._own_slice(weight, reduced[weight][0], replica), dtypes[weight])
         scale = replica_share.gradient_scale()
@@ -329,7 +324,7 @@ class ShardedOptimizerState:
         """The gradients and weights in the order the state was built for;
         a weight left out (Keras drops those without a gradient) is an
         error, since a shard covers every weight."""
-        given = {optimizer._var_key(v): (g, v)  # pylint: disable=protected-access
+        given = {keras_optimizer.variable_key(optimizer, v): (g, v)
                  for g, v in zip(grads, variables)}
         missing = [name for key, name in zip(self._keys, self._names) if key not in given]
         if missing:
@@ -351,11 +346,21 @@ def _release(slice_variable) -> None:
 
 def _check_optimizer(sharding, optimizer) -> None:
     name = type(optimizer).__name__
-    if not patches.has_gradient_all_reduce(optimizer) or name not in ELEMENTWISE:
+    base = keras_optimizer.elementwise_base(optimizer)
+    if not patches.has_gradient_all_reduce(optimizer) or base is None:
+        accepted = ", ".join(c.__name__ for c in keras_optimizer.elementwise_classes())
         raise ConfigurationError(
             f"communication={sharding!r} needs a Keras optimizer that updates each weight "
-            f"element from its own gradient and state ({', '.join(ELEMENTWISE)}); {name} "
-            "is not one of them. Drop the sharding for this optimizer.")
+            f"element from its own gradient and state ({accepted}, AdamW, or a subclass "
+            f"keeping their update); {name} is not one of them. Drop the sharding for this "
+            "optimizer.")
+    if not keras_optimizer.updates_elementwise(optimizer):
+        overridden = ", ".join(keras_optimizer.overridden_update_methods(optimizer))
+        raise ConfigurationError(
+            f"communication={sharding!r}: {name} subclasses {base.__name__} but overrides "
+            f"{overridden}, so its update may look across weight elements (each replica "
+            "updates only its slice of each weight). Drop the sharding for this optimizer, "
+            f"or keep {base.__name__}'s {overridden}.")
     if getattr(optimizer, "use_ema", False):
         raise ConfigurationError(
             f"communication={sharding!r} with use_ema=True: not built yet (the moving "

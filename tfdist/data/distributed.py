@@ -126,10 +126,9 @@ def _with_constant_global_count(dataset: tf.data.Dataset) -> Optional[tf.data.Da
     one-element dataset zipped in front, and the map only names the parts
     in the order tf.data already holds them (the dict's sorted keys:
     global_examples, x, y). tf.data skips such an identity map, where a map
-    that computes the column runs a function per batch. Measured in one
-    process, CPU per batch of 256 x 6 read in a ``tf.range`` loop (two runs,
-    medians of 7 rounds): 41-48 us for the batches alone, 85-109 us through
-    the computing map, 45-51 us here.
+    that computes the column runs a function per batch, which about doubles
+    the CPU a batch costs to read (figures:
+    docs/performance.md#measurements-behind-design-choices).
     """
     spec = dataset.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):

@@ -3,11 +3,11 @@
 Deleting an iterator of a distributed dataset blocks the deleting thread
 until the iterator's tf.data autotuning threads end. Those threads sleep
 between optimizations for a period that doubles from 10 ms up to 60 s
-(``Model::OptimizeLoop``), and the deletion can wait out the period: on
-this project's CPU machine 0.2-7 s in wall time with ~2 ms of CPU, growing
-with the iterator's age (docs/performance.md,
-"The iterator teardown stall"). A training loop that drops its iterator
-when an epoch (or an evaluation) ends stands still that long.
+(``Model::OptimizeLoop``), and the deletion can wait out the period: up
+to seconds of wall time with almost no CPU, growing with the iterator's age
+(docs/performance.md#the-iterator-teardown-stall). A training loop that
+drops its iterator when an epoch (or an evaluation) ends stands still that
+long.
 
 `release` takes the iterator from its holder and hands it to a thread of
 its own that drops it; the caller goes on at once. Deletions run side by
@@ -24,9 +24,9 @@ from typing import Any
 
 MAX_PENDING = 2
 # Exit waits this long for pending deletions, then goes on: a deletion cut
-# short by the interpreter's exit was harmless in every run measured (6 of
-# 6 exited 0 with one under way), and TensorFlow's longest autotuning
-# period is 60 s, too long to hold a finished job.
+# short by the interpreter's exit was harmless in every run measured
+# (docs/performance.md#the-iterator-teardown-stall), and TensorFlow's
+# longest autotuning period is 60 s, too long to hold a finished job.
 EXIT_WAIT_SECONDS = 10.0
 
 _slots = threading.BoundedSemaphore(MAX_PENDING)

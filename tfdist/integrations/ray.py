@@ -20,7 +20,8 @@ module adds what connects tfdist's training state to Ray's:
 Checkpoints are reported at epoch ends, after tfdist saved the epoch; a
 restart resumes from the newest epoch Ray holds (an epoch boundary), so the
 result equals an uninterrupted run. Each report uploads only the newest
-checkpoint, not the ones ``max_to_keep`` keeps locally.
+checkpoint, not the ones ``CheckpointOptions(max_to_keep=...)`` keeps
+locally.
 """
 
 import os

@@ -44,8 +44,8 @@ Options:
                         which data_service="auto" reads (default 0: none)
   --evaluator           also run an evaluator task (evaluator-0): the same
                         command, whose fit evaluates each new checkpoint in
-                        checkpoint_dir on fit's validation data beside
-                        training; it never fails or stops training
+                        the checkpoint directory on fit's validation data
+                        beside training; it never fails or stops training
   --evaluator_timeout S seconds the evaluator may take, once training is
                         done, to evaluate the last checkpoint (default 120)
   --max_restarts K      restarts of the group after a failure (default 0)
@@ -58,7 +58,8 @@ Options:
                         at its answer (between --min_workers and
                         --num_workers) and, when the answer changes, stops at
                         a checkpoint and starts again at the new size
-                        (programs need a checkpoint_dir)
+                        (programs need a checkpoint directory:
+                        CheckpointOptions(directory=...))
   --discovery_interval S
                         seconds between runs of the script (default 5)
   --min_workers M       elastic shrink: a worker that dies before joining on

@@ -15,12 +15,11 @@ from tfdist.data import service
 from tfdist.errors import ConfigurationError
 from tfdist.launch.network import inside
 from tfdist.launch.config import LaunchConfig
+from tfdist.launch.decisions import Action, Facts, decide
 from tfdist.launch.discovery import SCRIPT_TIMEOUT, HostDiscovery
 from tfdist.launch.group import ProcessGroup
 from tfdist.launch.tasks import GroupResult, TaskSpec
 from tfdist.launch.ports import check_ports_free, free_ports
-
-_PORT_RETRIES = 3
 
 
 SERVER_COMMAND = (sys.executable, "-m", "tfdist.server")
@@ -116,6 +115,30 @@ def _port_conflict(result: GroupResult) -> bool:
     return any("address already in use" in line.lower() for line in result.tail)
 
 
+def _facts(result: GroupResult, tasks, config: LaunchConfig, size: LaunchConfig, forwarder,
+           resizer, *, restarts: int, port_retries: int) -> Facts:
+    """What `decide` needs to know about the start that just ended."""
+    return Facts(
+        ok=result.ok, stopped=bool(result.stopped_by),
+        finished=all(code == 0 for name, code in result.exit_codes.items()
+                     if name.startswith(("worker-", "chief-"))),
+        signal_seen=forwarder.stop.is_set(),
+        resize_requested=resizer.requested.is_set(), resize_to=resizer.new_size,
+        port_conflict=_port_conflict(result), fixed_ports=bool(config.ports),
+        port_retries=port_retries, restarts=restarts, max_restarts=config.max_restarts,
+        lost_worker=_lost_worker(result, tasks, restarts),
+        workers=size.num_workers, fewest_workers=config.fewest_workers)
+
+
+def _resized(size: LaunchConfig, workers: int) -> LaunchConfig:
+    """``size`` at ``workers`` workers (the ports and floor were the first
+    size's: a resized group takes free ports and is not checked against
+    --min_workers again)."""
+    if workers == size.num_workers:
+        return size
+    return dataclasses.replace(size, num_workers=workers, ports=None, min_workers=None)
+
+
 class _Resizer:
     """While a group runs: asks the host discovery script every interval;
     when its answer differs from the group's size, stops the group (the
@@ -208,8 +231,9 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
     remaining workers keep the same global batches, so training continues
     exactly. With ``config.host_discovery`` the group also grows (and
     shrinks) to the script's answer, re-formed at a checkpoint (`_Resizer`);
-    re-forming is not a restart. Returns the last start's
-    result, whose summary names the root-cause task.
+    re-forming is not a restart. After each start, `decisions.decide` picks
+    what happens next from what is known then (one `decisions.Action`).
+    Returns the last start's result, whose summary names the root-cause task.
 
     >>> import io, sys
     >>> from tfdist.launch import LaunchConfig, launch
@@ -270,38 +294,33 @@ def launch(config: LaunchConfig, command: Sequence[str], output=None) -> GroupRe
                     resizer.close()
                     exit_codes = group.close(config.grace_period)
                     forwarder.group = None
-                result.exit_codes = exit_codes
-                finished = all(code == 0 for name, code in exit_codes.items()
-                               if name.startswith(("worker-", "chief-")))
-                if resizer.requested.is_set() and not forwarder.stop.is_set() and not finished:
-                    size = dataclasses.replace(size, num_workers=resizer.new_size, ports=None,
-                                               min_workers=None)
+                result = dataclasses.replace(result, exit_codes=exit_codes)
+                facts = _facts(result, tasks, config, size, forwarder, resizer,
+                               restarts=restarts, port_retries=port_retries)
+                decision = decide(facts)
+                if decision.action is Action.RESIZE:
+                    size = _resized(size, decision.workers)
                     emit(f"[launcher] re-forming the group with {size.num_workers} workers; "
                          "training resumes from the checkpoint")
                     continue
-                if result.stopped_by:
-                    result.stopped_by = forwarder.signal_name
-                    result.exit_code = forwarder.exit_code
-                if result.ok or forwarder.stop.is_set():
+                if result.stopped_by:  # the signal the launcher got, or none (a resize asked)
+                    result = dataclasses.replace(result, stopped_by=forwarder.signal_name,
+                                                 exit_code=forwarder.exit_code)
+                if decision.action.ends:  # FINISHED, STOPPED, GIVE_UP
                     break
-                if _port_conflict(result) and not config.ports and port_retries < _PORT_RETRIES:
+                if decision.action is Action.NEW_PORTS:
                     port_retries += 1
                     emit(f"[launcher] a port was taken; starting again with new ports ({result.failed_task})")
                     continue
-                if restarts >= config.max_restarts:
-                    break
-                lost = _lost_worker(result, tasks, restarts)
-                restarts += 1
+                restarts += 1  # RESTART or RESTART_SMALLER
                 emit(f"[launcher] {result.summary().splitlines()[0]}")
-                if lost and size.num_workers > config.fewest_workers:
-                    size = dataclasses.replace(
-                        size, num_workers=size.num_workers - 1, ports=None, min_workers=None)
-                    emit(f"[launcher] lost {lost}: it died again before joining the cluster; "
-                         f"continuing with {size.num_workers} workers "
+                if decision.action is Action.RESTART_SMALLER:
+                    emit(f"[launcher] lost {facts.lost_worker}: it died again before joining the "
+                         f"cluster; continuing with {decision.workers} workers "
                          f"(--min_workers={config.fewest_workers})")
                 if discovery is not None:  # the workers that can run now
-                    size = dataclasses.replace(
-                        size, num_workers=discovery.workers() or size.num_workers)
+                    decision = decide(dataclasses.replace(facts, discovered=discovery.workers()))
+                size = _resized(size, decision.workers)
                 emit(f"[launcher] restart {restarts}/{config.max_restarts}: starting all tasks again")
     finally:
         shutil.rmtree(ready_dir, ignore_errors=True)

@@ -34,12 +34,15 @@ class TaskSpec:
     sidecar: bool = False
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class GroupResult:
     """How a start ended. ``failed_task`` is the root cause, if any;
     ``stopped_by`` names the signal when a stop was asked for;
-    ``exit_codes`` is filled in by `ProcessGroup.close`.
+    ``exit_codes`` are every task's, from `ProcessGroup.close`. A record:
+    the launcher makes a new one (`dataclasses.replace`) to add the exit
+    codes, or the signal that stopped the run, never changes one.
 
+    >>> import dataclasses
     >>> from tfdist.launch import GroupResult
     >>> result = GroupResult(1, "worker-1", "exited", ["ValueError: bad input"])
     >>> result.ok
@@ -48,8 +51,8 @@ class GroupResult:
     worker-1: exited (exit code 1)
     last lines of worker-1:
       ValueError: bad input
-    >>> result.exit_codes.update({"worker-0": 143, "worker-1": 1})   # as `close` fills them in
-    >>> result.codes()
+    >>> closed = dataclasses.replace(result, exit_codes={"worker-0": 143, "worker-1": 1})
+    >>> closed.codes()                    # as the launcher adds what `close` returned
     'worker-0=143, worker-1=1'
     """
 

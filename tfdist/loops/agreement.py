@@ -6,11 +6,11 @@ next collective. So workers sum their stop requests in an all-reduce.
 
 Why not in every training call: each all-reduce costs a round trip
 between workers at every step, and, with TensorFlow's default collective
-instance keys, ~1.6 KB of memory per host call (measured with 2 workers: a
-function with 1, 4 separate, or 4 batched all-reduces keeps 1.6, 6.5 and
-1.6 KB per call). tfdist's functions now fix their keys when traced
-(`tfdist._internal.collectives.function`), which removes the memory; the round trip
-is why the agreement stays out of the training call.
+instance keys, memory at every host call that is never freed
+(docs/reliability.md#memory). tfdist's functions now fix their keys when
+traced (`tfdist._internal.collectives.function`), which removes the
+memory; the round trip is why the agreement stays out of the training
+call.
 
 `StopAgreement` instead agrees every ``interval`` executions, in a separate
 tiny function, and picks the next interval in the same all-reduce: each

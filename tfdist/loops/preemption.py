@@ -6,7 +6,8 @@ with SIGTERM, often to one task; a person presses Ctrl-C. While
 runner hands it to `tfdist.loops.agreement`, which under a multi-worker strategy
 sums it over all workers about once a second, so all workers agree on the
 step. The Trainer then saves a checkpoint with
-the exact data position (when it has a ``checkpoint_dir``) and raises
+the exact data position (when it has a checkpoint directory:
+``checkpointing=tfdist.CheckpointOptions(directory=...)``) and raises
 `Preempted`, a ``SystemExit`` with code 143 (128 + SIGTERM) or 130 (Ctrl-C),
 which `tfdist-run --max_restarts` answers with a restart; `fit` then resumes
 mid-epoch where it stopped. A second Ctrl-C raises KeyboardInterrupt at once.
@@ -96,13 +97,13 @@ def free_iterators_or_exit(stop: Preempted) -> Preempted:
 
     The traceback holds `fit`'s frames, and with them the distributed data
     iterators, until the process exits. Freeing a distributed iterator
-    waits for TensorFlow's input threads (py-spy: the main thread in
-    ``MultiDeviceIterator::~MultiDeviceIterator``): measured 0.3-0.6 s after
-    a 25 s run, over 9 s after a minute of fast steps, so the last worker of
-    a stopped 2-worker run took 18-30 s to exit (a cluster manager's grace
-    period is often 30 s). So they are freed here, and if that takes longer
-    than `RELEASE_SECONDS` the process exits at once with the stop's exit
-    code: the checkpoint is already saved.
+    waits for TensorFlow's input threads (the main thread in
+    ``MultiDeviceIterator::~MultiDeviceIterator``), longer the longer the
+    run, and a stopped worker that waited for it at the interpreter's exit
+    could outlast a cluster manager's grace period (figures:
+    docs/reliability.md#stopped-workers-exit-in-seconds). So they are freed
+    here, and if that takes longer than `RELEASE_SECONDS` the process exits
+    at once with the stop's exit code: the checkpoint is already saved.
     """
     freed = threading.Event()
 

@@ -178,7 +178,8 @@ def check_supported(model: keras.Model, *, jit_compile: bool = False,
                     static_shapes: bool = False, accumulates: bool = False) -> None:
     """Options the user-step path cannot honour are errors naming them."""
     names = ", ".join(overridden(model))
-    for option, value in (("jit_compile", jit_compile), ("static_shapes", static_shapes),
+    # static_shapes first: it turns jit_compile on, so it is what the user asked for.
+    for option, value in (("static_shapes", static_shapes), ("jit_compile", jit_compile),
                           ("gradient_accumulation_steps", accumulates)):
         if value:
             raise ConfigurationError(

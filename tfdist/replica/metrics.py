@@ -34,16 +34,15 @@ def reads_traced(strategy: Optional[tf.distribute.Strategy]) -> bool:
 
     Under MultiWorkerMirroredStrategy (any number of workers), each eager
     read of a replica-local variable is a collective with a new instance
-    key, whose record TensorFlow keeps: with a log point every 100 steps,
-    eager reads grew each worker of a 2-worker soak by another 0.06-0.08 KB
-    per step. An eager reset is such a read too (Keras' ``assign`` reads
-    the variable back), as was the example count read for the progress
-    line's rate (now in the same traced read). Under parameter servers
-    each eager op is a remote call: 3.9 ms per read of loss and accuracy,
-    1.3 ms traced (2 workers + 1 ps). Under MirroredStrategy an eager read
-    sums every replica's copy op by op: 0.92 / 1.07 ms per read of loss
-    and accuracy on 2 / 4 replicas, 0.21 / 0.28 ms traced (one device:
-    0.13 ms eager, 0.20 traced, so it stays eager).
+    key, whose record TensorFlow keeps, so memory grows with every log
+    point (docs/reliability.md#memory). An eager reset is such a read too
+    (Keras' ``assign`` reads the variable back), as was the example count
+    read for the progress line's rate (now in the same traced read). Under
+    parameter servers each eager op is a remote call, and under
+    MirroredStrategy an eager read sums every replica's copy op by op: in
+    both a traced read is several times faster. On one device the eager
+    read is the faster one, so it stays eager (figures:
+    docs/performance.md#measurements-behind-design-choices).
     """
     return strategy is not None and (collectives.uses_instance_keys(strategy) or isinstance(
         strategy, (tf.distribute.experimental.ParameterServerStrategy,

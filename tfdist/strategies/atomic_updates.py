@@ -37,7 +37,7 @@ import threading
 
 import tensorflow as tf
 
-from tfdist._internal.keras import patches
+from tfdist._internal.keras import model_state as keras_model_state, patches
 
 _lock = threading.Lock()
 _installed = []
@@ -72,8 +72,8 @@ def _one_op(keras_method, name: str, in_stateless_scope):
     def method(self, value):
         if not _active[0] or in_stateless_scope():
             return keras_method(self, value)
-        value = tf.cast(value, self._value.dtype)  # pylint: disable=protected-access
-        return getattr(self._value, name)(value)  # pylint: disable=protected-access
+        storage = keras_model_state.tensorflow_variable(self)
+        return getattr(storage, name)(tf.cast(value, storage.dtype))
 
     method.__name__ = name
     method.__doc__ = keras_method.__doc__

@@ -69,8 +69,8 @@ def multi_worker_mirrored(
     Args:
       communication: "auto", "ring" or "nccl".
       peer_timeout_seconds: heartbeat timeout: a peer silent this long is
-        lost, and every task's pending step raises (measured detection:
-        7 s for a killed peer, 18 s for a stopped one, at 10).
+        lost, and every task's pending step raises (measured detection
+        times: docs/reliability.md#faults-a-lost-or-hung-task).
       timeout_seconds: an extra timeout on every collective. Off by default:
         TensorFlow keeps a thread per collective alive for this long, so at
         fast step rates threads pile up until the process aborts.

@@ -24,8 +24,9 @@ training step needs:
 
 from typing import List, Sequence
 
-import keras
 import tensorflow as tf
+
+from tfdist._internal.keras import model_state as keras_model_state
 
 try:  # ShardedVariable has no public class to test against.
     from tensorflow.python.distribute.sharded_variable import (  # pylint: disable=no-name-in-module
@@ -35,19 +36,15 @@ except ImportError:  # pragma: no cover - TF moved it; nothing is sharded then.
     ShardedVariable = ()
 
 
-def _storage(variable):
-    """The TensorFlow variable behind a Keras variable."""
-    return variable._value if isinstance(variable, keras.Variable) else variable  # pylint: disable=protected-access
-
-
 def is_sharded(variable) -> bool:
-    return bool(ShardedVariable) and isinstance(_storage(variable), ShardedVariable)
+    return bool(ShardedVariable) and isinstance(
+        keras_model_state.tensorflow_variable(variable), ShardedVariable)
 
 
 def shards(variable) -> List[tf.Variable]:
     """The TensorFlow variables holding a Keras variable, in order: its
     pieces if sharded, else the one variable. Each has a ``device``."""
-    storage = _storage(variable)
+    storage = keras_model_state.tensorflow_variable(variable)
     return list(storage.variables) if is_sharded(variable) else [storage]
 
 
@@ -99,7 +96,7 @@ def save_as_full_tensors(variables: Sequence) -> None:
     for variable in variables:
         if not is_sharded(variable):
             continue
-        storage = _storage(variable)
+        storage = keras_model_state.tensorflow_variable(variable)
         if getattr(storage, "_tfdist_full_tensor", False):
             continue
 

@@ -10,17 +10,15 @@ compiled after `attach`) and again when the model is recompiled.
 """
 
 import dataclasses
-import warnings
 
 import keras
 import tensorflow as tf
 
 from tfdist._internal import validation
-from tfdist._internal.keras import compiled as keras_compiled
+from tfdist._internal.keras import compiled as keras_compiled, patches as keras_patches
 from tfdist.data import keras_inputs
 from tfdist.errors import ConfigurationError
-from tfdist.replica.keras_steps import overridden
-from tfdist.training.options import MOVED, RECORDS, ReportingOptions, check_record
+from tfdist.training.options import ReportingOptions, check_record, refuse_moved_keywords
 
 _ATTACHMENT = "_tfdist_attachment"
 _METHODS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
@@ -51,7 +49,7 @@ class Attachment:
         validation.check_compiled(model)
         key = keras_compiled.compile_identity(model)
         if self._trainer is None or key != self._compiled_with:
-            options = compile_options(model, self._options)
+            options = dict(self._options)
             # Keras' progress bar, not tfdist's log lines, as model.fit shows.
             options["reporting"] = dataclasses.replace(
                 options.get("reporting") or ReportingOptions(), keras_progress_bar=True)
@@ -144,16 +142,19 @@ def _check_strategy(model, strategy) -> None:
                         "strategy.scope():` before attaching it.")
 
 
-def attach(model, strategy=None, **trainer_options):
+@refuse_moved_keywords("tfdist.attach")
+def attach(model, strategy=None, *, checkpointing=None, input_pipeline=None, reporting=None,
+           static_shapes=None, communication=None):
     """Routes ``model.fit`` / ``evaluate`` / ``predict`` through tfdist.
 
     Args:
       model: a Keras model built under ``strategy.scope()``.
       strategy: the strategy it was built under (default: that one).
-      **trainer_options: `tfdist.Trainer` options, checked now: ``checkpointing``
-        (a `tfdist.CheckpointOptions`), ``data`` (a `tfdist.DataOptions`; its
-        ``seed`` seeds ``shuffle=True`` orders), ``reporting``,
-        ``steps_per_execution``, ``static_shapes``, ...
+      checkpointing, input_pipeline, reporting, static_shapes, communication:
+        `tfdist.Trainer`'s options, checked now (``input_pipeline``'s
+        `tfdist.DataOptions` ``seed`` seeds ``shuffle=True`` orders).
+        ``steps_per_execution`` and ``jit_compile`` are read from
+        ``model.compile``, where Keras takes them.
 
     Returns the model. Raises `ConfigurationError` for a model built outside
     the strategy's scope or under another strategy.
@@ -180,30 +181,17 @@ def attach(model, strategy=None, **trainer_options):
             f"`strategy` must be a tf.distribute.Strategy (e.g. tfdist.make_strategy("
             f"'mirrored')); got {type(strategy).__name__}.")
     _check_strategy(model, strategy)
-    _check_trainer_options(trainer_options)
+    for argument, value in (("checkpointing", checkpointing), ("input_pipeline", input_pipeline),
+                            ("reporting", reporting)):
+        check_record(argument, value)
+    trainer_options = {"checkpointing": checkpointing, "input_pipeline": input_pipeline,
+                       "reporting": reporting, "static_shapes": static_shapes,
+                       "communication": communication}
     detach(model)
     attachment = Attachment(model, strategy, trainer_options)
     object.__setattr__(model, _ATTACHMENT, attachment)
-    for name in _METHODS:
-        object.__setattr__(model, name, getattr(attachment, name))
+    keras_patches.replace_methods_of(model, {name: getattr(attachment, name) for name in _METHODS})
     return model
-
-
-def _check_trainer_options(options: dict) -> None:
-    """Names and values checked now, not at the first ``fit``."""
-    from tfdist.training.trainer import Trainer  # pylint: disable=import-outside-toplevel
-
-    moved = {name: MOVED[name] for name in options if name in MOVED}
-    if moved:
-        raise ConfigurationError(
-            "tfdist.attach takes the Trainer's options as records now: "
-            + "; ".join(f"`{name}=` is now `{where}`" for name, where in sorted(moved.items()))
-            + " (see tfdist.Trainer).")
-    validation.check_option_names(options, Trainer.option_names(), "tfdist.attach")
-    for argument in RECORDS:
-        check_record(argument, options.get(argument))
-    if "steps_per_execution" in options:
-        validation.positive_int("steps_per_execution", options["steps_per_execution"])
 
 
 def detach(model):
@@ -219,39 +207,9 @@ def detach(model):
     True
     """
     if getattr(model, _ATTACHMENT, None) is not None:
-        for name in _METHODS + (_ATTACHMENT,):
-            object.__delattr__(model, name)
+        keras_patches.restore_methods_of(model, _METHODS)
+        object.__delattr__(model, _ATTACHMENT)
     return model
-
-
-def compile_options(model, options: dict) -> dict:
-    """``options`` (attach's Trainer options) with what ``model.compile`` set
-    for ``steps_per_execution`` and ``jit_compile`` (Keras' defaults, 1 and
-    False, set nothing). A value given both ways must agree.
-
-    ``jit_compile`` is Keras' resolved value (``"auto"`` is XLA on GPUs and
-    TPUs, off on CPUs); a model with its own step runs without XLA, with a
-    warning, unless XLA was asked for explicitly (then tfdist's error says why).
-    """
-    merged = dict(options)
-    compiled = {"steps_per_execution": int(model.steps_per_execution or 1),
-                "jit_compile": bool(model.jit_compile)}
-    defaults = {"steps_per_execution": 1, "jit_compile": False}
-    for name, value in compiled.items():
-        if value == defaults[name]:
-            continue
-        if name in merged and merged[name] != value:
-            raise ConfigurationError(
-                f"`{name}` is {merged[name]!r} in tfdist.attach but {value!r} in model.compile; "
-                f"give it in one place (or the same value in both).")
-        if name == "jit_compile" and "jit_compile" not in options and overridden(model):
-            warnings.warn(
-                f"model.jit_compile is True, but {type(model).__name__} overrides "
-                f"{', '.join(overridden(model))}: tfdist runs the model's own step without XLA.",
-                stacklevel=3)
-            continue
-        merged[name] = value
-    return merged
 
 
 def attachment_of(model):

@@ -1,11 +1,13 @@
 """The Trainer's options, one record per concern (examples below).
 
-`tfdist.Trainer` and `tfdist.attach` take these records beside the step's
-own settings (``steps_per_execution``, ``jit_compile``, ``static_shapes``,
-``communication``): what a run saves (`CheckpointOptions`), what each step
-reads (`DataOptions`) and what a run shows (`ReportingOptions`). A record
-checks its values when it is made, so a wrong value fails where it was
-written, not at the first ``fit``.
+`tfdist.Trainer` and `tfdist.attach` take the same keyword-only options:
+what a run saves (``checkpointing=`` a `CheckpointOptions`), how its input
+pipeline reads the data (``input_pipeline=`` a `DataOptions`), what a run
+shows (``reporting=`` a `ReportingOptions`), ``static_shapes`` and
+``communication``. What ``model.compile`` owns (``steps_per_execution``,
+``jit_compile``) is read from ``model.compile`` only. A record checks its
+values when it is made, so a wrong value fails where it was written, not at
+the first ``fit``.
 
 >>> import tfdist
 >>> saves = tfdist.CheckpointOptions("/tmp/run", every_steps=500, async_write=True)
@@ -20,6 +22,7 @@ tfdist.errors.ConfigurationError: tfdist.ReportingOptions: `log_every_steps` (0)
 """
 
 import dataclasses
+import functools
 import numbers
 from typing import Optional
 
@@ -123,17 +126,47 @@ MOVED = {
     "checkpoint_every_epoch": "checkpointing=tfdist.CheckpointOptions(every_epoch=...)",
     "max_to_keep": "checkpointing=tfdist.CheckpointOptions(max_to_keep=...)",
     "async_checkpoint": "checkpointing=tfdist.CheckpointOptions(async_write=...)",
-    "partial_batch": "data=tfdist.DataOptions(partial_batch=...)",
-    "global_batch_size": "data=tfdist.DataOptions(global_batch_size=...)",
-    "shard_policy": "data=tfdist.DataOptions(shard_policy=...)",
-    "data_service": "data=tfdist.DataOptions(data_service=...)",
-    "seed": "data=tfdist.DataOptions(seed=...)",
+    "data": "input_pipeline=tfdist.DataOptions(...)",
+    "partial_batch": "input_pipeline=tfdist.DataOptions(partial_batch=...)",
+    "global_batch_size": "input_pipeline=tfdist.DataOptions(global_batch_size=...)",
+    "shard_policy": "input_pipeline=tfdist.DataOptions(shard_policy=...)",
+    "data_service": "input_pipeline=tfdist.DataOptions(data_service=...)",
+    "seed": "input_pipeline=tfdist.DataOptions(seed=...)",
     "log_dir": "reporting=tfdist.ReportingOptions(log_dir=...)",
     "log_every_steps": "reporting=tfdist.ReportingOptions(log_every_steps=...)",
     "keras_progress_bar": "reporting=tfdist.ReportingOptions(keras_progress_bar=...)",
+    "steps_per_execution": "model.compile(steps_per_execution=...)",
+    "jit_compile": "model.compile(jit_compile=...)",
 }
 
-RECORDS = {"checkpointing": CheckpointOptions, "data": DataOptions, "reporting": ReportingOptions}
+RECORDS = {"checkpointing": CheckpointOptions, "input_pipeline": DataOptions,
+           "reporting": ReportingOptions}
+
+
+def refuse_moved_keywords(where: str):
+    """Decorates ``where``'s function (`tfdist.Trainer`, `tfdist.attach`) so a
+    keyword in `MOVED` raises the error that names its new place, before
+    Python's ``unexpected keyword argument``; the signature is unchanged.
+
+    >>> @refuse_moved_keywords("f")
+    ... def f(*, input_pipeline=None):
+    ...     return input_pipeline
+    >>> f(seed=1)
+    Traceback (most recent call last):
+    ...
+    tfdist.errors.ConfigurationError: f's options moved: `seed=` is now `input_pipeline=tfdist.DataOptions(seed=...)`.
+    """
+    def decorate(function):
+        @functools.wraps(function)
+        def checked(*args, **kwargs):
+            moved = sorted(name for name in kwargs if name in MOVED)
+            if moved:
+                raise ConfigurationError(
+                    f"{where}'s options moved: "
+                    + "; ".join(f"`{name}=` is now `{MOVED[name]}`" for name in moved) + ".")
+            return function(*args, **kwargs)
+        return checked
+    return decorate
 
 
 def check_record(argument: str, value) -> None:

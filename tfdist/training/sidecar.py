@@ -6,16 +6,20 @@ A task whose ``TF_CONFIG`` names it ``evaluator`` (``tfdist-run
 --evaluator`` starts one; on a cluster, the platform's evaluator task) runs
 the program like any worker, but its strategy is one local device that
 joins no cluster, and its ``fit`` (`Trainer.fit` or ``attach``'s) does not
-train: it watches ``checkpoint_dir`` and, for each checkpoint listed there
-(a checkpoint being written is not listed yet), reads the model's weights,
-evaluates ``fit``'s validation data, prints a line and writes the metrics
-as TensorBoard scalars to ``<log_dir>/evaluator`` at the checkpoint's step.
+train: it watches the checkpoint directory
+(``checkpointing=tfdist.CheckpointOptions(directory=...)``) and, for each
+checkpoint listed there (a checkpoint being written is not listed yet),
+reads the model's weights, evaluates ``fit``'s validation data, prints a
+line and writes the metrics as TensorBoard scalars to
+``<log_dir>/evaluator`` (``tfdist.ReportingOptions(log_dir=...)``; by
+default ``logs/evaluator`` in the checkpoint directory) at the
+checkpoint's step.
 It ends after evaluating the checkpoint of the last epoch ``fit`` asked
 for, or with an error naming the directory when no new checkpoint comes
 for ``TFDIST_EVALUATOR_TIMEOUT`` seconds (default 3600). It never takes
 part in a collective, so it can not slow or stop training; a checkpoint
-deleted before it is read (``max_to_keep``) or damaged is skipped, saying
-so.
+deleted before it is read (``CheckpointOptions(max_to_keep=...)``) or
+damaged is skipped, saying so.
 """
 
 import os

@@ -11,7 +11,6 @@ epoch reads, `tfdist.loops.runners` how a step is dispatched,
 import contextlib
 import dataclasses
 import functools
-import inspect
 import warnings
 from typing import Dict, Optional
 
@@ -31,8 +30,9 @@ from tfdist.loops.runners.base import ignore_steps
 from tfdist.loops.preemption import free_iterators_or_exit, Preempted, PreemptionWatcher
 from tfdist.replica import accumulation, keras_steps, static_shapes as static_shapes_lib
 from tfdist.training.epoch_loop import BatchReporting, EpochLoop, TrainerActions
+from tfdist.training import compile_settings
 from tfdist.training.options import (CheckpointOptions, DataOptions, ReportingOptions,
-                                     check_record, summary_dir)
+                                     check_record, refuse_moved_keywords, summary_dir)
 from tfdist.training.predict import Predictor
 from tfdist.training import sidecar
 from tfdist.training.progress import ProgressReporter
@@ -66,43 +66,46 @@ class Trainer:
       checkpointing: a `tfdist.CheckpointOptions`: where and when to save;
         ``fit`` resumes from the newest checkpoint in its directory. None:
         no checkpoints.
-      data: a `tfdist.DataOptions`: the partial-batch policy, sharding, the
-        tf.data service and the shuffle seed.
+      input_pipeline: a `tfdist.DataOptions`: the partial-batch policy,
+        sharding, the tf.data service and the shuffle seed.
       reporting: a `tfdist.ReportingOptions`: TensorBoard directory and log cadence.
-      steps_per_execution: steps run per host call in a device-side loop.
-      jit_compile: XLA for the forward/backward pass; with ``partial_batch="pad"``
-        for one shape: XLA on GPUs/CPUs (predict keeps the exact last batch).
       static_shapes: the whole TPU path (`tfdist.replica.static_shapes`, which says
         when to use which): None: on for a TPUStrategy only; True rehearses it.
       communication: `Compression`, `LocalSGD` or `ShardedOptimizerState`
         (`tfdist.communication`), or a tuple.
+
+    What ``model.compile`` owns is read from it: ``steps_per_execution``
+    (steps run per host call in a device-side loop) and ``jit_compile``
+    (XLA for the forward and backward pass; with
+    ``DataOptions(partial_batch="pad")`` for one shape on GPUs and CPUs).
     """
 
+    @refuse_moved_keywords("tfdist.Trainer")
     def __init__(
         self, model: keras.Model, strategy: tf.distribute.Strategy, *,
         checkpointing: Optional[CheckpointOptions] = None,
-        data: Optional[DataOptions] = None,
+        input_pipeline: Optional[DataOptions] = None,
         reporting: Optional[ReportingOptions] = None,
-        steps_per_execution: int = 1, jit_compile: bool = False,
-        static_shapes: Optional[bool] = None, communication=None,
+        static_shapes: Optional[bool] = None,
+        communication=None,
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
-        validation.positive_int("steps_per_execution", steps_per_execution)
         check_record("checkpointing", checkpointing)
-        check_record("data", data)
+        check_record("input_pipeline", input_pipeline)
         check_record("reporting", reporting)
+        compiled = compile_settings.read(model)
         checkpointing = checkpointing or CheckpointOptions()
-        data = data or DataOptions()
+        data = input_pipeline or DataOptions()
         reporting = reporting or ReportingOptions()
         options = static_shapes_lib.resolve(
             strategy, static_shapes=static_shapes, partial_batch=data.partial_batch,
-            jit_compile=jit_compile,
+            jit_compile=compiled.jit_compile,
         )
         self._communication = Communication.attach(communication, model, strategy)
         self.model = model
         self.strategy = strategy
-        self.steps_per_execution = steps_per_execution
+        self.steps_per_execution = compiled.steps_per_execution
         self.static_shapes = options.static_shapes
         self._data = dataclasses.replace(data, partial_batch=options.partial_batch)
         self._reporting = dataclasses.replace(
@@ -124,12 +127,6 @@ class Trainer:
         self._checkpoint = _checkpoint_for(model, self._checkpointing, is_chief=self._is_chief)
         self._position = Position()
         self._predictor = None  # made by the first predict
-
-    @classmethod
-    def option_names(cls):
-        """The keyword options ``Trainer(model, strategy, ...)`` takes."""
-        parameters = inspect.signature(cls.__init__).parameters.values()
-        return [p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY]
 
     # -- set-up ------------------------------------------------------------
 
@@ -197,8 +194,9 @@ class Trainer:
             validation_batch_size=None, validation_freq=1) -> keras.callbacks.History:
         """Trains for ``epochs`` epochs; returns a Keras ``History``.
 
-        Without ``checkpoint_dir`` every call trains ``epochs`` epochs, as
-        Keras ``fit`` does. With it, ``epochs`` is the total the run should
+        Without a checkpoint directory (``CheckpointOptions(directory)``)
+        every call trains ``epochs`` epochs, as Keras ``fit`` does. With
+        one, ``epochs`` is the total the run should
         reach: training resumes from the newest checkpoint there, so a
         restarted job finishes the same run. With ``steps_per_epoch``, one
         iterator runs on across the epochs of a call (as in Keras); without

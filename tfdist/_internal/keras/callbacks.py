@@ -14,8 +14,9 @@ _TRAIN_BATCH_HOOKS = ("on_train_batch_begin", "on_batch_begin", "on_train_batch_
 class _CallbackList(keras.callbacks.CallbackList):
     """Keras' ``CallbackList``, whose per-execution training hooks return at
     once when no callback has one (Keras marks the base class's empty hooks
-    as default): Keras converts the logs for every call, ~10 us of Python
-    per execution (cProfile) that no callback reads."""
+    as default): Keras converts the logs for every call, Python work at
+    every execution that no callback reads (figures:
+    docs/performance.md#measurements-behind-design-choices)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

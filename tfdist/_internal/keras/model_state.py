@@ -1,6 +1,8 @@
 """A model's layers and state: building every variable before the first
-step, listing layers, the random layers' seed generators. Users: the
-Trainer, the checkpoint, the TPU preflight, tfdist's warnings.
+step, listing layers, the random layers' seed generators, the TensorFlow
+variable behind a Keras variable. Users: the Trainer, the checkpoint, the
+TPU preflight, tfdist's warnings, `tfdist.strategies` (sharded variables,
+atomic counters).
 Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
@@ -15,6 +17,13 @@ def seed_generator_states(model: keras.Model) -> dict:
     return {f"layer_{index}_seed_{number}": generator.state
             for index, layer in enumerate(model._flatten_layers(include_self=True))
             for number, generator in enumerate(getattr(layer, "_seed_generators", []))}
+
+
+def tensorflow_variable(variable):
+    """The TensorFlow variable behind a Keras variable, as it is stored
+    (not cast under an autocast scope, as ``.value`` is; a ShardedVariable
+    under a partitioner); anything else as it is."""
+    return variable._value if isinstance(variable, keras.Variable) else variable
 
 
 def all_layers(model: keras.Model) -> list:

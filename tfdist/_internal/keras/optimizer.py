@@ -1,7 +1,22 @@
-"""The optimizer's own clipping, and the loss scale it clips under.
-User: `tfdist.replica.gradients`.
+"""The optimizer's internals tfdist reads: its own clipping and the loss
+scale it clips under, the keys and indices it files each weight's state
+under, its learning-rate variable, the state variables its ``build``
+makes, and which optimizers update each weight element on its own.
+Users: `tfdist.replica.gradients`, `tfdist.communication` (sharded state,
+its checkpoints, local SGD).
 Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
+
+import contextlib
+from typing import Callable, Iterator, List, Optional
+
+import keras
+
+from tfdist._internal.keras import patches
+
+# What a Keras optimizer updates a weight with: `updates_elementwise`
+# accepts a subclass of an elementwise class that keeps all three.
+UPDATE_METHODS = ("update_step", "build", "_backend_update_step")
 
 
 def clip_gradients(optimizer, gradients: list) -> list:
@@ -21,3 +36,90 @@ def keeps_gradient_unscaled(variable) -> bool:
     """Whether a LossScaleOptimizer hands ``variable``'s gradient on as it
     is (Keras' ``overwrite_with_gradient`` variables) instead of unscaling it."""
     return bool(getattr(variable, "overwrite_with_gradient", False))
+
+
+def variable_key(optimizer, variable):
+    """The key ``optimizer`` files ``variable``'s state under (the same for
+    a Keras variable, its TensorFlow variable and a replica's component)."""
+    return optimizer._var_key(variable)
+
+
+def state_index(optimizer, variable) -> int:
+    """The index of ``variable`` among the weights ``optimizer`` was built for."""
+    return optimizer._trainable_variables_indices[optimizer._var_key(variable)]
+
+
+def set_state_index(optimizer, variable, index: int) -> None:
+    """Files ``variable`` under weight ``index`` (``apply`` accepts only
+    the variables it finds there)."""
+    optimizer._trainable_variables_indices[optimizer._var_key(variable)] = index
+
+
+def learning_rate_variable(optimizer) -> Optional[keras.Variable]:
+    """The variable holding ``optimizer``'s learning rate (one of its
+    ``variables``), or None when the rate is a schedule or a callable."""
+    rate = getattr(optimizer, "_learning_rate", None)
+    return rate if isinstance(rate, keras.Variable) else None
+
+
+def is_weights_child(name: str) -> bool:
+    """Whether an optimizer's checkpoint child ``name`` is the list of the
+    model's weights it was built for (not state of its own)."""
+    return name == "_trainable_variables"
+
+
+@contextlib.contextmanager
+def recording_state_variables(optimizer, on_made: Callable) -> Iterator[None]:
+    """Within the block, ``on_made(reference_variable, state_variable)``
+    after each state variable ``optimizer`` makes for a weight (Keras'
+    ``add_variable_from_reference``, which ``add_optimizer_variables``
+    calls too); the optimizer is as it was after the block."""
+    make_one = optimizer.add_variable_from_reference
+
+    def add_variable_from_reference(reference_variable, *args, **kwargs):
+        variable = make_one(reference_variable, *args, **kwargs)
+        on_made(reference_variable, variable)
+        return variable
+
+    patches.replace_methods_of(optimizer, {"add_variable_from_reference":
+                                           add_variable_from_reference})
+    try:
+        yield
+    finally:
+        patches.restore_methods_of(optimizer, ("add_variable_from_reference",))
+
+
+def elementwise_classes() -> tuple:
+    """The Keras optimizers whose update of a weight element reads only
+    that element's gradient and state (and global scalars: the step, the
+    rate). AdamW is an Adam. Nadam (a momentum product shared by all
+    elements, updated per step), Lamb and Adafactor (across elements),
+    Muon and ScheduleFreeAdamW are not."""
+    optimizers = keras.optimizers
+    return (optimizers.SGD, optimizers.Adam, optimizers.RMSprop, optimizers.Adagrad,
+            optimizers.Adamax, optimizers.Adadelta, optimizers.Lion)
+
+
+def elementwise_base(optimizer) -> Optional[type]:
+    """The elementwise Keras class ``optimizer`` is an instance of, or None."""
+    return next((base for base in type(optimizer).__mro__ if base in elementwise_classes()),
+                None)
+
+
+def overridden_update_methods(optimizer) -> List[str]:
+    """Which of `UPDATE_METHODS` ``optimizer``'s class replaces from its
+    elementwise Keras base (a subclass changing one may look across
+    elements): empty for the base itself and for a subclass that keeps them."""
+    base = elementwise_base(optimizer)
+    if base is None:
+        return []
+    return [name for name in UPDATE_METHODS
+            if getattr(type(optimizer), name, None) is not getattr(base, name, None)]
+
+
+def updates_elementwise(optimizer) -> bool:
+    """Whether ``optimizer`` updates each weight element from its own
+    gradient and state: an instance of an `elementwise_classes` class (a
+    subclass too, ``class MyAdam(keras.optimizers.Adam)``) whose update
+    methods are that class's own."""
+    return elementwise_base(optimizer) is not None and not overridden_update_methods(optimizer)

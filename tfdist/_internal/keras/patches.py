@@ -1,23 +1,30 @@
-"""Where tfdist changes Keras' own functions, each change one function here.
+"""Where tfdist changes Keras' own functions and methods, each change one
+function here.
 
 tfdist keeps Keras' semantics by wrapping a few Keras 3 functions: what a
 wrapper does lives with its user; this module only finds the Keras function
 and puts the wrapper in its place, so every such reach into ``keras.src``
 is in one file. Each ``wrap_*`` takes ``wrap(original) -> replacement`` and
 runs when its user first needs it (never at import: ``import tfdist`` leaves
-Keras as it is).
+Keras as it is). The ``replace_*_of`` functions change one object only (a
+model's ``fit`` or ``compute_loss``, one optimizer's update or checkpoint
+children), as instance attributes set past Keras' attribute tracking;
+`restore_methods_of` gives the object its class's methods back.
 
 Users: `tfdist._internal.replica_share` (loss scaling and the gradient
 all-reduce of a user's own step), `tfdist._internal.replica_random`
 (per-replica seeds), `tfdist.replica.loss_scaling` (finite-gradient
 agreement), `tfdist.strategies.atomic_updates` (parameter-server counters),
-`tfdist.communication` (compression and local SGD on one optimizer).
+`tfdist.communication` (compression, local SGD and sharded state on one
+optimizer), `tfdist.training.keras_fit` (``tfdist.attach``).
 Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
-from typing import Callable
+from typing import Callable, Dict, Iterable
 
 GRADIENT_ALL_REDUCE = "_all_reduce_sum_gradients"  # a Keras TensorFlow optimizer's method
+DISTRIBUTED_UPDATE = "_backend_update_step"  # its update of every weight, in a replica
+CHECKPOINT_CHILDREN = "_trackable_children"  # what tf.train.Checkpoint saves of an object
 
 
 def wrap_loss_scaling(wrap_scale: Callable, wrap_unscale: Callable) -> None:
@@ -43,6 +50,54 @@ def replace_all_reduce_of(optimizer, replacement) -> None:
     import types  # pylint: disable=import-outside-toplevel
 
     object.__setattr__(optimizer, GRADIENT_ALL_REDUCE, types.MethodType(replacement, optimizer))
+
+
+def all_reduce_sum(optimizer, grads_and_vars) -> list:
+    """``optimizer``'s own gradient all-reduce (summing over the replicas,
+    its replacement or wrapper if it has one) of ``grads_and_vars``."""
+    return getattr(optimizer, GRADIENT_ALL_REDUCE)(list(grads_and_vars))
+
+
+def replace_update_of(optimizer, update: Callable) -> None:
+    """One optimizer instance's distributed update of every weight:
+    ``update(grads, variables, learning_rate)``, called in each replica by
+    Keras' ``apply`` where Keras' own would be (``variables`` Keras
+    variables or their TensorFlow variables)."""
+    object.__setattr__(optimizer, DISTRIBUTED_UPDATE, update)
+
+
+def replace_checkpoint_children_of(optimizer, wrap: Callable) -> None:
+    """What a checkpoint sees of one object (its children by name, as
+    ``tf.train.Checkpoint`` and background saves list them): ``wrap(children)``
+    of what Keras lists."""
+    keras_children = getattr(optimizer, CHECKPOINT_CHILDREN)
+
+    def children(*args, **kwargs):
+        return wrap(keras_children(*args, **kwargs))
+
+    object.__setattr__(optimizer, CHECKPOINT_CHILDREN, children)
+
+
+def replace_methods_of(obj, methods: Dict[str, Callable]) -> None:
+    """Sets ``methods`` (``{name: function}``) on ``obj`` only, as instance
+    attributes, past Keras' attribute tracking (a function, not a layer or
+    variable); its class, and its ``super()`` calls, are untouched."""
+    for name, method in methods.items():
+        object.__setattr__(obj, name, method)
+
+
+def restore_methods_of(obj, names: Iterable[str]) -> None:
+    """Takes ``obj``'s own ``names`` away (set by `replace_methods_of`):
+    its class's methods show again."""
+    for name in names:
+        if name in vars(obj):
+            object.__delattr__(obj, name)
+
+
+def has_own_method(obj, name: str) -> bool:
+    """Whether ``name`` is set on ``obj`` itself (by `replace_methods_of`),
+    not only on its class."""
+    return name in vars(obj)
 
 
 def class_all_reduce(optimizer) -> Callable:

@@ -11,9 +11,10 @@ stop_requested, advance)`` runs the `ExecutionPlan`'s executions in order
 and returns an `Execution`. Between log points, save points and epoch
 ends, and when no callback has a training-batch hook, the loop has
 nothing to do after an execution but count it and look for a stop request
-(its full per-execution path is ~15 us of Python, 1.5-2% of a ~1 ms step
-on one device), so the plan holds a stretch of executions and the runner
-runs them back to back. The contract, shared by every runner:
+(yet its full per-execution path costs Python time that a fast step feels:
+docs/performance.md#measurements-behind-design-choices), so the plan holds
+a stretch of executions and the runner runs them back to back. The
+contract, shared by every runner:
 
 - after each execution it calls ``advance(steps run)`` (the position
   stays exact even when a later execution raises) and asks

@@ -66,8 +66,9 @@ class CoordinatorRunner:
         self._train_execution = self._make_execution(train_step)
         # Full-size executions (the largest size seen: steps_per_execution)
         # take no step-count argument, as TensorFlow's own loop: scheduling
-        # one costs the coordinator ~0.1 ms less (profiled
-        # once); shorter ones share one general function.
+        # one costs the coordinator less (figures:
+        # docs/performance.md#measurements-behind-design-choices); shorter
+        # ones share one general function.
         self._full_steps, self._full_execution = 0, None
         self._step_counts = {}
         self._eval_loop = self._make_inline_loop(eval_step)
@@ -119,11 +120,11 @@ class CoordinatorRunner:
         The dataset graph and the per-worker functions are made once per
         (data, epoch source, position, policy) and reused by later calls
         (e.g. one ``fit`` per epoch), as TensorFlow's own loop reuses its
-        ``create_per_worker_dataset``: without this cache, tfdist measured
-        0.87-0.96 of that loop in scripts/benchmark.py, whose windows are
-        one ``fit`` call of ~1.5 s each; with it 0.92-1.06. On the tf.data
-        service every call makes a job of its own (a new pass), so nothing
-        is reused."""
+        ``create_per_worker_dataset``: rebuilding them at every call put
+        short ``fit`` calls behind that loop (figures:
+        docs/performance.md#measurements-behind-design-choices). On the
+        tf.data service every call makes a job of its own (a new pass), so
+        nothing is reused."""
         if self._service:
             return PerWorkerIterators(self._coordinator, self._service_dataset_maker(
                 source, epoch=epoch, skip_steps=skip_steps, partial_batch=partial_batch,

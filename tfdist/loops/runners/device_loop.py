@@ -21,9 +21,9 @@ def device_loop(strategy: tf.distribute.Strategy, replica_step: Callable, *,
     ``check_end=False``: the caller knows the iterator has ``num_steps``
     more elements (`tfdist.data.distribute_counted`), so each step reads
     with ``next`` instead of ``get_next_as_optional`` plus a test and a
-    ``break``: ~50 us less per host call here (a one-step call of an
-    optional-reading loop on a distributed iterator: ~395 us against
-    ~345 us for ``next``), about what a hand-written loop pays. Reading past
+    ``break``, which makes each host call cheaper: about what a
+    hand-written loop pays (figures:
+    docs/performance.md#measurements-behind-design-choices). Reading past
     the end raises ``OutOfRangeError``.
     """
 

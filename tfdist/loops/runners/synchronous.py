@@ -142,8 +142,9 @@ class SynchronousRunner:
         execution goes through `_execute`, which agrees on stops across
         workers (`tfdist.loops.agreement`). While the data certainly lasts
         on one worker, a bare Python loop of calls runs them, as a
-        hand-written loop (`Trainer.fit` without batch callbacks: ~15 us of
-        Python per execution less, measured on one device).
+        hand-written loop does (less Python per execution for `Trainer.fit`
+        without batch callbacks; figures:
+        docs/performance.md#measurements-behind-design-choices).
         """
         if self._multi_worker or plan.total_steps > iterator.guaranteed_steps:
             return run_each(self._execute, iterator, plan, stop_requested, advance)
