@@ -59,20 +59,8 @@ def test_a_subclass_keeping_adams_update_equals_one_device_adam():
     """``class MyAdam(keras.optimizers.Adam)`` (its defaults changed only) is
     accepted by capability, not by name, and trains as one device's plain
     Adam with the same settings, on 3 replicas (the last batch uneven)."""
-    data = ref.global_batches(70, 16)
-    expected = ref.build_mlp()
-    expected.compile(optimizer=keras.optimizers.Adam(0.02, beta_2=0.99),
-                     loss="sparse_categorical_crossentropy")
-    initial = expected.get_weights()
-    expected.fit(data, epochs=3, verbose=0)
-    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
-    with strategy.scope():
-        model = ref.build_mlp()
-        model.compile(optimizer=MyAdam(), loss="sparse_categorical_crossentropy")
-    model.set_weights(initial)
-    tfdist.attach(model, strategy, communication=ShardedOptimizerState())
-    model.fit(data, epochs=3, verbose=0)
-    ref.assert_weights_close(expected, model, atol=1e-5)
+    expected, model = _sharded_on_3_replicas_and_one_device(
+        lambda: keras.optimizers.Adam(0.02, beta_2=0.99), MyAdam)
     sliced = sorted(int(np.prod(v.shape)) for v in model.optimizer.variables if v.shape != ())
     thirds = [-(-int(np.prod(w.shape)) // 3) for w in model.trainable_variables]
     assert sliced == sorted(thirds * 2)  # (sharded: a third of each slot per replica)
@@ -198,19 +186,7 @@ def test_every_elementwise_optimizer_equals_one_device(name, tmp_path):
     """Each optimizer the sharding accepts, on 3 replicas (the last batch of
     6 rows: uneven), against single-device Keras fit on the same batches;
     its checkpoint is one device's (its slots in Keras' order)."""
-    data = ref.global_batches(70, 16)
-    expected = ref.build_mlp()
-    expected.compile(optimizer=OPTIMIZERS[name](), loss="sparse_categorical_crossentropy")
-    initial = expected.get_weights()
-    expected.fit(data, epochs=3, verbose=0)
-    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
-    with strategy.scope():
-        model = ref.build_mlp()
-        model.compile(optimizer=OPTIMIZERS[name](), loss="sparse_categorical_crossentropy")
-    model.set_weights(initial)
-    tfdist.attach(model, strategy, communication=ShardedOptimizerState())
-    model.fit(data, epochs=3, verbose=0)
-    ref.assert_weights_close(expected, model, atol=1e-5)
+    expected, model = _sharded_on_3_replicas_and_one_device(OPTIMIZERS[name], OPTIMIZERS[name])
     # Per replica, each slot of each weight holds a third of it.
     sliced = sorted(int(np.prod(v.shape)) for v in model.optimizer.variables if v.shape != ())
     thirds = [-(-int(np.prod(w.shape)) // 3) for w in model.trainable_variables]
@@ -221,6 +197,27 @@ def test_every_elementwise_optimizer_equals_one_device(name, tmp_path):
     assert saved.keys() == wanted.keys() and len(wanted) >= 4  # (a slot of 4 weights)
     for key, value in wanted.items():
         np.testing.assert_allclose(saved[key], value, atol=1e-5, rtol=0, err_msg=key)
+
+
+def _sharded_on_3_replicas_and_one_device(one_device_optimizer, sharded_optimizer):
+    """The test MLP fit for 3 epochs on 70 rows in batches of 16 by
+    single-device Keras with ``one_device_optimizer()`` and, attached with
+    sharded state on 3 replicas, with ``sharded_optimizer()``, from the same
+    weights; ``(one-device model, sharded model)``, weights checked equal."""
+    data = ref.global_batches(70, 16)
+    expected = ref.build_mlp()
+    expected.compile(optimizer=one_device_optimizer(), loss="sparse_categorical_crossentropy")
+    initial = expected.get_weights()
+    expected.fit(data, epochs=3, verbose=0)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
+    with strategy.scope():
+        model = ref.build_mlp()
+        model.compile(optimizer=sharded_optimizer(), loss="sparse_categorical_crossentropy")
+    model.set_weights(initial)
+    tfdist.attach(model, strategy, communication=ShardedOptimizerState())
+    model.fit(data, epochs=3, verbose=0)
+    ref.assert_weights_close(expected, model, atol=1e-5)
+    return expected, model
 
 
 def _optimizer_saves(model, directory) -> dict:

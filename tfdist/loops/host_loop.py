@@ -24,7 +24,7 @@ instance keys of its trace, so a worker's memory does not grow per call
 (docs/reliability.md).
 """
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -32,15 +32,8 @@ from tfdist._internal import collectives, replica_random, validation
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 from tfdist.loops.agreement import StopAgreement
+from tfdist.loops.execution import Execution
 from tfdist.loops.runners.device_loop import device_loop
-
-
-class Execution(NamedTuple):
-    """What one `HostLoop.run` did."""
-
-    steps: int  # steps run (fewer than asked when the data ended)
-    stop: bool  # some worker asked to stop: every worker sees True
-    end_of_data: bool  # the iterator is exhausted
 
 
 class HostLoop:

@@ -86,11 +86,12 @@ Runnable under ``tfdist-run --num_workers=2 --num_ps=1 -- python program.py``:
 ...     print(epoch, float(loss.fetch()), float(accuracy.result()))
 """
 
-from typing import Callable, Dict
+from typing import Callable
 
 import tensorflow as tf
 
 from tfdist._internal import validation
+from tfdist._internal.bounded_cache import BoundedCache
 from tfdist.cluster import peers
 from tfdist.data import distributed, epochs
 from tfdist.data.batch import Batch
@@ -199,7 +200,7 @@ class ParameterServerLoop:
         self._make_dataset = _worker_dataset_maker(source, 1)
         self._iterators = None
         self._execution = self._make_execution(step, steps_per_execution)
-        self._evaluations: Dict[tuple, list] = {}
+        self._evaluations = BoundedCache()  # (dataset, eval_step, num_shards) -> shard functions
 
     def _make_execution(self, step: Callable, steps: int):
         strategy = self._strategy
@@ -249,17 +250,15 @@ class ParameterServerLoop:
         workers = self.coordinator._cluster.workers  # pylint: disable=protected-access
         num_shards = len(workers) if num_shards is None else num_shards
         validation.positive_int("num_shards", num_shards)
-        key = (dataset, eval_step, num_shards)
-        if key not in self._evaluations:
-            if len(self._evaluations) >= 4:
-                self._evaluations.clear()
+        def shard_functions():
             source = _source(dataset, "evaluation dataset")
             step = _as_batch_step(eval_step, "eval_step")
-            self._evaluations[key] = [
-                self._make_shard_function(make_dataset, step)
-                for make_dataset in _shard_dataset_makers(source, num_shards, 1)]
+            return [self._make_shard_function(make_dataset, step)
+                    for make_dataset in _shard_dataset_makers(source, num_shards, 1)]
+
+        functions = self._evaluations.get((dataset, eval_step, num_shards), shard_functions)
         with peers.explain_lost_servers():
-            for function in self._evaluations[key]:
+            for function in functions:
                 self.coordinator.schedule(function)
             self.coordinator.join()
 

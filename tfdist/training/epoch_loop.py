@@ -101,12 +101,12 @@ class EpochLoop:
                 self._callbacks.on_train_batch_begin(position.step_in_epoch)
             execution = self._runner.train(iterator, plan, self._stop_requested, position.advance)
             if plan.reported:
-                if execution.steps_run == 0 and not execution.stopped:
+                if execution.steps == 0 and not execution.stop:
                     return True  # out of data (as Keras: no batch end)
                 self._report(cadence, execution, step_before, step_in_epoch_before, total_steps)
-            if execution.stopped:
+            if execution.stop:
                 self._actions.stop()
-            if execution.ran_out:
+            if execution.end_of_data:
                 return True
             if self._model.stop_training:  # a callback ended training (as in Keras)
                 return False
@@ -118,7 +118,7 @@ class EpochLoop:
         position = self._position
         log_point = cadence.is_log_point(step_in_epoch_before, position.step_in_epoch)
         save_point = cadence.is_save_point(step_before, position.step)
-        if log_point or save_point or execution.stopped or self._reporting.reads_metrics:
+        if log_point or save_point or execution.stop or self._reporting.reads_metrics:
             self._runner.sync()
         logs = {}
         if log_point:

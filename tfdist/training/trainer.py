@@ -360,7 +360,7 @@ class Trainer:
             self._metrics.reset()
             execution = self._runner.train(self._iterator(source, 0, 0), ExecutionPlan(1),
                                            stop_requested=lambda: False, advance=ignore_steps)
-            self._position.step += execution.steps_run
+            self._position.step += execution.steps
             self._runner.sync()
             return self._metrics.results()
 

@@ -27,26 +27,10 @@ parameter servers and multi-worker jobs use (each execution agrees on
 stops across workers).
 """
 
-import dataclasses
 from typing import Callable, ContextManager, Optional, Protocol, runtime_checkable
 
 from tfdist.loops.cadence import ExecutionPlan
-
-
-@dataclasses.dataclass(frozen=True)
-class Execution:
-    """What `Runner.train` ran.
-
-    Attributes:
-      steps_run: steps run by the plan's executions, in all.
-      stopped: every worker agreed to stop after these steps (a SIGTERM or
-        Ctrl-C on any of them: `tfdist.loops.preemption`).
-      ran_out: the data ended (an execution ran fewer steps than planned).
-    """
-
-    steps_run: int
-    stopped: bool = False
-    ran_out: bool = False
+from tfdist.loops.execution import Execution
 
 
 @runtime_checkable
@@ -106,5 +90,5 @@ def run_each(execute: Callable[[object, int, bool, bool], tuple], iterator,
         advance(ran)
         steps_run += ran
         if stop or ran < plan.num_steps:
-            return Execution(steps_run, stopped=stop, ran_out=ran < plan.num_steps)
+            return Execution(steps_run, stop=stop, end_of_data=ran < plan.num_steps)
     return Execution(steps_run)

@@ -32,6 +32,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from tfdist import data as data_lib
+from tfdist._internal.bounded_cache import BoundedCache
 from tfdist.data import service
 from tfdist.cluster import peers
 from tfdist.errors import ConfigurationError
@@ -72,7 +73,7 @@ class CoordinatorRunner:
         self._full_steps, self._full_execution = 0, None
         self._step_counts = {}
         self._eval_loop = self._make_inline_loop(eval_step)
-        self._iterator_makers = {}
+        self._iterator_makers = BoundedCache()
 
     def _make_execution(self, replica_step, num_steps=None):
         """``execution(iterator, num_steps)``, or with ``num_steps`` given,
@@ -131,14 +132,10 @@ class CoordinatorRunner:
                 global_batch_size=global_batch_size))()
         key = (source.original, epoch if source.per_epoch else None, skip_steps,
                partial_batch, global_batch_size)
-        if key not in self._iterator_makers:
-            if len(self._iterator_makers) >= 4:
-                self._iterator_makers.clear()
-            self._iterator_makers[key] = PerWorkerIterators(
-                self._coordinator, self._dataset_maker(source, epoch=epoch, skip_steps=skip_steps,
-                                                       partial_batch=partial_batch,
-                                                       global_batch_size=global_batch_size))
-        return self._iterator_makers[key]()
+        return self._iterator_makers.get(key, lambda: PerWorkerIterators(
+            self._coordinator, self._dataset_maker(source, epoch=epoch, skip_steps=skip_steps,
+                                                   partial_batch=partial_batch,
+                                                   global_batch_size=global_batch_size)))()
 
     def _dataset_maker(self, source, *, epoch, skip_steps, partial_batch, global_batch_size):
         """``make_dataset(worker, num_workers)`` for `PerWorkerIterators`."""

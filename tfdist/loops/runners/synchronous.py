@@ -21,6 +21,7 @@ from tfdist.loops.cadence import ExecutionPlan
 from tfdist.loops.runners.base import Execution, ignore_steps, run_each
 from tfdist.loops.runners.device_loop import device_loop
 from tfdist._internal import collectives
+from tfdist._internal.bounded_cache import BoundedCache
 
 
 @dataclasses.dataclass
@@ -93,7 +94,7 @@ class SynchronousRunner:
         self._train_loops = CountedLoops(strategy, train_step, after_step=after_train_step)
         self.stop_agreement = StopAgreement(strategy, spans_workers=self._multi_worker)
         self._eval_loops = CountedLoops(strategy, eval_step)
-        self._distributed = {}
+        self._distributed = BoundedCache()
         self._agree = None
 
     def _distribute(self, source, *, epoch, skip_steps, partial_batch, global_batch_size):
@@ -101,16 +102,12 @@ class SynchronousRunner:
         data, epoch source and position are unchanged (building one costs
         tens of milliseconds)."""
         key = (source.original, epoch if source.per_epoch else None, skip_steps, partial_batch)
-        if key not in self._distributed:
-            if len(self._distributed) >= 4:
-                self._distributed.clear()
-            self._distributed[key] = data_lib.distribute_counted(
-                self._strategy, source, epoch=epoch, skip_steps=skip_steps,
-                partial_batch=partial_batch, global_batch_size=global_batch_size,
-                shard_policy=self._shard_policy, avoid_empty_replicas=self._avoid_empty_replicas,
-                data_service=self._data_service,
-            )
-        return self._distributed[key]
+        return self._distributed.get(key, lambda: data_lib.distribute_counted(
+            self._strategy, source, epoch=epoch, skip_steps=skip_steps,
+            partial_batch=partial_batch, global_batch_size=global_batch_size,
+            shard_policy=self._shard_policy, avoid_empty_replicas=self._avoid_empty_replicas,
+            data_service=self._data_service,
+        ))
 
     def iterator(self, source, *, epoch, skip_steps, partial_batch,
                  global_batch_size=None) -> CountedIterator:
@@ -155,7 +152,7 @@ class SynchronousRunner:
             iterator.guaranteed_steps -= plan.num_steps
             advance(plan.num_steps)
             if stop_requested():
-                return Execution(executed * plan.num_steps, stopped=True)
+                return Execution(executed * plan.num_steps, stop=True)
         return Execution(plan.total_steps)
 
     def _execute(self, iterator: CountedIterator, num_steps: int, requested: bool,
