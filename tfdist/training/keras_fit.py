@@ -18,7 +18,7 @@ from tfdist._internal import validation
 from tfdist._internal.keras import compiled as keras_compiled, patches as keras_patches
 from tfdist.data import keras_inputs
 from tfdist.errors import ConfigurationError
-from tfdist.training.options import ReportingOptions, check_record, refuse_moved_keywords
+from tfdist.training.options import ReportingOptions, check_records, refuse_moved_keywords
 
 _ATTACHMENT = "_tfdist_attachment"
 _METHODS = ("fit", "evaluate", "predict", "train_on_batch", "test_on_batch",
@@ -181,9 +181,7 @@ def attach(model, strategy=None, *, checkpointing=None, input_pipeline=None, rep
             f"`strategy` must be a tf.distribute.Strategy (e.g. tfdist.make_strategy("
             f"'mirrored')); got {type(strategy).__name__}.")
     _check_strategy(model, strategy)
-    for argument, value in (("checkpointing", checkpointing), ("input_pipeline", input_pipeline),
-                            ("reporting", reporting)):
-        check_record(argument, value)
+    check_records(checkpointing=checkpointing, input_pipeline=input_pipeline, reporting=reporting)
     trainer_options = {"checkpointing": checkpointing, "input_pipeline": input_pipeline,
                        "reporting": reporting, "static_shapes": static_shapes,
                        "communication": communication}

@@ -169,6 +169,13 @@ def refuse_moved_keywords(where: str):
     return decorate
 
 
+def check_records(**records) -> None:
+    """`check_record` for each of `RECORDS` given by keyword (what
+    `tfdist.Trainer` and `tfdist.attach` take)."""
+    for argument, value in records.items():
+        check_record(argument, value)
+
+
 def check_record(argument: str, value) -> None:
     """Raises unless ``value`` is None or the record ``argument`` takes."""
     record = RECORDS[argument]

@@ -32,7 +32,7 @@ from tfdist.replica import accumulation, keras_steps, static_shapes as static_sh
 from tfdist.training.epoch_loop import BatchReporting, EpochLoop, TrainerActions
 from tfdist.training import compile_settings
 from tfdist.training.options import (CheckpointOptions, DataOptions, ReportingOptions,
-                                     check_record, refuse_moved_keywords, summary_dir)
+                                     check_records, refuse_moved_keywords, summary_dir)
 from tfdist.training.predict import Predictor
 from tfdist.training import sidecar
 from tfdist.training.progress import ProgressReporter
@@ -91,9 +91,8 @@ class Trainer:
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
-        check_record("checkpointing", checkpointing)
-        check_record("input_pipeline", input_pipeline)
-        check_record("reporting", reporting)
+        check_records(checkpointing=checkpointing, input_pipeline=input_pipeline,
+                      reporting=reporting)
         compiled = compile_settings.read(model)
         checkpointing = checkpointing or CheckpointOptions()
         data = input_pipeline or DataOptions()
