@@ -2,6 +2,7 @@
 (`tfdist.data.iterator_release`), at most `MAX_PENDING` at a time, and every
 owner of iterators hands them over: epochs, evaluation, a stopped job."""
 
+import gc
 import subprocess
 import sys
 import textwrap
@@ -152,6 +153,55 @@ def test_trainer_frees_each_epochs_and_evaluations_distributed_iterator_on_the_r
     assert iterator_release.wait(60)
     assert len(made) == 7
     assert freed_on == ["tfdist-iterator-release"] * 7
+
+
+class _FailsInTraining(keras.layers.Layer):
+    """A layer whose training call raises (a user's bug), as the step is traced."""
+
+    def call(self, inputs, training=None):
+        if training:
+            raise ValueError("the user's layer fails")
+        return inputs
+
+
+def test_a_failed_fit_frees_its_iterator_on_the_release_thread_not_at_a_later_collection(
+        make_strategy, monkeypatch):
+    """A failure inside the step (here the user's layer, as the step is
+    traced) leaves the iterator in its traceback, a reference cycle: without `releases_on_error` the
+    garbage collector freed it in some later step or test, on that thread,
+    which stood still for TensorFlow's teardown (149 s once in CI)."""
+    strategy = make_strategy(2)
+    freed_on, made = [], []
+    from tfdist.loops.runners import synchronous  # pylint: disable=import-outside-toplevel
+
+    original = synchronous.SynchronousRunner.iterator
+
+    def recording_iterator(self, *args, **kwargs):
+        counted = original(self, *args, **kwargs)
+        made.append(weakref.finalize(counted.iterator, lambda: freed_on.append(
+            threading.current_thread().name)))
+        return counted
+
+    monkeypatch.setattr(synchronous.SynchronousRunner, "iterator", recording_iterator)
+    x = np.random.RandomState(0).rand(64, 4).astype("float32")
+    data = tf.data.Dataset.from_tensor_slices((x, (x[:, 0] > 0.5).astype("int64"))).batch(16)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2), _FailsInTraining()])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainer = tfdist.Trainer(model, strategy)
+    collecting = gc.isenabled()
+    gc.disable()  # the collector must not be what frees it
+    try:
+        with pytest.raises(ValueError, match="the user's layer fails") as raised:
+            trainer.fit(data, epochs=2, verbose=0)
+        assert iterator_release.wait(60)
+        assert len(made) == 1 and freed_on == ["tfdist-iterator-release"]
+        # The user's own frames keep their locals for a post-mortem.
+        user_frame = [entry for entry in raised.traceback if entry.name == "call"][-1]
+        assert "inputs" in user_frame.locals
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def test_exit_waits_a_bounded_time_for_a_stuck_deletion_and_says_so(tmp_path):

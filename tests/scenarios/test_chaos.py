@@ -1,5 +1,6 @@
-"""Chaos, short form: 1 seeded fault on a real 2-worker cluster (and one on a
-parameter-server cluster), each trial
+"""Chaos, short form: 1 seeded fault on a real 2-worker cluster (in CI; the
+same on a parameter-server cluster and on a 1 Gbit/s network with
+``--full``), each trial
 either finishes exactly like one device or fails naming a task; no hang,
 no orphan process, no corrupted checkpoint.
 
@@ -52,6 +53,7 @@ def test_a_seeded_fault_ends_exactly_or_with_a_named_error(tmp_path):
 
 
 @pytest.mark.chaos
+@pytest.mark.full_form  # CI: the parameter-server faults of tests/scenarios/test_parameter_server.py
 def test_one_seeded_fault_on_a_parameter_server_cluster(tmp_path):
     report = tmp_path / "chaos.json"
     done = subprocess.run(
@@ -64,6 +66,7 @@ def test_one_seeded_fault_on_a_parameter_server_cluster(tmp_path):
 
 
 @pytest.mark.chaos
+@pytest.mark.full_form  # CI runs the same fault on the loopback's full speed
 @needs_namespaces
 def test_the_seeded_fault_on_a_1_gbit_network(tmp_path):
     """The short form's fault (seed 7) with every task on one loopback

@@ -93,10 +93,11 @@ import tensorflow as tf
 from tfdist._internal import validation
 from tfdist._internal.bounded_cache import BoundedCache
 from tfdist.cluster import peers
-from tfdist.data import distributed, epochs
+from tfdist.data import epochs
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
-from tfdist.loops.runners.per_worker import PerWorkerIterators, rebuilder
+from tfdist.loops.runners.per_worker import (
+    PerWorkerIterators, shard_dataset_makers, worker_dataset_maker)
 from tfdist.strategies import atomic_updates
 
 
@@ -108,46 +109,6 @@ def _source(data, what: str) -> epochs.Source:
             "tfdist.data.EpochDataset. Pass a tf.data.Dataset of global batches or a "
             "dataset_fn(input_context).")
     return source
-
-
-def _worker_dataset_maker(source: epochs.Source, replicas: int):
-    """``make_dataset(worker, num_workers)``: one worker's endless stream of
-    `Batch` structures (as `tfdist.loops.runners.coordinator` builds it)."""
-    if not source.per_replica:
-        rebuild = rebuilder(source.global_batches(0))
-
-        def make_dataset(worker, num_workers):
-            return distributed.worker_stream(rebuild(), worker, num_workers)
-    else:
-        def make_dataset(worker, num_workers):
-            context = tf.distribute.InputContext(
-                num_input_pipelines=num_workers, input_pipeline_id=worker,
-                num_replicas_in_sync=replicas)
-            dataset = source.call_dataset_fn(context).repeat()
-            return distributed.apply_partial_batch_policy(
-                dataset, "exact", add_global_count=True).prefetch(tf.data.AUTOTUNE)
-    return make_dataset
-
-
-def _shard_dataset_makers(source: epochs.Source, num_shards: int, replicas: int):
-    """One ``make_dataset()`` per shard of a finite evaluation source, each
-    to be called inside a closure (so on the worker that runs it)."""
-    rebuild = None if source.per_replica else rebuilder(source.global_batches(0))
-
-    def maker(shard):
-        def make_dataset():
-            if rebuild is not None:
-                dataset = rebuild().shard(num_shards, shard)
-            else:
-                dataset = source.call_dataset_fn(tf.distribute.InputContext(
-                    num_input_pipelines=num_shards, input_pipeline_id=shard,
-                    num_replicas_in_sync=replicas))
-            return distributed.apply_partial_batch_policy(
-                dataset, "exact", add_global_count=True)
-
-        return make_dataset
-
-    return [maker(shard) for shard in range(num_shards)]
 
 
 def _as_batch_step(step: Callable, name: str) -> Callable:
@@ -197,7 +158,7 @@ class ParameterServerLoop:
         self._strategy = strategy
         # One coordinator per strategy: TensorFlow returns the existing one.
         self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-        self._make_dataset = _worker_dataset_maker(source, 1)
+        self._make_dataset = worker_dataset_maker(source, replicas=1)
         self._iterators = None
         self._execution = self._make_execution(step, steps_per_execution)
         self._evaluations = BoundedCache()  # (dataset, eval_step, num_shards) -> shard functions
@@ -254,7 +215,8 @@ class ParameterServerLoop:
             source = _source(dataset, "evaluation dataset")
             step = _as_batch_step(eval_step, "eval_step")
             return [self._make_shard_function(make_dataset, step)
-                    for make_dataset in _shard_dataset_makers(source, num_shards, 1)]
+                    for make_dataset in shard_dataset_makers(
+                        source, num_shards=num_shards, replicas=1)]
 
         functions = self._evaluations.get((dataset, eval_step, num_shards), shard_functions)
         with peers.explain_lost_servers():

@@ -3,12 +3,14 @@
 Global batches are distributed as for training (a batch that does not split
 evenly over the replicas is padded with a mask, so no replica is empty; on
 the static-shape path every batch is padded to the full size), each
-replica runs the model on its slice, and ``strategy.gather`` concatenates
-the slices in replica order, which is the batch's order; padded rows are
-then dropped by their mask. ``gather`` is an all-gather, so under
-MultiWorkerMirroredStrategy every worker gets the full result, as Keras
-users expect of ``model.predict``. Under parameter servers the coordinator
-runs the model itself, batch by batch (it can read every variable).
+replica runs the model on its slice, and the slices are concatenated in replica
+order, which is the batch's order; padded rows are then dropped by their
+mask. On one machine every replica's slice is already local, so the step
+returns them and the host concatenates them (no collective); under
+MultiWorkerMirroredStrategy ``strategy.gather`` (an all-gather) joins them,
+so every worker gets the full result, as Keras users expect of
+``model.predict``. Under parameter servers the coordinator runs the model
+itself, batch by batch (it can read every variable).
 """
 
 from typing import Optional
@@ -18,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist import data as data_lib
+from tfdist._internal import collectives
 from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
@@ -70,6 +73,7 @@ class Predictor:
         self._inline = coordinator_inline
         # Static shapes (TPU): the last batch is padded to the full size.
         self._partial_batch = "pad" if static_shapes else "exact"
+        self._gathers = collectives.spans_workers(strategy)
         self._step = tf.function(self._distributed_step, reduce_retracing=True)
         self._inline_step = tf.function(self._forward, reduce_retracing=True)
 
@@ -89,8 +93,11 @@ class Predictor:
             return self._forward(batch.x), mask
 
         outputs, mask = strategy.run(replica, args=(structure,))
-        return tf.nest.map_structure(lambda t: _gather(strategy, t), outputs), _gather(
-            strategy, mask)
+        if not self._gathers:  # every slice is on this machine: the host joins them
+            local = strategy.experimental_local_results
+            return [tf.nest.map_structure(lambda t, i=i: local(t)[i], (outputs, mask))
+                    for i in range(strategy.num_replicas_in_sync)]
+        return [tf.nest.map_structure(lambda t: _gather(strategy, t), (outputs, mask))]
 
     def predict(self, dataset: tf.data.Dataset, steps: Optional[int] = None):
         """The model's outputs for every example of ``dataset`` (global
@@ -106,7 +113,10 @@ class Predictor:
         distributed = data_lib.distribute(self._strategy, dataset, avoid_empty_replicas=True,
                                           partial_batch=self._partial_batch)
         for structure in distributed:
-            outputs, mask = self._step(structure)
-            keep = np.asarray(mask) > 0
-            chunks.append(tf.nest.map_structure(lambda t: np.asarray(t)[keep], outputs))
+            # The replicas' slices (or the one gathered whole) joined in replica order.
+            outputs, mask = tf.nest.map_structure(
+                lambda *slices: np.concatenate([np.asarray(s) for s in slices], axis=0),
+                *self._step(structure))
+            keep = mask > 0
+            chunks.append(tf.nest.map_structure(lambda t: t[keep], outputs))
         return _concatenate(chunks)

@@ -23,7 +23,7 @@ from tfdist._internal.keras import callbacks as keras_callbacks, model_state as 
 from tfdist._internal.keras.callback_files import ChiefOnlyFiles
 from tfdist.checkpoint import Position, TrainingCheckpoint
 from tfdist.communication.plan import Communication
-from tfdist.data import epochs as epochs_lib, keras_inputs
+from tfdist.data import epochs as epochs_lib, iterator_release, keras_inputs
 from tfdist.loops import runners
 from tfdist.loops.cadence import Cadence, ExecutionPlan
 from tfdist.loops.runners.base import ignore_steps
@@ -187,6 +187,7 @@ class Trainer:
 
     # -- training ----------------------------------------------------------
 
+    @iterator_release.releases_on_error
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
             validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
             sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
@@ -321,6 +322,7 @@ class Trainer:
         print(f"{cluster.task_name()}: {stop}", flush=True)
         raise stop
 
+    @iterator_release.releases_on_error
     def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None,
                  steps: Optional[int] = None) -> Dict[str, float]:
         """Loss and metrics (a dict) over ``x`` (Keras' data arguments) or
@@ -334,6 +336,7 @@ class Trainer:
                                              targets=self._data_needs_y)
         return self._evaluate(self._source(data, "evaluation dataset"), steps)
 
+    @iterator_release.releases_on_error
     def predict(self, x, batch_size=None, steps: Optional[int] = None):
         """The model's outputs for every example of ``x`` (arrays, or a
         dataset of global batches of ``x``, ``(x,)`` or ``(x, y[, w])``), in

@@ -38,7 +38,7 @@ from tfdist.cluster import peers
 from tfdist.errors import ConfigurationError
 from tfdist.loops.cadence import ExecutionPlan
 from tfdist.loops.runners.base import Execution, ignore_steps, run_each
-from tfdist.loops.runners.per_worker import PerWorkerIterators, rebuilder
+from tfdist.loops.runners.per_worker import PerWorkerIterators, worker_dataset_maker
 from tfdist.strategies import atomic_updates
 
 
@@ -133,36 +133,10 @@ class CoordinatorRunner:
         key = (source.original, epoch if source.per_epoch else None, skip_steps,
                partial_batch, global_batch_size)
         return self._iterator_makers.get(key, lambda: PerWorkerIterators(
-            self._coordinator, self._dataset_maker(source, epoch=epoch, skip_steps=skip_steps,
-                                                   partial_batch=partial_batch,
-                                                   global_batch_size=global_batch_size)))()
-
-    def _dataset_maker(self, source, *, epoch, skip_steps, partial_batch, global_batch_size):
-        """``make_dataset(worker, num_workers)`` for `PerWorkerIterators`."""
-        if not source.per_replica:
-            rebuild = rebuilder(source.global_batches(epoch))
-
-            def make_dataset(worker, num_workers):
-                return data_lib.worker_stream(
-                    rebuild(), worker, num_workers, skip_steps=skip_steps,
-                    partial_batch=partial_batch, global_batch_size=global_batch_size,
-                )
-        else:
-            # Each worker's InputContext names it, so the dataset_fn can
-            # shard; one replica per worker means each of its batches is
-            # one step's batch.
-            replicas = self._strategy.num_replicas_in_sync
-
-            def make_dataset(worker, num_workers):
-                context = tf.distribute.InputContext(
-                    num_input_pipelines=num_workers, input_pipeline_id=worker,
-                    num_replicas_in_sync=replicas,
-                )
-                dataset = source.call_dataset_fn(context).repeat().skip(skip_steps // num_workers)
-                return data_lib.apply_partial_batch_policy(
-                    dataset, partial_batch, global_batch_size, add_global_count=True,
-                ).prefetch(tf.data.AUTOTUNE)
-        return make_dataset
+            self._coordinator, worker_dataset_maker(
+                source, replicas=self._strategy.num_replicas_in_sync, epoch=epoch,
+                skip_steps=skip_steps, partial_batch=partial_batch,
+                global_batch_size=global_batch_size)))()
 
     def _service_dataset_maker(self, source, *, epoch, skip_steps, partial_batch,
                                global_batch_size):

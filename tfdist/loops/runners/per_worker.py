@@ -17,9 +17,11 @@ Two details matter:
   fresh iterator over its own shard.
 """
 
-from typing import Callable
+from typing import Callable, List, Optional
 
 import tensorflow as tf
+
+from tfdist.data import distributed
 
 MakeDataset = Callable[[int, int], tf.data.Dataset]
 
@@ -39,6 +41,62 @@ def rebuilder(dataset: tf.data.Dataset) -> Callable[[], tf.data.Dataset]:
         )
 
     return rebuild
+
+
+def worker_dataset_maker(source, *, replicas: int, epoch: int = 0, skip_steps: int = 0,
+                         partial_batch: str = "exact",
+                         global_batch_size: Optional[int] = None) -> MakeDataset:
+    """``make_dataset(worker, num_workers)``: one worker's endless stream of
+    `tfdist.Batch` structures from ``source`` (a `tfdist.data.epochs.Source`),
+    after the ``skip_steps`` batches already trained on.
+
+    A dataset of global batches is rebuilt on the worker (`rebuilder`) and
+    dealt out batch by batch (`tfdist.data.worker_stream`); a
+    ``dataset_fn(input_context)`` is called with an InputContext naming
+    the worker, so it can shard, and skips its share of ``skip_steps``.
+    ``replicas`` is the strategy's ``num_replicas_in_sync`` (one per
+    worker under parameter-server training: each batch is one step's)."""
+    if not source.per_replica:
+        rebuild = rebuilder(source.global_batches(epoch))
+
+        def make_dataset(worker, num_workers):
+            return distributed.worker_stream(
+                rebuild(), worker, num_workers, skip_steps=skip_steps,
+                partial_batch=partial_batch, global_batch_size=global_batch_size)
+    else:
+        def make_dataset(worker, num_workers):
+            context = tf.distribute.InputContext(
+                num_input_pipelines=num_workers, input_pipeline_id=worker,
+                num_replicas_in_sync=replicas)
+            dataset = source.call_dataset_fn(context).repeat().skip(skip_steps // num_workers)
+            return distributed.apply_partial_batch_policy(
+                dataset, partial_batch, global_batch_size, add_global_count=True,
+            ).prefetch(tf.data.AUTOTUNE)
+    return make_dataset
+
+
+def shard_dataset_makers(source, *, num_shards: int, replicas: int) -> List[Callable]:
+    """One ``make_dataset()`` per shard of a finite (evaluation) ``source``,
+    each to be called inside a closure, so on the worker that runs it:
+    shard ``i`` of a global-batch dataset is its batches ``i, i +
+    num_shards, ...``; a ``dataset_fn`` gets an InputContext naming shard
+    ``i`` of ``num_shards``."""
+    rebuild = None if source.per_replica else rebuilder(source.global_batches(0))
+
+    def maker(shard):
+        def make_dataset():
+            if rebuild is not None:
+                dataset = rebuild().shard(num_shards, shard)
+            else:
+                dataset = source.call_dataset_fn(tf.distribute.InputContext(
+                    num_input_pipelines=num_shards, input_pipeline_id=shard,
+                    num_replicas_in_sync=replicas))
+            return distributed.apply_partial_batch_policy(
+                dataset, "exact", add_global_count=True)
+
+        return make_dataset
+
+    return [maker(shard) for shard in range(num_shards)]
 
 
 class PerWorkerIterators:
