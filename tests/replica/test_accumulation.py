@@ -2,6 +2,8 @@
 batch B with k steps under tfdist equals one-device Keras on batches of k·B,
 with the epoch's last, smaller union applied at the epoch end."""
 
+import warnings
+
 import keras
 import numpy as np
 import pytest
@@ -95,3 +97,46 @@ def test_resume_mid_accumulation_on_another_replica_count(make_strategy, tmp_pat
     ref.assert_weights_close(expected, model)
     np.testing.assert_allclose(history.history["loss"], expected_history.history["loss"][1:],
                                rtol=1e-5)
+
+
+def _embedding_model(optimizer, accumulate):
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(20, 4),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3)])
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    if accumulate:
+        model.optimizer.gradient_accumulation_steps = K
+    return model
+
+
+def _token_data():
+    rng = np.random.RandomState(0)
+    return rng.randint(0, 20, size=(ROWS, 6)).astype("int32"), rng.randint(0, 3, ROWS)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_sparse_gradients_accumulate_exactly_or_warn_naming_the_weight(make_strategy, optimizer):
+    """An Embedding's sparse gradient is summed dense over the micro-batches:
+    exact for SGD; Adam squares a sparse gradient's entries before duplicate
+    ids are summed, so it differs from one device on the larger batch and
+    says so."""
+    x, y = _token_data()
+    expected = _embedding_model(optimizer, accumulate=False)
+    expected.fit(x, y, batch_size=MICRO * K, epochs=2, shuffle=False, verbose=0)
+    strategy = make_strategy(2)
+    with strategy.scope():
+        model = _embedding_model(optimizer, accumulate=True)
+    model.set_weights(_embedding_model(optimizer, accumulate=False).get_weights())
+    tfdist.attach(model, strategy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=MICRO, epochs=2, shuffle=False, verbose=0)
+    about_entries = [w for w in caught if "squares each entry" in str(w.message)]
+    difference = ref.largest_difference(expected.get_weights(), model.get_weights())
+    if optimizer == "sgd":
+        assert not about_entries
+        assert difference < 1e-5, difference
+    else:
+        assert about_entries and "embeddings" in str(about_entries[0].message)
+        assert difference > 1e-4, difference  # the warning is not a false alarm

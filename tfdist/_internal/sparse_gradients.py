@@ -27,6 +27,7 @@ control flow) count as rows, the form ``tf.distribute`` gives.
 
 from typing import List
 
+import keras
 import tensorflow as tf
 
 ROWS = "rows"
@@ -335,3 +336,16 @@ def scaled_gradient(gradient, scale):
         return tf.IndexedSlices(gradient.values * tf.cast(scale, gradient.values.dtype),
                                 gradient.indices, gradient.dense_shape)
     return gradient * tf.cast(scale, gradient.dtype)
+
+
+def form_matters(optimizer) -> bool:
+    """Whether ``optimizer``'s update depends on a sparse gradient's form
+    (entries, duplicates not summed) beyond the gradient's sum: Adam,
+    AdamW, Adamax, RMSprop, Adagrad and the others that square entries or
+    take their magnitude. SGD (with or without momentum) and Lion, whose
+    updates are linear in the gradient until it is summed, do not; a
+    LossScaleOptimizer is judged by its inner optimizer."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None:
+        return form_matters(inner)
+    return not isinstance(optimizer, (keras.optimizers.SGD, keras.optimizers.Lion))

@@ -29,18 +29,24 @@ device with batch k·B (and the epoch's last, smaller union):
   whenever the option is set, so it reads updates // k here.)
 
 Layers that update state in the forward pass (BatchNormalization's moving
-statistics) still see micro-batches. The sums live in the checkpoint, so a
+statistics) still see micro-batches. A sparse gradient (an Embedding's) is
+summed dense, as Keras' own accumulation does: exact for SGD and Lion, but
+Adam-like optimizers square each entry of a sparse gradient before duplicate
+ids are summed, so on one device with the k times larger batch an id looked
+up several times counts each lookup in the squares, and here once: that
+combination warns, naming the weight (`tfdist._internal.sparse_gradients`). The sums live in the checkpoint, so a
 job stopped mid-accumulation resumes exactly (also on another replica
 count: each replica restores an equal part of the sum).
 """
 
 import contextlib
+import warnings
 from typing import Optional
 
 import tensorflow as tf
 
 from tfdist.errors import ConfigurationError
-from tfdist._internal import collectives
+from tfdist._internal import collectives, sparse_gradients
 from tfdist.replica import gradients as gradients_lib
 
 
@@ -109,10 +115,26 @@ class GradientAccumulator:
         """Adds one micro-batch (replica context): this replica's gradient
         share and the batch's global example count."""
         count = tf.cast(global_examples, tf.float32)
-        for total, gradient in zip(self._sums, gradients):
+        for total, gradient, variable in zip(self._sums, gradients, self._variables):
+            if isinstance(gradient, tf.IndexedSlices):
+                self._warn_sparse(variable)
             if gradient is not None:
                 total.assign_add(tf.convert_to_tensor(gradient) * tf.cast(count, total.dtype))
         self._examples.assign_add(count)
+
+    def _warn_sparse(self, variable) -> None:
+        """Warns (once per trace) where the summed form is not one device's."""
+        if not sparse_gradients.form_matters(self._optimizer):
+            return
+        warnings.warn(
+            f"Gradient accumulation sums the sparse gradient of `{variable.path}` dense "
+            f"over its {self.steps} micro-batches (as Keras' own accumulation does), but "
+            f"{type(self._optimizer).__name__} squares each entry of a sparse gradient "
+            "before duplicate ids are summed: on one device with a batch "
+            f"{self.steps} times larger, an id looked up several times counts each lookup "
+            "in the squares, here once, so training is not the same (SGD and Lion are). "
+            "For one device's result use a larger batch instead of "
+            "gradient_accumulation_steps.", stacklevel=2)
 
     def after_step(self) -> None:
         """Counts the micro-batch; applies at the ``steps``-th (cross-replica)."""
