@@ -124,11 +124,10 @@ def test_an_interrupted_fit_releases_its_iterator_when_the_epochs_close():
         "trained epoch 0", "iterator of epoch 0", "trained epoch 1", "iterator of epoch 1"]
 
 
-def test_trainer_frees_each_epochs_and_evaluations_distributed_iterator_on_the_release_thread(
-        make_strategy, monkeypatch):
-    """Real distributed iterators: every one the Trainer makes (3 training
-    epochs, 3 validations, 1 evaluation) is freed, on the release thread."""
-    strategy = make_strategy(2)
+def _record_trainer_iterators(monkeypatch):
+    """``(made, freed_on)``: a finalizer per distributed iterator the
+    Trainer's synchronous runner makes, and the names of the threads that
+    freed them."""
     freed_on, made = [], []
     from tfdist.loops.runners import synchronous  # pylint: disable=import-outside-toplevel
 
@@ -141,6 +140,15 @@ def test_trainer_frees_each_epochs_and_evaluations_distributed_iterator_on_the_r
         return counted
 
     monkeypatch.setattr(synchronous.SynchronousRunner, "iterator", recording_iterator)
+    return made, freed_on
+
+
+def test_trainer_frees_each_epochs_and_evaluations_distributed_iterator_on_the_release_thread(
+        make_strategy, monkeypatch):
+    """Real distributed iterators: every one the Trainer makes (3 training
+    epochs, 3 validations, 1 evaluation) is freed, on the release thread."""
+    strategy = make_strategy(2)
+    made, freed_on = _record_trainer_iterators(monkeypatch)
     x = np.random.RandomState(0).rand(64, 4).astype("float32")
     y = (x[:, 0] > 0.5).astype("int64")
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
@@ -167,22 +175,11 @@ class _FailsInTraining(keras.layers.Layer):
 def test_a_failed_fit_frees_its_iterator_on_the_release_thread_not_at_a_later_collection(
         make_strategy, monkeypatch):
     """A failure inside the step (here the user's layer, as the step is
-    traced) leaves the iterator in its traceback, a reference cycle: without `releases_on_error` the
-    garbage collector freed it in some later step or test, on that thread,
+    traced) leaves the iterator in its traceback, a reference cycle:
+    without `releases_on_error` the garbage collector freed it in some later step or test, on that thread,
     which stood still for TensorFlow's teardown (149 s once in CI)."""
     strategy = make_strategy(2)
-    freed_on, made = [], []
-    from tfdist.loops.runners import synchronous  # pylint: disable=import-outside-toplevel
-
-    original = synchronous.SynchronousRunner.iterator
-
-    def recording_iterator(self, *args, **kwargs):
-        counted = original(self, *args, **kwargs)
-        made.append(weakref.finalize(counted.iterator, lambda: freed_on.append(
-            threading.current_thread().name)))
-        return counted
-
-    monkeypatch.setattr(synchronous.SynchronousRunner, "iterator", recording_iterator)
+    made, freed_on = _record_trainer_iterators(monkeypatch)
     x = np.random.RandomState(0).rand(64, 4).astype("float32")
     data = tf.data.Dataset.from_tensor_slices((x, (x[:, 0] > 0.5).astype("int64"))).batch(16)
     with strategy.scope():
