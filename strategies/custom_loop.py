@@ -101,9 +101,7 @@ def train(strategy, model, dataset, epochs, checkpoint_dir=None, steps_per_execu
             batches = tfdist.data.distribute(
                 strategy, dataset, epoch=position.epoch, skip_steps=position.step_in_epoch,
                 partial_batch="pad" if static_shapes else "exact", avoid_empty_replicas=True)
-            iterator, execution = iter(batches), None
-            while execution is None or not execution.end_of_data:
-                execution = loop.run(iterator, stop_signal.requested)
+            for execution in loop.executions(batches, stop_signal):  # frees its iterator off-thread
                 position.advance(execution.steps)
                 if execution.stop:  # every worker stops after the same step
                     checkpoint.save_position(position)

@@ -147,8 +147,8 @@ def run_custom_loop(case, strategy, examples: int, initial,
     loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=3)
     dataset = case.dataset(examples, GLOBAL_BATCH)
     for _ in range(case.epochs):
-        iterator = iter(tfdist.data.distribute(strategy, dataset, avoid_empty_replicas=True))
-        while not loop.run(iterator).end_of_data:
+        for _ in loop.executions(tfdist.data.distribute(strategy, dataset,
+                                                        avoid_empty_replicas=True)):
             pass
     return Result(model.get_weights(), {})
 

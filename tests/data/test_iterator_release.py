@@ -2,6 +2,7 @@
 (`tfdist.data.iterator_release`), at most `MAX_PENDING` at a time, and every
 owner of iterators hands them over: epochs, evaluation, a stopped job."""
 
+import contextlib
 import gc
 import subprocess
 import sys
@@ -196,6 +197,48 @@ def test_a_failed_fit_frees_its_iterator_on_the_release_thread_not_at_a_later_co
         # The user's own frames keep their locals for a post-mortem.
         user_frame = [entry for entry in raised.traceback if entry.name == "call"][-1]
         assert "inputs" in user_frame.locals
+    finally:
+        if collecting:
+            gc.enable()
+
+
+class _RecordedPasses:
+    """A distributed dataset whose iterators record the thread that frees them."""
+
+    def __init__(self, batches, freed_on: list):
+        self._batches, self._freed_on = batches, freed_on
+
+    def __iter__(self):
+        iterator = iter(self._batches)
+        weakref.finalize(iterator, lambda: self._freed_on.append(
+            threading.current_thread().name))
+        return iterator
+
+
+@pytest.mark.parametrize("leave, steps", [
+    ("at the data's end", [2, 2, 1]), ("by break", [2]), ("by an exception", [2])])
+def test_a_host_loop_pass_frees_its_iterator_on_the_release_thread(make_strategy, leave, steps):
+    """A hand-written loop's pass (`HostLoop.executions`) owns its iterator
+    and frees it on the release thread however the caller leaves it (left
+    to the caller, it was freed on the training thread: 27 s once in CI)."""
+    strategy = make_strategy(2)
+    loop = tfdist.loops.host_loop.HostLoop(strategy, lambda batch: None, steps_per_execution=2)
+    data = tf.data.Dataset.range(10).map(lambda i: (tf.cast([i], tf.float32), i)).batch(2)
+    freed_on, seen = [], []
+    collecting = gc.isenabled()
+    gc.disable()  # the collector must not be what frees it
+    try:
+        with contextlib.suppress(KeyError):
+            for execution in loop.executions(
+                    _RecordedPasses(tfdist.data.distribute(strategy, data), freed_on)):
+                seen.append(execution.steps)
+                if leave == "by break":
+                    break
+                if leave == "by an exception":
+                    raise KeyError("the caller's own error")
+        assert iterator_release.wait(60)
+        assert freed_on == ["tfdist-iterator-release"]
+        assert seen == steps
     finally:
         if collecting:
             gc.enable()

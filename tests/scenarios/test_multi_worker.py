@@ -209,8 +209,10 @@ def test_killed_worker_is_named_and_a_restart_finishes_exactly(tmp_path, keras_r
         _assert_equals_reference(result, keras_reference, check_history=False)
 
 
-@pytest.mark.parametrize("slow", ["--step_delay=0.4", "--endless_slow_data=0.4",
-                                  "--step_delay=0.4 --async_checkpoint"])
+@pytest.mark.parametrize("slow", [
+    # The same stop as the async case's, with synchronous saves (full form).
+    pytest.param("--step_delay=0.4", marks=pytest.mark.full_form),
+    "--endless_slow_data=0.4", "--step_delay=0.4 --async_checkpoint"])
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_reference, slow):
     """Slow steps from a batch-end callback (every execution alone), or from
     endless slow data with no batch hook (executions between log points in

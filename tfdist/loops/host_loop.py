@@ -7,7 +7,9 @@ steps inside one ``tf.function`` with a device-side ``tf.range`` loop.
 `HostLoop` is that loop for hand-written training loops, the one public way
 to run one (the Trainer's runners build the same loop internally:
 `tfdist.loops.runners.device_loop`):
-``loop.run(iterator)`` until ``execution.end_of_data``, once per epoch.
+``for execution in loop.executions(dataset)`` once per epoch (or
+``loop.run(iterator)`` until ``execution.end_of_data``, with an iterator of
+your own).
 
 The loop reads the distributed iterator with ``get_next_as_optional``, so
 the data may end inside an execution: it returns how many steps ran, and
@@ -24,11 +26,13 @@ instance keys of its trace, so a worker's memory does not grow per call
 (docs/reliability.md).
 """
 
-from typing import Callable, Optional
+import types
+from typing import Callable, Iterator, Optional
 
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_random, validation
+from tfdist.data import iterator_release
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 from tfdist.loops.agreement import StopAgreement
@@ -93,6 +97,45 @@ class HostLoop:
         stop = self._stop_agreement.after_execution(
             stop_requested, last=steps < self.steps_per_execution)
         return Execution(steps, stop, steps < self.steps_per_execution)
+
+    def executions(self, dataset, stop_signal=None) -> Iterator[Execution]:
+        """One pass over ``dataset`` (`tfdist.data.distribute`'s dataset):
+        runs executions and yields each one's `Execution`, up to the one
+        that ends the data or agrees a stop (``execution.stop``).
+
+        ``stop_signal``: a `tfdist.loops.preemption.PreemptionWatcher` (or
+        any object with a ``requested`` flag), read before each execution as
+        `run`'s ``stop_requested``.
+
+        The pass's iterator is the loop's: when the pass ends, or the caller
+        leaves it early (``break``, an exception), it is freed on a release
+        thread, not the caller's. Freeing a distributed iterator waits for
+        TensorFlow's input threads to wind down, which can hold the training
+        thread for seconds (`tfdist.data.iterator_release`); an iterator of
+        your own given to `run` is freed wherever its last reference goes.
+
+        >>> import keras, tensorflow as tf, tfdist
+        >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+        >>> with strategy.scope():
+        ...     examples = keras.metrics.Sum()
+        >>> def replica_step(batch):
+        ...     examples.update_state(batch.real_examples())
+        >>> loop = tfdist.loops.host_loop.HostLoop(strategy, replica_step, steps_per_execution=2)
+        >>> dataset = tf.data.Dataset.range(10).map(lambda i: (tf.cast([i], tf.float32), i)).batch(4)
+        >>> batches = tfdist.data.distribute(strategy, dataset)
+        >>> [execution.steps for execution in loop.executions(batches)], float(examples.result())
+        ([2, 1], 10.0)
+        """
+        owner = types.SimpleNamespace(iterator=iter(dataset))
+        try:
+            while True:
+                requested = bool(stop_signal is not None and stop_signal.requested)
+                execution = self.run(owner.iterator, requested)
+                yield execution
+                if execution.stop or execution.end_of_data:
+                    return
+        finally:
+            iterator_release.release(owner, "iterator")
 
 
 __all__ = ["Execution", "HostLoop"]

@@ -9,6 +9,7 @@ loop (the Trainer) uses the count of steps run to end the epoch.
 """
 
 import dataclasses
+import math
 from typing import Any, Callable, Optional, Union
 
 import tensorflow as tf
@@ -184,9 +185,17 @@ class SynchronousRunner:
         return peers.explain_lost_peers(checkpoint_dir)
 
     def evaluate(self, source, *, steps, partial_batch, global_batch_size=None) -> None:
-        """Runs the evaluation step over ``source`` (or its first ``steps``)."""
+        """Runs the evaluation step over ``source`` (or its first ``steps``).
+
+        Data of a known length on one worker is read to its end without the
+        per-step end check, as ``fit`` reads it (`CountedIterator`): the
+        checked loop is then never traced, which halves what a first
+        ``evaluate`` traces.
+        """
         iterator = self.iterator(source, epoch=0, skip_steps=0, partial_batch=partial_batch,
                                  global_batch_size=global_batch_size)
+        if steps is None and 0 < iterator.guaranteed_steps < math.inf:
+            steps = iterator.guaranteed_steps  # the data's whole length
         done = 0
         try:
             while steps is None or done < steps:
