@@ -47,24 +47,20 @@ def synthetic_data_dir(tmp_path_factory) -> str:
     return str(directory)
 
 
-# Modules whose tests judge timing or resources: how fast a hung or
+# Modules whose tests judge timing or resources: how fast a dead, hung or
 # unreachable task is named, whether threads / RSS / files stay flat, the
-# launcher's signal handling, chaos. They run one at a time on an otherwise
-# idle machine (`-m serial`); everything else, real clusters and their
-# faults included (their bounds are generous: a killed task named within
-# 60 s), runs two at a time (`-n 2 -m "not serial"`, pytest-xdist).
-# CONTRIBUTING.md.
+# launcher's signal handling. They run one at a time on an otherwise idle
+# machine (`-m serial`); everything else, real clusters included, runs two
+# at a time (`-n 2 -m "not serial"`, pytest-xdist). CONTRIBUTING.md.
 SERIAL_MODULES = {
-    "test_chaos", "test_launcher", "test_reliability", "test_soak", "test_tpu_connect",
+    "test_chaos", "test_clusters", "test_launcher", "test_multi_worker",
+    "test_parameter_server", "test_reliability", "test_soak", "test_tpu_connect",
 }
 # Single tests run alone too, with the reason: (module, test function).
 SERIAL_TESTS = {
     # Beside another TensorFlow process its 2-replica case took 75 s and
     # 103 s in two runs instead of ~4 s alone; cause not found.
     ("test_checkpoint", "test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device"),
-    # Tight bounds: replaced within hang_timeout + 10 s; named within 10 s.
-    ("test_parameter_server", "test_a_worker_stopped_forever_is_replaced_and_training_completes"),
-    ("test_parameter_server", "test_unreachable_servers_time_out_naming_them"),
 }
 
 
@@ -104,13 +100,12 @@ def pytest_configure(config):
 # Ordered by their share of a CI run (`--durations`); a module not listed
 # keeps its place after these.
 LONGEST_FIRST = (
-    "test_multi_worker", "test_parameter_server", "test_benchmark_script", "test_zoo",
-    "test_axes", "test_corpus", "test_spark",
+    "test_benchmark_script", "test_zoo", "test_axes", "test_corpus", "test_spark",
     "test_mixed_precision", "test_program", "test_ray", "test_custom_loop",
     "test_elastic_growth", "test_sharded_state", "test_custom_training",
     "test_parameter_server_tutorial", "test_checkpoint", "test_evaluator",
     "test_multi_worker_ctl", "test_multi_worker_keras", "test_empty_replicas",
-    "test_callback_files", "test_sharded_checkpoints", "test_keras_io_guide", "test_clusters",
+    "test_callback_files", "test_sharded_checkpoints", "test_keras_io_guide",
 )
 
 

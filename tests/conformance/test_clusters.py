@@ -17,7 +17,7 @@ from conformance import harness, zoo
 from tests.support import reference as ref, strategy_columns
 from tests.support.launcher_harness import LauncherRun
 
-pytestmark = pytest.mark.conformance
+pytestmark = pytest.mark.conformance  # and serial: tests/conftest.py SERIAL_MODULES
 
 PROGRAM = ["python", "tests/conformance/cluster_program.py"]
 CLUSTERS = strategy_columns.CLUSTERS
