@@ -189,8 +189,8 @@ class SynchronousRunner:
 
         Data of a known length on one worker is read to its end without the
         per-step end check, as ``fit`` reads it (`CountedIterator`): the
-        checked loop is then never traced, which halves what a first
-        ``evaluate`` traces.
+        loop without the optional and its branch is cheaper to trace and
+        to run.
         """
         iterator = self.iterator(source, epoch=0, skip_steps=0, partial_batch=partial_batch,
                                  global_batch_size=global_batch_size)
