@@ -178,7 +178,7 @@ def test_a_failed_fit_frees_its_iterator_on_the_release_thread_not_at_a_later_co
     """A failure inside the step (here the user's layer, as the step is
     traced) leaves the iterator in its traceback, a reference cycle:
     without `releases_on_error` the garbage collector freed it in some later step or test, on that thread,
-    which stood still for TensorFlow's teardown (149 s once in CI)."""
+    which stood still for TensorFlow's teardown (docs/performance.md)."""
     strategy = make_strategy(2)
     made, freed_on = _record_trainer_iterators(monkeypatch)
     x = np.random.RandomState(0).rand(64, 4).astype("float32")
@@ -220,7 +220,7 @@ class _RecordedPasses:
 def test_a_host_loop_pass_frees_its_iterator_on_the_release_thread(make_strategy, leave, steps):
     """A hand-written loop's pass (`HostLoop.executions`) owns its iterator
     and frees it on the release thread however the caller leaves it (left
-    to the caller, it was freed on the training thread: 27 s once in CI)."""
+    to the caller, it was freed on the training thread, which stood still)."""
     strategy = make_strategy(2)
     loop = tfdist.loops.host_loop.HostLoop(strategy, lambda batch: None, steps_per_execution=2)
     data = tf.data.Dataset.range(10).map(lambda i: (tf.cast([i], tf.float32), i)).batch(2)

@@ -20,9 +20,8 @@ A call that fails (an error in a callback, a model that cannot trace, a
 Ctrl-C) leaves its iterator in the frames of the exception's traceback, and
 a traceback is a reference cycle: the iterator then dies whenever Python's
 garbage collector next runs, on whichever thread allocates, in a later
-step or test, and that thread stands still for TensorFlow's teardown (seen
-in CI: a test idle for 149 s in ``~IteratorResource``, freeing an iterator
-another test had left). `releases_on_error` wraps the Trainer's ``fit``,
+step or test, and that thread stands still for TensorFlow's teardown
+(docs/performance.md#the-iterator-teardown-stall). `releases_on_error` wraps the Trainer's ``fit``,
 ``evaluate`` and ``predict``: on the way out of a failure it clears the
 local variables of tfdist's and TensorFlow's own frames the traceback
 keeps alive, on the release thread, so the iterator is freed there, as

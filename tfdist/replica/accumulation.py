@@ -34,9 +34,10 @@ summed dense, as Keras' own accumulation does: exact for SGD and Lion, but
 Adam-like optimizers square each entry of a sparse gradient before duplicate
 ids are summed, so on one device with the k times larger batch an id looked
 up several times counts each lookup in the squares, and here once: that
-combination warns, naming the weight (`tfdist._internal.sparse_gradients`). The sums live in the checkpoint, so a
-job stopped mid-accumulation resumes exactly (also on another replica
-count: each replica restores an equal part of the sum).
+combination warns, naming the weight (`tfdist._internal.sparse_gradients`).
+The sums live in the checkpoint, so a job stopped mid-accumulation resumes
+exactly (also on another replica count: each replica restores an equal part
+of the sum).
 """
 
 import contextlib
