@@ -15,8 +15,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # alone took 33 s beside the Ray test (92 s in one CI run); with one intra-op
 # thread per process it took 15-17 s, about the fair half of two cores.
 # Set before any test starts TensorFlow; subprocesses (clusters, engines)
-# inherit it. The serial pass keeps TensorFlow's defaults: with one thread
-# its cluster tests ran 20-30% longer (serial pass 744 s instead of 636 s).
+# inherit it. Both passes run under xdist (the cluster pass two modules at
+# a time), so both set it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
@@ -47,16 +47,20 @@ def synthetic_data_dir(tmp_path_factory) -> str:
     return str(directory)
 
 
-# Modules whose tests judge timing or resources: how fast a dead, hung or
-# unreachable task is named, whether threads / RSS / files stay flat, the
-# launcher's signal handling. They run one at a time on an otherwise idle
-# machine (`-m serial`); everything else, real clusters included, runs two
-# at a time (`-n 2 -m "not serial"`, pytest-xdist). CONTRIBUTING.md.
+# Modules whose tests start TensorFlow clusters and judge timing or
+# resources: how fast a dead, hung or unreachable task is named, whether
+# threads / RSS / files stay flat, the launcher's signal handling. They run
+# in a pass of their own after the rest (`-m serial`), two modules at a time
+# (`-n 2 --dist loadfile`): beside the in-process tests, two at a time, they
+# took 1.5-2x as long and the suite did not end sooner (it is CPU-bound);
+# beside each other their bounds (10-60 s) hold with a wide margin.
+# Everything else runs two tests at a time (`-n 2 -m "not serial"`).
+# CONTRIBUTING.md.
 SERIAL_MODULES = {
     "test_chaos", "test_clusters", "test_launcher", "test_multi_worker",
     "test_parameter_server", "test_reliability", "test_soak", "test_tpu_connect",
 }
-# Single tests run alone too, with the reason: (module, test function).
+# Single tests that run in that pass too, with the reason: (module, test function).
 SERIAL_TESTS = {
     # Beside another TensorFlow process its 2-replica case took 75 s and
     # 103 s in two runs instead of ~4 s alone; cause not found.
@@ -89,8 +93,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "chaos: seeded faults on real clusters (short form in CI)")
     config.addinivalue_line(
-        "markers", "serial: judges timing or resources, or is pathologically "
-                   "slow beside another TensorFlow process; run alone (-m serial)")
+        "markers", "serial: starts clusters and judges timing or resources, or is "
+                   "pathologically slow beside the in-process tests; the second pass "
+                   "(-m serial, two modules at a time)")
 
 
 # The modules that take longest, in CI's order. `-n 2 --dist loadfile`

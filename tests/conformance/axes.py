@@ -98,13 +98,18 @@ SPARSE_PATTERNS = {
 
 
 def optimizer_case(optimizer: str, pattern: str) -> Case:
+    """The optimizer axis compares what the optimizer changes: the weights on
+    every replica and the training history. `evaluate` and `predict` never
+    run the optimizer (the other axes and the zoo compare them), so these
+    cases leave them out."""
     build, dataset, clipping, *xla = SPARSE_PATTERNS[pattern]
 
     def compile_model(model):
         model.compile(optimizer=OPTIMIZERS[optimizer](**clipping), jit_compile=bool(xla),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
-    return Case(f"{optimizer}-{pattern}", zoo._seeded(build), compile_model, dataset)
+    return Case(f"{optimizer}-{pattern}", zoo._seeded(build), compile_model, dataset,
+                predicts=False)
 
 
 # -- loss forms ---------------------------------------------------------------

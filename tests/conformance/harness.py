@@ -36,6 +36,9 @@ class Result:
     history: Dict[str, list]
     evaluation: Optional[Dict[str, float]] = None
     predictions: Optional[list] = None
+    # The largest difference between a weight's copy on any replica and the
+    # copy `get_weights` reads (the first replica's): None on one device.
+    replica_spread: Optional[float] = None
 
 
 def _inputs_only(dataset):
@@ -47,8 +50,21 @@ def _predictions(model, dataset):
         model.predict(_inputs_only(dataset), verbose=0))]
 
 
+def _replica_spread(model) -> Optional[float]:
+    """How far any replica's copy of a weight is from the first replica's:
+    `get_weights` reads only the first, so an update that missed a replica
+    would not show in the weights compared."""
+    spreads = []
+    for weight in model.weights:
+        variable = weight.value  # a tf.distribute variable under a strategy
+        copies = [np.asarray(copy) for copy in getattr(variable, "values", (variable,))]
+        spreads += [float(np.max(np.abs(copy - copies[0]), initial=0.0)) for copy in copies[1:]]
+    return max(spreads) if spreads else None
+
+
 def _finish(case, model, dataset, history) -> Result:
-    result = Result(model.get_weights(), dict(history.history))
+    result = Result(model.get_weights(), dict(history.history),
+                    replica_spread=_replica_spread(model))
     if case.predicts and case.evaluates:
         result.evaluation = model.evaluate(dataset, verbose=0, return_dict=True)
     if case.predicts:
@@ -120,7 +136,7 @@ def run_trainer(case, strategy, examples: int, initial, trainer_options=None) ->
     model = _model_under(case, strategy, initial)
     history = tfdist.Trainer(model, strategy, **(trainer_options or {})).fit(
         case.dataset(examples, GLOBAL_BATCH), epochs=case.epochs, verbose=0, **case.fit_options)
-    return Result(model.get_weights(), dict(history.history))
+    return Result(model.get_weights(), dict(history.history), replica_spread=_replica_spread(model))
 
 
 def run_custom_loop(case, strategy, examples: int, initial,
@@ -150,7 +166,7 @@ def run_custom_loop(case, strategy, examples: int, initial,
         for _ in loop.executions(tfdist.data.distribute(strategy, dataset,
                                                         avoid_empty_replicas=True)):
             pass
-    return Result(model.get_weights(), {})
+    return Result(model.get_weights(), {}, replica_spread=_replica_spread(model))
 
 
 ENTRY_POINTS = {"attach": run_attached, "trainer": run_trainer, "custom_loop": run_custom_loop}
@@ -161,6 +177,7 @@ def assert_matches(reference: Result, result: Result, tolerance: float, *,
     """Weights to ``tolerance``; history, evaluate and predict to the same
     tolerance (absolute) plus 1e-5 relative: the user's curves and numbers."""
     assert len(result.weights) == len(reference.weights)
+    assert not result.replica_spread, f"the replicas' copies differ by {result.replica_spread}"
     for index, (want, got) in enumerate(zip(reference.weights, result.weights)):
         np.testing.assert_allclose(got, want, rtol=0, atol=tolerance,
                                    err_msg=f"weight {index}")

@@ -5,7 +5,8 @@ device with plain Keras: weights, the History and ``evaluate`` to 1e-5.
 A program tfdist cannot make exact (``EXACT = False``) must give the
 warning that says why (``WARNS``); so must a program that is exact but
 leans on an assumption tfdist states (a loss that returns a scalar).
-All of it runs in CI (a few seconds a program).
+CI runs each program on one of the two replica counts, 2 and 3 in turn;
+``--conformance=full`` runs both.
 """
 
 import functools
@@ -14,7 +15,7 @@ import warnings
 import pytest
 
 from conformance import corpus
-from tests.support import strategy_columns
+from tests.support import short_form, strategy_columns
 
 pytestmark = pytest.mark.conformance
 
@@ -26,8 +27,8 @@ def _reference(name: str):
         return corpus.reference(name)
 
 
-@pytest.mark.parametrize("replicas", (2, 3))
-@pytest.mark.parametrize("name", corpus.PROGRAMS)
+@pytest.mark.parametrize("name,replicas", short_form.in_turn(
+    corpus.PROGRAMS, (2, 3), mark=pytest.mark.conformance_full, ids=corpus.PROGRAMS))
 def test_published_program_equals_one_device(name, replicas):
     module = corpus.program(name)
     initial, reference = _reference(name)

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 import tfdist
 from tests.support import reference as ref
+from tests.support import short_form
 
 EPOCHS = 2
 BATCH = 8
@@ -82,12 +83,12 @@ def _compile(model):
     return model
 
 
-@pytest.mark.parametrize("num_replicas", [3, 4])
-@pytest.mark.parametrize("build,data", [
+# CI: each model on one replica count, 4, 3, 4 (--full: both).
+@pytest.mark.parametrize("build, data, num_replicas", short_form.in_turn([
     (_convnet, _images),
     (_recurrent(keras.layers.SimpleRNN), _sequences),
     (_recurrent(keras.layers.LSTM), _sequences),
-], ids=["convnet_sync_bn", "simple_rnn", "lstm"])
+], (4, 3), ids=["convnet_sync_bn", "simple_rnn", "lstm"]))
 def test_models_on_empty_replicas_equal_one_device(make_strategy, num_replicas, build, data):
     dataset = data()
     expected = _compile(build())
@@ -139,7 +140,7 @@ def test_convnet_under_onednn_kernels(tmp_path):
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="1", TF_CPP_MIN_LOG_LEVEL="2")
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
-         "-k", "convnet_sync_bn or statistics"],
+         "-k", "convnet_sync_bn or statistics", "--full"],  # both replica counts
         env=env, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
         capture_output=True, text=True, timeout=600,
     )

@@ -22,14 +22,15 @@ replica the results are identical (0.0).
 import keras
 import numpy as np
 import pytest
+from tests.support import short_form
 from tests.support.mixed_precision import (OwnStep, dense_model, features_with_an_overflow,
                                            max_difference, one_device,
                                            references, sequence_model, tokens, with_tfdist)
 
 
-@pytest.mark.parametrize("replicas", [1, 3, 4])
-@pytest.mark.parametrize("policy, optimizer", [
-    ("mixed_float16", "sgd"), ("mixed_float16", "adam"), ("mixed_bfloat16", "sgd")])
+# CI: each policy and optimizer on one replica count: 4, 3 and 1 (--full: all).
+@pytest.mark.parametrize("policy, optimizer, replicas", short_form.in_turn(
+    [("mixed_float16", "sgd"), ("mixed_float16", "adam"), ("mixed_bfloat16", "sgd")], (4, 3, 1)))
 def test_embedding_and_lstm_in_mixed_precision_equal_one_device(
         policy, optimizer, replicas, make_strategy):
     """Sparse embedding gradients through a LossScaleOptimizer (a crash in

@@ -212,7 +212,10 @@ def test_killed_worker_is_named_and_a_restart_finishes_exactly(tmp_path, keras_r
 @pytest.mark.parametrize("slow", [
     # The same stop as the async case's, with synchronous saves (full form).
     pytest.param("--step_delay=0.4", marks=pytest.mark.full_form),
-    "--endless_slow_data=0.4", "--step_delay=0.4 --async_checkpoint"])
+    # A stop inside a stretch (full form; in CI on one machine:
+    # tests/loops/test_quiet_executions.py).
+    pytest.param("--endless_slow_data=0.4", marks=pytest.mark.full_form),
+    "--step_delay=0.4 --async_checkpoint"])
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_reference, slow):
     """Slow steps from a batch-end callback (every execution alone), or from
     endless slow data with no batch hook (executions between log points in
@@ -308,7 +311,10 @@ def test_two_workers_in_mixed_float16_skip_an_overflowing_step_together(tmp_path
         np.testing.assert_allclose(result["history"]["loss"], history["loss"], rtol=1e-3)
 
 
-@pytest.mark.parametrize("own_step", ["guide_train_step", "penalty_loss"])
+@pytest.mark.parametrize("own_step", [
+    # A compute_loss override alone (full form; on one machine in CI:
+    # tests/replica/test_keras_overrides.py).
+    "guide_train_step", pytest.param("penalty_loss", marks=pytest.mark.full_form)])
 def test_a_models_own_step_on_two_workers_equals_one_device(tmp_path, own_step):
     """keras.io's train_step with compute_loss, and a compute_loss override,
     on 2 workers (70 rows, batch 16: the last batch splits 3 + 3)."""

@@ -42,7 +42,9 @@ def _assert_weights_equal_reference(result, keras_reference):
         np.testing.assert_allclose(np.asarray(actual), expected, atol=1e-5, rtol=0, err_msg=f"weight {index}")
 
 
-@pytest.mark.parametrize("given", ["dataset", "dataset_fn"])
+@pytest.mark.parametrize("given", [
+    # A dataset_fn (full form; in CI: the parameter-server tutorial's tests).
+    "dataset", pytest.param("dataset_fn", marks=pytest.mark.full_form)])
 def test_one_worker_trains_like_one_device(tmp_path, keras_reference, given):
     args = [f"--output_dir={tmp_path}", f"--input={given}"]
     with LauncherRun(["--num_workers=1", "--num_ps=1"], PROGRAM + args) as run:

@@ -35,10 +35,14 @@ def _tfdist_fit(strategy, dataset, optimizer, epochs=EPOCHS, trainer_kwargs=None
 # Every replica count with both data sizes where they differ, both
 # optimizers; the other test files add more combinations (keras_fit,
 # static_shapes, clipping, empty_replicas).
+# CI runs the first four: each replica count, each optimizer and each size
+# twice (--full: all eight).
 @pytest.mark.parametrize("num_replicas, optimizer, num_examples", [
-    (1, "adam", PARTIAL), (2, "sgd", PARTIAL), (2, "adam", SMALLER_THAN_REPLICAS),
-    (3, "sgd", PARTIAL), (3, "adam", SMALLER_THAN_REPLICAS), (4, "sgd", SMALLER_THAN_REPLICAS),
-    (4, "adam", PARTIAL), (4, "adam", SMALLER_THAN_REPLICAS),
+    (1, "adam", PARTIAL), (2, "sgd", PARTIAL), (3, "adam", SMALLER_THAN_REPLICAS),
+    (4, "sgd", SMALLER_THAN_REPLICAS),
+    *[pytest.param(*row, marks=pytest.mark.full_form) for row in [
+        (2, "adam", SMALLER_THAN_REPLICAS), (3, "sgd", PARTIAL), (4, "adam", PARTIAL),
+        (4, "adam", SMALLER_THAN_REPLICAS)]],
 ])
 def test_fit_equals_single_device_keras(make_strategy, num_replicas, optimizer, num_examples):
     dataset = ref.global_batches(num_examples, BATCH)

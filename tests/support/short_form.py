@@ -1,0 +1,27 @@
+"""Parametrizations of which CI runs a part: the rest is marked to run
+with ``--full`` (or ``--conformance=full``), a documented command.
+
+>>> rows = in_turn([("adam",), ("sgd",), ("lion",)], (4, 3))
+>>> [row.values for row in rows if not row.marks]
+[('adam', 4), ('sgd', 3), ('lion', 4)]
+>>> len(rows)
+6
+"""
+
+from typing import Sequence
+
+import pytest
+
+
+def in_turn(values: Sequence, counts: Sequence, mark=pytest.mark.full_form, ids=None) -> list:
+    """Every value (a tuple of arguments) with every count (last argument);
+    the short form keeps each value once, at the counts in turn, so every
+    value and every count stays in CI. ``ids``: one name per value."""
+    rows = []
+    for turn, value in enumerate(values):
+        value = value if isinstance(value, tuple) else (value,)
+        for count in counts:
+            marks = [] if count == counts[turn % len(counts)] else [mark]
+            name = None if ids is None else f"{ids[turn]}-{count}"
+            rows.append(pytest.param(*value, count, marks=marks, id=name))
+    return rows
