@@ -178,6 +178,26 @@ def test_backend_update_step_is_the_update_apply_calls():
     assert [float(w.numpy().sum()) for w in weights] == [3.0, 4.0], message  # (not Keras')
 
 
+def test_clip_gradients_is_the_clipping_apply_calls_before_its_update():
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    message = _changed("BaseOptimizer._clip_gradients",
+                       "optimizer.clip_gradients / patches.replace_clipping_of")
+    assert _parameters(getattr(BaseOptimizer, patches.GRADIENT_CLIP)) == ["self", "grads"], message
+    optimizer, weights = keras.optimizers.SGD(1.0, clipvalue=0.25), _weights()
+    optimizer.build(weights)
+    seen = []
+
+    def clip(self, gradients):
+        seen.append(len(gradients))
+        return keras_optimizer.clip_gradients(self, gradients)  # the class's: no recursion
+
+    patches.replace_clipping_of(optimizer, clip)
+    optimizer.apply([tf.fill(w.shape, 3.0) for w in weights], weights)
+    assert seen == [2], message
+    assert [w.numpy().max() for w in weights] == [0.75, 0.75], message  # 1 - 0.25
+
+
 def test_all_reduce_sum_gradients_takes_and_returns_pairs():
     from keras.src.backend.tensorflow.optimizer import TFOptimizer
 

@@ -271,3 +271,13 @@ MODEL_FORMS = (
 )
 
 FORMS = {case.name: case for case in LOSS_FORMS + METRIC_FORMS + MODEL_FORMS}
+
+
+def case_named(name: str) -> Case:
+    """An axis case by its name: a form's (`FORMS`), or an optimizer case's
+    ``"<optimizer>-<pattern>"`` (`optimizer_case`; a cluster task rebuilds
+    its case from the name it is given)."""
+    if name in FORMS:
+        return FORMS[name]
+    optimizer, _, pattern = name.partition("-")
+    return optimizer_case(optimizer, pattern)

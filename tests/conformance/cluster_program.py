@@ -1,4 +1,5 @@
-"""A zoo case on a real cluster: run under ``tfdist-run`` as every worker
+"""A zoo case, or a case of the axes (`tests.conformance.axes`), on a real
+cluster: run under ``tfdist-run`` as every worker
 (MultiWorkerMirroredStrategy) or as the chief of a parameter-server cluster.
 
 Starts from the initial weights the test wrote (``--initial``, an .npz of the
@@ -29,20 +30,25 @@ def main():
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--strategy", default="multi_worker_mirrored",
                         choices=["multi_worker_mirrored", "parameter_server"])
+    parser.add_argument("--sharded_state", action="store_true",
+                        help="attach with communication=ShardedOptimizerState()")
     args = parser.parse_args()
 
     strategy = tfdist.make_strategy(args.strategy)
     import numpy as np  # pylint: disable=import-outside-toplevel
 
-    from conformance import harness, zoo  # pylint: disable=import-outside-toplevel
+    from conformance import axes, harness, zoo  # pylint: disable=import-outside-toplevel
 
-    case = zoo.BY_NAME[args.case]
+    case = zoo.BY_NAME[args.case] if args.case in zoo.BY_NAME else axes.case_named(args.case)
     with np.load(args.initial) as stored:
         initial = [stored[f"arr_{i}"] for i in range(len(stored.files))]
     fit_options = {}
     if args.strategy == "parameter_server":  # its epochs have no natural end
         fit_options["steps_per_epoch"] = -(-args.examples // harness.GLOBAL_BATCH)
-    result = harness.run_attached(case, strategy, args.examples, initial, **fit_options)
+    attach_options = ({"communication": tfdist.communication.ShardedOptimizerState()}
+                      if args.sharded_state else None)
+    result = harness.run_attached(case, strategy, args.examples, initial,
+                                  attach_options=attach_options, **fit_options)
     task = json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {})
     name = f"{task.get('type', 'chief')}-{task.get('index', 0)}"
     output = pathlib.Path(args.output_dir)

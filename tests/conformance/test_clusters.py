@@ -5,6 +5,13 @@ its own TF_CONFIG on 127.0.0.1 (`tfdist-run`), against single-device Keras.
 CI runs the embedding family on an uneven partial batch on both clusters,
 and the dict model (StringLookup, a lookup table) under parameter servers;
 ``--conformance=full`` runs every family and batch shape.
+
+The axes (`tests.conformance.axes`: optimizers on every gradient pattern,
+with and without sharded optimizer state; loss, metric and model forms) run
+on the clusters too: CI a few rows where a cluster differs from the
+in-process strategies (sparse gradients summed across workers, sharded
+state across workers, masks under parameter servers); the full form every
+combination on every batch shape.
 """
 
 import json
@@ -13,7 +20,7 @@ import re
 import numpy as np
 import pytest
 
-from conformance import harness, zoo
+from conformance import axes, harness, zoo
 from tests.support import reference as ref, strategy_columns
 from tests.support.launcher_harness import LauncherRun
 
@@ -59,19 +66,27 @@ def test_cluster_equals_one_device(tmp_path, case_name, cluster, shape):
         pytest.skip(NOT_ON[(cluster, case_name)])
     if case.not_exact_over_replicas and cluster == "multi_worker_2":
         pytest.skip(f"not exact by design (warned): {case.not_exact_over_replicas}")
+    _run_and_compare(tmp_path, case, cluster, shape, REFUSED.get((cluster, case_name)))
+
+
+def _run_and_compare(tmp_path, case, cluster, shape, refused=None, program_args=(),
+                     row_name=None):
+    """Runs ``case`` on ``cluster`` and compares every reporting task's
+    result with one device's; ``refused``: the clear error the run must end
+    with instead."""
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = harness.run_keras(case, examples)
     np.savez(tmp_path / "initial.npz", *initial)
     column = CLUSTERS[cluster]
     launcher_args, strategy, tasks = column.launcher_args, column.strategy, column.reporting_tasks
-    args = [f"--case={case_name}", f"--examples={examples}", f"--strategy={strategy}",
-            f"--initial={tmp_path / 'initial.npz'}", f"--output_dir={tmp_path / 'out'}"]
+    args = [f"--case={case.name}", f"--examples={examples}", f"--strategy={strategy}",
+            f"--initial={tmp_path / 'initial.npz'}", f"--output_dir={tmp_path / 'out'}",
+            *program_args]
     with LauncherRun(launcher_args, PROGRAM + args) as run:
         code = run.wait(timeout=600)
-    row = dict(case=case_name, strategy=cluster, shape=shape, entry="attach")
-    if (cluster, case_name) in REFUSED:
-        assert code != 0 and re.search(REFUSED[(cluster, case_name)], run.output), \
-            run.output[-4000:]
+    row = dict(case=row_name or case.name, strategy=cluster, shape=shape, entry="attach")
+    if refused is not None:
+        assert code != 0 and re.search(refused, run.output), run.output[-4000:]
         harness.record(dict(row, outcome="n/a"))
         return
     if code != 0:
@@ -94,3 +109,42 @@ def test_cluster_equals_one_device(tmp_path, case_name, cluster, shape):
             raise
     difference = ref.largest_difference(reference.weights, result.weights)
     harness.record(dict(row, outcome="passed", difference=difference))
+
+
+# -- the axes on the clusters ---------------------------------------------------------
+
+AXIS_SHORT_FORM = {
+    # A position embedding's entries summed across workers, the state sharded across them.
+    ("adam-positions", True, "multi_worker_2", "partial"),
+    # Both kinds of entries in one table, applied on a parameter server.
+    ("rmsprop-tokens_and_positions_one_table", False, "ps_1_worker", "tiny_last"),
+    # A mask at the output in metrics, on a parameter server.
+    ("metric-mask_at_output", False, "ps_1_worker", "partial"),
+}
+
+
+def _axis_matrix():
+    names = [f"{optimizer}-{pattern}" for optimizer in axes.OPTIMIZERS
+             for pattern in axes.SPARSE_PATTERNS] + list(axes.FORMS)
+    for name in names:
+        for sharded in ((False, True) if name not in axes.FORMS else (False,)):
+            for cluster in CLUSTERS:
+                if sharded and cluster == "ps_1_worker":
+                    continue  # refused by design (tests/communication/test_sharding.py)
+                for shape in harness.BATCH_SHAPES:
+                    marks = [] if (name, sharded, cluster, shape) in AXIS_SHORT_FORM else [
+                        pytest.mark.conformance_full]
+                    state = "-sharded" if sharded else ""
+                    yield pytest.param(name, sharded, cluster, shape, marks=marks,
+                                       id=f"{name}{state}-{cluster}-{shape}")
+
+
+@pytest.mark.filterwarnings("ignore:Loss '_scalar_function' returns a scalar")
+@pytest.mark.parametrize("case_name,sharded,cluster,shape", list(_axis_matrix()))
+def test_axis_on_a_cluster_equals_one_device(tmp_path, case_name, sharded, cluster, shape):
+    case = axes.case_named(case_name)
+    refused = (_PS_XLA if cluster == "ps_1_worker" and case_name.endswith("_under_xla")
+               else None)
+    _run_and_compare(tmp_path, case, cluster, shape, refused,
+                     program_args=["--sharded_state"] if sharded else [],
+                     row_name=case_name + (" (sharded state)" if sharded else ""))

@@ -164,6 +164,40 @@ def test_trainer_frees_each_epochs_and_evaluations_distributed_iterator_on_the_r
     assert freed_on == ["tfdist-iterator-release"] * 7
 
 
+def test_predict_frees_its_distributed_iterator_on_the_release_thread(make_strategy,
+                                                                   monkeypatch):
+    """`predict`'s pass frees its iterator on the release thread too (it
+    freed it on the caller's thread, which then stood idle: a conformance
+    test's predict in CI; docs/performance.md#the-iterator-teardown-stall)."""
+    from tfdist.training import predict as predict_lib  # pylint: disable=import-outside-toplevel
+
+    freed_on, made = [], []
+    distribute = predict_lib.data_lib.distribute
+
+    class Recorded:
+        def __init__(self, distributed):
+            self._distributed = distributed
+
+        def __iter__(self):
+            iterator = iter(self._distributed)
+            made.append(weakref.finalize(iterator, lambda: freed_on.append(
+                threading.current_thread().name)))
+            return iterator
+
+    monkeypatch.setattr(predict_lib.data_lib, "distribute",
+                        lambda *args, **kwargs: Recorded(distribute(*args, **kwargs)))
+    strategy = make_strategy(2)
+    x = np.random.RandomState(0).rand(40, 4).astype("float32")
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+    predictions = tfdist.Trainer(model, strategy).predict(
+        tf.data.Dataset.from_tensor_slices(x).batch(16))
+    assert predictions.shape == (40, 2)
+    assert iterator_release.wait(60)
+    assert len(made) == 1 and freed_on == ["tfdist-iterator-release"]
+
+
 class _FailsInTraining(keras.layers.Layer):
     """A layer whose training call raises (a user's bug), as the step is traced."""
 

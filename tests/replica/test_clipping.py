@@ -1,13 +1,15 @@
 """Gradient clipping (clipnorm, global_clipnorm, clipvalue) applies to the
-batch's gradient, as on one device: the Trainer and a custom loop on
-tfdist.replica.gradients against single-device Keras fit."""
+batch's gradient, as on one device: the Trainer, a custom loop on
+tfdist.replica.gradients, and a model's own step (its ``optimizer.apply``)
+after ``tfdist.attach``, against single-device Keras fit."""
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfdist
-from tests.support import reference as ref
+from tests.support import models, reference as ref
 from tests.support.program_loader import load_program
 
 EPOCHS, BATCH = 3, 16
@@ -63,3 +65,55 @@ def test_custom_loop_clips_the_batch_gradient(make_strategy):
 
     ref.assert_weights_close(expected, model)
     ref.assert_logs_close({k: history[k] for k in ("loss", "accuracy")}, actual)
+
+
+class AppliesGradients(models.GuideTrainStep):
+    """keras.io's train_step with ``optimizer.apply_gradients(zip(...))``."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {metric.name: metric.result() for metric in self.metrics}
+
+
+@pytest.mark.parametrize("cls, num_replicas, clip", [
+    (models.GuideTrainStep, 4, CLIPS[0]), (models.PenaltyLoss, 3, CLIPS[1]),
+    (AppliesGradients, 2, CLIPS[2])], ids=["own_train_step-global_clipnorm-4",
+                                            "compute_loss_override-clipnorm-3",
+                                            "apply_gradients-clipvalue-2"])
+def test_a_models_own_step_clips_the_batch_gradient(make_strategy, cls, num_replicas, clip):
+    """keras.io's train_step (``optimizer.apply``), Keras' step around a
+    compute_loss override, and ``optimizer.apply_gradients`` (66 rows in
+    batches of 16: a last batch of 2, empty replicas on 4)."""
+    dataset = ref.global_batches(66, BATCH, weighted=False)
+
+    def compiled():
+        model = models.functional_as(cls)
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9, **clip),
+                      loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        return model
+
+    expected = compiled()
+    history = expected.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False).history
+    unclipped = models.compiled_model(cls)
+    unclipped.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False)
+    assert max(np.abs(a - b).max() for a, b in zip(expected.get_weights(),
+                                                   unclipped.get_weights())) > 1e-2
+
+    strategy = make_strategy(num_replicas)
+    with strategy.scope():
+        model = compiled()
+    tfdist.attach(model, strategy)
+    actual = model.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False).history
+
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(history, actual)

@@ -22,13 +22,24 @@ def _pairs_of(row: dict, names: Sequence[str]):
 
 
 def all_pairs(factors: Dict[str, Sequence],
-              applies: Optional[Callable[[dict], bool]] = None) -> List[dict]:
+              applies: Optional[Callable[[dict], bool]] = None,
+              balance: Sequence[str] = ()) -> List[dict]:
     """Rows (dicts of factor -> value) covering every pair of values of
     every two factors; deterministic (greedy, in the factors' order).
 
     ``applies(row)``: False for a combination that does not exist (e.g. an
     option a hand-written loop does not take); such rows are never chosen,
     and a pair found in no applicable row is not asked for.
+
+    Among rows that cover as many new pairs, the greedy takes the first, so
+    the values of a factor a row is free in lean to its first value (the
+    cheapest, when a factor lists its values so); for the factors named in
+    ``balance`` it takes the values used least so far instead, so that
+    combinations of three factors spread too:
+
+    >>> factors = {"a": tuple(range(4)), "b": tuple(range(4)), "c": (False, True)}
+    >>> sum(row["c"] for row in all_pairs(factors)), sum(row["c"] for row in all_pairs(factors, balance=["c"]))
+    (4, 8)
 
     >>> rows = all_pairs({"a": (1, 2), "b": ("x", "y")}, applies=lambda r: r != {"a": 2, "b": "y"})
     >>> sorted((row["a"], row["b"]) for row in rows)
@@ -43,9 +54,16 @@ def all_pairs(factors: Dict[str, Sequence],
     uncovered = set()
     for row in candidates:
         uncovered |= _pairs_of(row, names)
-    rows = []
+    rows, used = [], {}
+
+    def usage(row: dict) -> int:
+        return sum(used.get((name, row[name]), 0) for name in balance)
+
     while uncovered:
-        best = max(candidates, key=lambda row: len(_pairs_of(row, names) & uncovered))
+        best = max(candidates, key=lambda row: (len(_pairs_of(row, names) & uncovered),
+                                                -usage(row)))
         rows.append(best)
         uncovered -= _pairs_of(best, names)
+        for name in balance:
+            used[(name, best[name])] = used.get((name, best[name]), 0) + 1
     return rows

@@ -60,6 +60,39 @@ def apply_gradients(optimizer, gradients, variables) -> None:
     optimizer.apply_gradients(zip(gradients, variables))
 
 
+def clip_batches_in_apply(optimizer) -> None:
+    """Makes ``optimizer.apply`` clip the batch's gradient, as one device
+    does, where a model's own ``train_step`` (or Keras' ``train_step`` around
+    a ``compute_loss`` override) calls it in a replica: tfdist runs that step
+    as written (`tfdist.replica.keras_steps`), so it cannot pass through
+    `apply_gradients`. The optimizer's clipping then sums the replicas'
+    shares first (one all-reduce), clips the sum with Keras' rule and
+    returns each replica's part of it, which Keras' own all-reduce sums
+    again. Outside a
+    replica, or on one, it is Keras' clipping; an optimizer that does not
+    clip is left as it is. (A LossScaleOptimizer: its inner optimizer
+    clips, after the loss scale is divided out.)"""
+    clipping = patches.inner_optimizer(optimizer)
+    if not optimizer_clips(clipping) or patches.has_own_method(clipping, patches.GRADIENT_CLIP):
+        return
+
+    def clip(self, gradients):
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return keras_optimizer.clip_gradients(self, gradients)
+        # A user's step's gradients carry the factor N its loss does, and
+        # the all-reduce multiplies their sum by `gradient_scale` (1/N).
+        scale = replica_share.gradient_scale()
+        batch = [sparse_gradients.scaled_gradient(g, scale)
+                 for g in _batch_gradients(list(gradients))]
+        clipped = keras_optimizer.clip_gradients(self, batch)
+        share = 1.0 / (context.num_replicas_in_sync * scale)
+        return [g if g is None or sparse_gradients.is_whole(g)
+                else sparse_gradients.scaled_gradient(g, share) for g in clipped]
+
+    patches.replace_clipping_of(clipping, clip)
+
+
 def _clipped_as_one_device(optimizer, clipping, gradients, variables):
     """The batch's ``gradients`` clipped by ``clipping`` (the optimizer, or a
     LossScaleOptimizer's inner one, which clips the gradients after the loss

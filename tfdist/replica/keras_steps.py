@@ -40,7 +40,7 @@ from tfdist._internal import collectives, replica_random, replica_share
 from tfdist._internal.keras import model_state as keras_model_state
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
-from tfdist.replica import loss_scaling
+from tfdist.replica import gradients as gradients_lib, loss_scaling
 from tfdist.replica.metrics import MetricState, state_variables, TracedReads
 from tfdist.replica.step import ReplicaSteps
 
@@ -161,7 +161,11 @@ class KerasSteps:
                 stacklevel=2)
 
     def train(self, structure: dict) -> None:
-        """One replica's ``model.train_step`` on its rows (replica context)."""
+        """One replica's ``model.train_step`` on its rows (replica context);
+        the optimizers it applies clip the batch's gradient
+        (`tfdist.replica.gradients.clip_batches_in_apply`)."""
+        for optimizer in _optimizers(self._model):
+            gradients_lib.clip_batches_in_apply(optimizer)
         with loss_scaling.agreement():
             self._run(self._model.train_step, structure)
 
@@ -172,6 +176,16 @@ class KerasSteps:
     def evaluate(self, structure: dict) -> None:
         """One replica's ``model.test_step`` on its rows (replica context)."""
         self._run(self._model.test_step, structure)
+
+
+def _optimizers(model: keras.Model) -> list:
+    """The optimizers a model's step can apply: ``model.optimizer`` and any
+    other its ``compile`` kept (a GAN's two)."""
+    found = [model.optimizer] if getattr(model, "optimizer", None) is not None else []
+    for value in vars(model).values():
+        if isinstance(value, keras.optimizers.Optimizer) and all(value is not f for f in found):
+            found.append(value)
+    return found
 
 
 def check_supported(model: keras.Model, *, jit_compile: bool = False,

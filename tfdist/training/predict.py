@@ -13,6 +13,7 @@ so every worker gets the full result, as Keras users expect of
 itself, batch by batch (it can read every variable).
 """
 
+import types
 from typing import Optional
 
 import keras
@@ -22,6 +23,7 @@ import tensorflow as tf
 from tfdist import data as data_lib
 from tfdist._internal import collectives
 from tfdist._internal.keras import compiled as keras_compiled
+from tfdist.data import iterator_release
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 
@@ -112,11 +114,18 @@ class Predictor:
             return _concatenate(chunks)
         distributed = data_lib.distribute(self._strategy, dataset, avoid_empty_replicas=True,
                                           partial_batch=self._partial_batch)
-        for structure in distributed:
-            # The replicas' slices (or the one gathered whole) joined in replica order.
-            outputs, mask = tf.nest.map_structure(
-                lambda *slices: np.concatenate([np.asarray(s) for s in slices], axis=0),
-                *self._step(structure))
-            keep = mask > 0
-            chunks.append(tf.nest.map_structure(lambda t: t[keep], outputs))
+        # The pass's iterator is freed on the release thread, also when the
+        # step fails (freed here, it could stall for up to a minute:
+        # `tfdist.data.iterator_release`).
+        owner = types.SimpleNamespace(iterator=iter(distributed))
+        try:
+            for structure in owner.iterator:
+                # The replicas' slices (or the one gathered whole) joined in replica order.
+                outputs, mask = tf.nest.map_structure(
+                    lambda *slices: np.concatenate([np.asarray(s) for s in slices], axis=0),
+                    *self._step(structure))
+                keep = mask > 0
+                chunks.append(tf.nest.map_structure(lambda t: t[keep], outputs))
+        finally:
+            iterator_release.release(owner, "iterator")
         return _concatenate(chunks)

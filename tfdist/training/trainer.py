@@ -34,7 +34,7 @@ from tfdist.training import compile_settings
 from tfdist.training.options import (CheckpointOptions, DataOptions, ReportingOptions,
                                      check_records, refuse_moved_keywords, summary_dir)
 from tfdist.training.predict import Predictor
-from tfdist.training import sidecar
+from tfdist.training import sidecar, step_count
 from tfdist.training.progress import ProgressReporter
 
 
@@ -216,6 +216,8 @@ class Trainer:
                 checkpoint=self._checkpoint, has_validation_data=validation_source is not None,
                 evaluate=lambda: self._evaluate(validation_source, validation_steps),
                 epochs=epochs, log_dir=self._reporting.log_dir)
+        step_count.warn_where_keras_counts_more(source, self.model.optimizer,
+                                                epochs - initial_epoch, steps_per_epoch)
         reporter = ProgressReporter(verbose=0 if self._reporting.keras_progress_bar else verbose,
                                     log_dir=self._reporting.log_dir)
         # Keras callbacks that write files: the chief writes to the paths given,

@@ -20,8 +20,10 @@ UPDATE_METHODS = ("update_step", "build", "_backend_update_step")
 
 
 def clip_gradients(optimizer, gradients: list) -> list:
-    """Keras' own clipping (clipnorm / global_clipnorm / clipvalue) of ``gradients``."""
-    return list(optimizer._clip_gradients(gradients))
+    """Keras' own clipping (clipnorm / global_clipnorm / clipvalue) of
+    ``gradients``: the class's, also where the instance's was replaced
+    (`patches.replace_clipping_of`)."""
+    return list(getattr(type(optimizer), patches.GRADIENT_CLIP)(optimizer, gradients))
 
 
 def loss_scale(optimizer):
@@ -60,6 +62,22 @@ def learning_rate_variable(optimizer) -> Optional[keras.Variable]:
     ``variables``), or None when the rate is a schedule or a callable."""
     rate = getattr(optimizer, "_learning_rate", None)
     return rate if isinstance(rate, keras.Variable) else None
+
+
+def update_reads_step_count(optimizer) -> bool:
+    """Whether ``optimizer``'s updates depend on how many steps it has
+    counted (``iterations``): a learning-rate schedule or callable, or an
+    ``update_step`` that reads the count (Adam's bias correction, Nadam's
+    momentum schedule, ...). A LossScaleOptimizer's inner optimizer decides.
+
+    >>> import keras
+    >>> update_reads_step_count(keras.optimizers.Adam()), update_reads_step_count(keras.optimizers.SGD())
+    (True, False)
+    """
+    optimizer = patches.inner_optimizer(optimizer)
+    if learning_rate_variable(optimizer) is None:
+        return True
+    return "iterations" in type(optimizer).update_step.__code__.co_names
 
 
 def is_weights_child(name: str) -> bool:

@@ -16,7 +16,8 @@ all-reduce of a user's own step), `tfdist._internal.replica_random`
 (per-replica seeds), `tfdist.replica.loss_scaling` (finite-gradient
 agreement), `tfdist.strategies.atomic_updates` (parameter-server counters),
 `tfdist.communication` (compression, local SGD and sharded state on one
-optimizer), `tfdist.training.keras_fit` (``tfdist.attach``).
+optimizer), `tfdist.replica.gradients` (the clipping of an optimizer a
+model's own step applies), `tfdist.training.keras_fit` (``tfdist.attach``).
 Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
@@ -25,6 +26,7 @@ from typing import Callable, Dict, Iterable
 GRADIENT_ALL_REDUCE = "_all_reduce_sum_gradients"  # a Keras TensorFlow optimizer's method
 DISTRIBUTED_UPDATE = "_backend_update_step"  # its update of every weight, in a replica
 CHECKPOINT_CHILDREN = "_trackable_children"  # what tf.train.Checkpoint saves of an object
+GRADIENT_CLIP = "_clip_gradients"  # an optimizer's clipnorm / global_clipnorm / clipvalue
 
 
 def wrap_loss_scaling(wrap_scale: Callable, wrap_unscale: Callable) -> None:
@@ -50,6 +52,15 @@ def replace_all_reduce_of(optimizer, replacement) -> None:
     import types  # pylint: disable=import-outside-toplevel
 
     object.__setattr__(optimizer, GRADIENT_ALL_REDUCE, types.MethodType(replacement, optimizer))
+
+
+def replace_clipping_of(optimizer, replacement) -> None:
+    """One optimizer instance's gradient clipping (``replacement(optimizer,
+    gradients)``, bound to it; ``apply`` calls it before the all-reduce);
+    the class's stays as it is."""
+    import types  # pylint: disable=import-outside-toplevel
+
+    object.__setattr__(optimizer, GRADIENT_CLIP, types.MethodType(replacement, optimizer))
 
 
 def all_reduce_sum(optimizer, grads_and_vars) -> list:
