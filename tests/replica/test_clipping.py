@@ -6,7 +6,6 @@ after ``tfdist.attach``, against single-device Keras fit."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import tfdist
 from tests.support import models, reference as ref
@@ -67,27 +66,9 @@ def test_custom_loop_clips_the_batch_gradient(make_strategy):
     ref.assert_logs_close({k: history[k] for k in ("loss", "accuracy")}, actual)
 
 
-class AppliesGradients(models.GuideTrainStep):
-    """keras.io's train_step with ``optimizer.apply_gradients(zip(...))``."""
-
-    def train_step(self, data):
-        x, y = data
-        with tf.GradientTape() as tape:
-            y_pred = self(x, training=True)
-            loss = self.compute_loss(y=y, y_pred=y_pred)
-        gradients = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
-        for metric in self.metrics:
-            if metric.name == "loss":
-                metric.update_state(loss)
-            else:
-                metric.update_state(y, y_pred)
-        return {metric.name: metric.result() for metric in self.metrics}
-
-
 @pytest.mark.parametrize("cls, num_replicas, clip", [
     (models.GuideTrainStep, 4, CLIPS[0]), (models.PenaltyLoss, 3, CLIPS[1]),
-    (AppliesGradients, 2, CLIPS[2])], ids=["own_train_step-global_clipnorm-4",
+    (models.GuideApplyGradients, 2, CLIPS[2])], ids=["own_train_step-global_clipnorm-4",
                                             "compute_loss_override-clipnorm-3",
                                             "apply_gradients-clipvalue-2"])
 def test_a_models_own_step_clips_the_batch_gradient(make_strategy, cls, num_replicas, clip):

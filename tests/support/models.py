@@ -18,13 +18,23 @@ class GuideTrainStep(keras.Model):
             y_pred = self(x, training=True)
             loss = self.compute_loss(y=y, y_pred=y_pred)
         gradients = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply(gradients, self.trainable_variables)
+        self.apply_step_gradients(gradients)
         for metric in self.metrics:
             if metric.name == "loss":
                 metric.update_state(loss)
             else:
                 metric.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}
+
+    def apply_step_gradients(self, gradients):
+        self.optimizer.apply(gradients, self.trainable_variables)
+
+
+class GuideApplyGradients(GuideTrainStep):
+    """The same step, applying with ``optimizer.apply_gradients(zip(...))``."""
+
+    def apply_step_gradients(self, gradients):
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
 
 
 class PenaltyLoss(keras.Model):

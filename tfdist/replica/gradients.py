@@ -68,10 +68,9 @@ def clip_batches_in_apply(optimizer) -> None:
     `apply_gradients`. The optimizer's clipping then sums the replicas'
     shares first (one all-reduce), clips the sum with Keras' rule and
     returns each replica's part of it, which Keras' own all-reduce sums
-    again. Outside a
-    replica, or on one, it is Keras' clipping; an optimizer that does not
-    clip is left as it is. (A LossScaleOptimizer: its inner optimizer
-    clips, after the loss scale is divided out.)"""
+    again. Outside a replica, or on one, it is Keras' clipping; an
+    optimizer that does not clip is left as it is. (A LossScaleOptimizer:
+    its inner optimizer clips, after the loss scale is divided out.)"""
     clipping = patches.inner_optimizer(optimizer)
     if not optimizer_clips(clipping) or patches.has_own_method(clipping, patches.GRADIENT_CLIP):
         return
