@@ -10,6 +10,7 @@ import pytest
 
 import tfdist
 from tests.support import reference as ref
+from tests.support import short_form
 from tests.support.launcher_harness import LauncherRun
 
 BATCH = 16
@@ -23,7 +24,7 @@ def _trainer(strategy, checkpoint_dir, **checkpoint_options):
 
 
 # Serial (tests/conftest.py SERIAL_TESTS).
-@pytest.mark.parametrize("resume_replicas", [1, 2])
+@pytest.mark.parametrize("resume_replicas", short_form.only([1, 2], in_ci=(2,)))
 @pytest.mark.parametrize("async_checkpoint", [False, True])
 def test_two_epochs_on_4_replicas_then_one_more_equals_three_on_one_device(
     make_strategy, tmp_path, resume_replicas, async_checkpoint

@@ -10,6 +10,7 @@ import pytest
 
 import tfdist
 from tests.support import reference as ref
+from tests.support import short_form
 
 ROWS, MICRO, K = 37, 8, 3  # micro-batches 8,8,8 | 8,5 -> one device: 24 | 13
 
@@ -32,7 +33,7 @@ def _one_device_on_unions(optimizer="adam", epochs=3, **options):
     return expected, history
 
 
-@pytest.mark.parametrize("num_replicas", [1, 2, 4])
+@pytest.mark.parametrize("num_replicas", short_form.only([1, 2, 4], in_ci=(4,)))
 def test_accumulation_equals_one_device_on_the_union_batches(make_strategy, num_replicas):
     x, y, _ = ref.classification_arrays(ROWS)
     expected, expected_history = _one_device_on_unions()

@@ -12,6 +12,7 @@ from keras import ops
 
 import tfdist
 from tests.support import reference as ref
+from tests.support import short_form
 from tests.support.models import GuideTrainStep, PenaltyLoss
 from tests.support.models import compiled_model as _compiled, functional_as as _functional
 from tfdist.errors import ConfigurationError
@@ -206,7 +207,7 @@ def _gan():
     return model
 
 
-@pytest.mark.parametrize("num_replicas", [1, 2, 4])
+@pytest.mark.parametrize("num_replicas", short_form.only([1, 2, 4], in_ci=(4,)))
 def test_gan_on_x_only_data_with_two_optimizers_equals_one_device(make_strategy, num_replicas):
     x = np.random.RandomState(5).randn(64, 6).astype("float32")
     data = lambda: tf.data.Dataset.from_tensor_slices(x).batch(16)  # noqa: E731
@@ -229,7 +230,7 @@ def test_x_only_data_for_a_compiled_loss_is_a_clear_error(make_strategy):
         model.fit(tf.data.Dataset.from_tensor_slices(x).batch(8), epochs=1, verbose=0)
 
 
-@pytest.mark.parametrize("num_replicas", [1, 3])
+@pytest.mark.parametrize("num_replicas", short_form.only([1, 3], in_ci=(3,)))
 def test_gan_on_arrays_without_y_equals_one_device(make_strategy, num_replicas):
     """``fit(x)`` with arrays and no ``y`` (Keras accepts it for a model
     with its own step); batch 16 of 56 rows: a partial last batch."""

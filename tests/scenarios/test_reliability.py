@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.support import reference as ref
+from tests.support import short_form
 from tests.support.launcher_harness import LauncherRun
 
 PROGRAM = ["python", "tests/programs/train_reference_mlp.py"]
@@ -24,7 +25,8 @@ def _exit_codes(line):
     return dict(part.split("=") for part in line.split("exit codes: ")[1].rstrip(")").split(", "))
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", short_form.only([signal.SIGTERM, signal.SIGINT],
+                                                   in_ci=(signal.SIGTERM,)))
 def test_one_signal_stops_every_task_without_a_checkpoint_dir(tmp_path, signum):
     with LauncherRun(["--num_workers=2", "--grace_period=25"],
                      PROGRAM + [f"--output_dir={tmp_path}"] + LONG) as run:

@@ -6,6 +6,8 @@ with ``--full`` (or ``--conformance=full``), a documented command.
 [('adam', 4), ('sgd', 3), ('lion', 4)]
 >>> len(rows)
 6
+>>> [bool(row.marks) for row in only([1, 2, 4], in_ci=(4,))]
+[True, True, False]
 """
 
 from typing import Sequence
@@ -25,3 +27,13 @@ def in_turn(values: Sequence, counts: Sequence, mark=pytest.mark.full_form, ids=
             name = None if ids is None else f"{ids[turn]}-{count}"
             rows.append(pytest.param(*value, count, marks=marks, id=name))
     return rows
+
+
+def only(values: Sequence, in_ci: Sequence, mark=pytest.mark.full_form) -> list:
+    """``values`` of one parameter, of which CI runs those ``in_ci`` (the
+    rest with ``--full``): for a test whose other values another test in
+    CI already runs (a replica count, a signal)."""
+    missing = [value for value in in_ci if value not in values]
+    if missing:
+        raise ValueError(f"in_ci names {missing}, which are not among {list(values)}")
+    return [pytest.param(value, marks=[] if value in in_ci else [mark]) for value in values]

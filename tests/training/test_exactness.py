@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import tfdist
 from tests.support import reference as ref
+from tests.support import short_form
 
 EPOCHS = 3
 BATCH = 16
@@ -216,7 +217,8 @@ def _two_output_model():
     return model
 
 
-@pytest.mark.parametrize("num_examples", [4 * BATCH, SMALLER_THAN_REPLICAS])
+@pytest.mark.parametrize("num_examples", short_form.only([4 * BATCH, SMALLER_THAN_REPLICAS],
+                                                         in_ci=(SMALLER_THAN_REPLICAS,)))
 @pytest.mark.parametrize("num_replicas", [1, 4])
 def test_multi_output_loss_weights_equal_single_device(make_strategy, num_replicas, num_examples):
     x, y, w = ref.classification_arrays(num_examples)

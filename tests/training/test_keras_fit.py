@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import tfdist
 from tests.support import reference as ref
+from tests.support import short_form
 from tfdist.errors import ConfigurationError
 
 EPOCHS, BATCH = 2, 16
@@ -26,7 +27,7 @@ def _assert_same_history(expected, actual):
     ref.assert_logs_close(expected.history, actual.history)
 
 
-@pytest.mark.parametrize("num_replicas", [1, 2, 4])
+@pytest.mark.parametrize("num_replicas", short_form.only([1, 2, 4], in_ci=(4,)))
 def test_fit_on_arrays_with_validation_split_and_class_weight(make_strategy, num_replicas):
     x, y, _ = ref.classification_arrays(70)
     kwargs = dict(batch_size=BATCH, epochs=EPOCHS, shuffle=False, validation_split=0.2,
