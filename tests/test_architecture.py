@@ -209,7 +209,7 @@ TF_CHECKPOINT_PROTOCOL = {"_serialize_to_tensors", "_restore_from_tensors",
 RELIED_ON = {"_var_key", "_trainable_variables_indices", "_backend_update_step",
              "_trackable_children", "_learning_rate", "_value", "_all_reduce_sum_gradients",
              "_trainable_variables", "_clip_gradients", "_flatten_layers", "_symbolic_build",
-             "_seed_generators"}
+             "_seed_generators", "_maybe_autocast", "_direct_assign"}
 
 
 def _private(name: str) -> bool:

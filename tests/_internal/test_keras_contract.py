@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._internal.keras import compiled as keras_compiled, model_state as keras_model_state
-from tfdist._internal.keras import optimizer as keras_optimizer, patches
+from tfdist._internal.keras import optimizer as keras_optimizer, patches, sliced_weights
 
 
 def test_compiled_model_exposes_what_tfdist_reads():
@@ -275,6 +275,39 @@ def test_value_is_the_tensorflow_variable_behind_a_keras_variable():
         assert keras_model_state.tensorflow_variable(variable) is storage, message
     tf_variable = tf.Variable(1.0)
     assert keras_model_state.tensorflow_variable(tf_variable) is tf_variable
+
+
+def test_a_keras_variable_is_read_and_written_through_what_sliced_weights_replaces():
+    """Every way Keras reads or writes a variable's value goes through a
+    method `sliced_weights` gives its sliced class: a new operator reading
+    ``self.value`` would read the slice, so it fails here first."""
+    message = _changed("how a Variable is read or written", "sliced_weights")
+    from keras.src.backend.common.variables import AutocastScope, Variable as KerasVariable
+
+    reading_value = {name for name, member in vars(KerasVariable).items()
+                     if name.startswith("__") and callable(member)
+                     and "self.value" in inspect.getsource(member)}
+    handled = set(sliced_weights._OPERATORS) | {"__array__", "__pos__", "__int__", "__float__",
+                                                "__round__", "__repr__"}
+    assert reading_value <= handled, (message, sorted(reading_value - handled))
+    whole = tf.reshape(tf.range(6, dtype=tf.float32), [2, 3])
+    written = []
+    variable = keras.Variable(np.zeros([2, 3], "float32"))
+    sliced_weights.store_in_slices(variable, tf.Variable(tf.zeros([3])), sliced_weights.SlicedReads(
+        read_in_replica=lambda: None, whole=lambda: whole, assign_whole=written.append))
+    np.testing.assert_array_equal(tf.convert_to_tensor(variable), whole, err_msg=message)
+    np.testing.assert_array_equal(variable.numpy(), whole, err_msg=message)
+    np.testing.assert_array_equal(np.asarray(variable), whole, err_msg=message)
+    np.testing.assert_array_equal(variable * 2.0, whole * 2.0, err_msg=message)
+    np.testing.assert_array_equal(variable[1], whole[1], err_msg=message)
+    np.testing.assert_array_equal(tf.matmul(variable, tf.ones([3, 1])),
+                                  tf.matmul(whole, tf.ones([3, 1])), err_msg=message)
+    variable.assign(np.ones([2, 3], "float32"))
+    assert len(written) == 1 and written[0].shape == (2, 3), message
+    assert tuple(variable.value.shape) == (3,), message  # (the storage: the slice)
+    with AutocastScope("float16"):
+        assert tf.convert_to_tensor(variable).dtype == tf.float16, message
+    assert type(variable).__hash__ is type(keras.Variable(1.0)).__hash__, message
 
 
 def test_train_step_calls_the_models_own_compute_loss():

@@ -17,9 +17,11 @@ function here:
 instance keys of their trace, so a worker's memory does not grow per call.
 
 Otherwise gradient sums belong to the optimizer (``apply_gradients``) and metric
-totals are reduced by Keras when read. The one exception is sharded optimizer
+totals are reduced by Keras when read. The exceptions are sharded optimizer
 state (`tfdist.communication.sharding`), whose gradients are reduce-scattered
-(`reduce_scatter_sum`) and whose updated slices are all-gathered.
+(`reduce_scatter_sum`) and whose updated slices are all-gathered, and fully
+sharded weights (`tfdist.communication.fully_sharded`), gathered when a step
+reads them (`all_gather_rows`), their gradients reduce-scattered.
 """
 
 import contextlib
@@ -111,6 +113,24 @@ def reduce_scatter_sum(launcher, rows: tf.Tensor) -> tf.Tensor:
             communication_hint=options.implementation.value,
             timeout=options.timeout_seconds, ordering_token=ordering_token)
         return tf.reduce_sum(received, axis=0)
+
+
+def all_gather_rows(launcher, local: tf.Tensor) -> tf.Tensor:
+    """Every replica's ``local`` (the same static shape on each), one after
+    the other in replica order along axis 0: one all-gather op, where
+    ``ReplicaContext.all_gather`` runs two (it gathers the shapes first).
+    Call in replica context with the replica's `replica_launcher`."""
+    from tensorflow.python.ops import collective_ops  # pylint: disable=import-outside-toplevel
+
+    # pylint: disable=protected-access
+    instance_key = launcher._next_instance_key()
+    ordering_token = launcher._get_ordering_token()
+    options = launcher._options
+    with tf.device(launcher._device):
+        return collective_ops.all_gather_v2(
+            local, launcher._group_size, launcher._group_key, instance_key,
+            communication_hint=options.implementation.value,
+            timeout=options.timeout_seconds, ordering_token=ordering_token)
 
 
 def barrier(strategy: tf.distribute.Strategy) -> None:

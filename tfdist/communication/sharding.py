@@ -101,6 +101,10 @@ class ShardedOptimizerState:
     def __repr__(self) -> str:
         return "ShardedOptimizerState()"
 
+    def _keeps_state_of(self, optimizer) -> bool:
+        """Whether ``optimizer`` (or the one it wraps) keeps this sharded state."""
+        return getattr(patches.inner_optimizer(optimizer), _WRAPPED, None) is self
+
     def attach_to(self, model, strategy: tf.distribute.Strategy) -> None:
         """Makes ``model``'s optimizer keep a shard of its state per replica,
         checking first what cannot combine with it. Once per optimizer."""
@@ -199,6 +203,17 @@ class ShardedOptimizerState:
         record = sharded_checkpoints.BuildRecord()
         with record.recording(optimizer, stand_ins):
             keras_build(stand_ins)
+        self._file_updated_variables(optimizer, strategy, variables, stand_ins, dtype)
+        self._ordinary = sharded_checkpoints.OrdinaryLayout(
+            record, sharded_checkpoints.Shards(strategy, self._layout), variables)
+        for state in record.state_variables():  # (saved alone, one slice would pass for all)
+            object.__setattr__(state.value, "_serialize_to_tensors", self._refuse_saving)
+
+    def _file_updated_variables(self, optimizer, strategy, variables, stand_ins, dtype) -> None:
+        """Files the variables the updates run in under the state Keras
+        built for ``stand_ins``: here shapeless slice variables (module
+        doc); the weights themselves under index 0 (``apply`` checks they
+        are known; they are never updated one by one)."""
         with strategy.scope():
             self._shards = [tf.Variable(tf.zeros([0], dtype), shape=tf.TensorShape([None]),
                                         trainable=False, name=f"{variable.name}_shard")
@@ -206,11 +221,7 @@ class ShardedOptimizerState:
         for stand_in, shard in zip(stand_ins, self._shards):
             keras_optimizer.set_state_index(optimizer, shard,
                                             keras_optimizer.state_index(optimizer, stand_in))
-        self._ordinary = sharded_checkpoints.OrdinaryLayout(
-            record, sharded_checkpoints.Shards(strategy, self._layout), variables)
-        for state in record.state_variables():  # (saved alone, one slice would pass for all)
-            object.__setattr__(state.value, "_serialize_to_tensors", self._refuse_saving)
-        for variable in variables:  # (apply checks they are known; never updated one by one)
+        for variable in variables:
             keras_optimizer.set_state_index(optimizer, variable, 0)
 
     def _update(self, optimizer, grads, variables, learning_rate) -> None:

@@ -1,0 +1,151 @@
+"""Fully sharded weights (`tfdist.communication.FullySharded`) against
+single-device Keras: what each replica holds, which collectives a step
+runs, and what is refused."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.support import reference as ref
+from tfdist.communication import Compression, FullySharded
+from tfdist.errors import ConfigurationError
+
+BATCH = 16
+EXAMPLES = 70  # a last batch of 6: uneven over 4 replicas
+
+
+def _attached(replicas: int, optimizer: str, l2: float = 0.01):
+    strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(l2=l2), optimizer)
+    return tfdist.attach(model, strategy, communication=FullySharded()), strategy
+
+
+@pytest.mark.parametrize("optimizer,replicas", [("adam", 3), ("sgd", 2), ("adam", 4)])
+def test_fit_evaluate_and_predict_equal_one_device_keras(optimizer, replicas):
+    """An MLP whose L2 penalty reads each kernel a second time, momentum SGD
+    and Adam, a partial last batch, sample weights."""
+    dataset = ref.global_batches(EXAMPLES, BATCH)
+    expected, expected_history = ref.keras_fit(dataset, 2, optimizer)
+    model, _ = _attached(replicas, optimizer)
+    history = model.fit(dataset, epochs=2, verbose=0)
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history, history.history)
+    ref.assert_logs_close(expected.evaluate(dataset, verbose=0, return_dict=True),
+                          model.evaluate(dataset, verbose=0, return_dict=True))
+    inputs = dataset.map(lambda x, *rest: x)
+    np.testing.assert_allclose(expected.predict(inputs, verbose=0),
+                               model.predict(inputs, verbose=0), atol=1e-6)
+
+
+def test_each_replica_holds_one_slice_of_every_weight_and_of_its_state():
+    model, strategy = _attached(3, "adam")
+    model.fit(ref.global_batches(EXAMPLES, BATCH), epochs=1, verbose=0)
+    for weight in model.trainable_weights:
+        size = int(np.prod(weight.shape))
+        slices = [tuple(c.shape) for c in strategy.experimental_local_results(weight.value)]
+        assert slices == [(-(-size // 3),)] * 3, (weight.path, slices)
+    state = [v for v in model.optimizer.variables if len(v.shape) > 0]
+    sizes = sorted(int(np.prod(w.shape)) for w in model.trainable_weights)
+    assert sorted(int(v.shape[0]) for v in state) == sorted(-(-s // 3) for s in sizes * 2)
+    assert [w.shape for w in model.get_weights()] == [
+        tuple(w.shape) for w in model.trainable_weights]
+
+
+def _ops(concrete) -> list:
+    """The op types of a traced function (a step without loops or
+    branches: every op is in its graph)."""
+    return [op.type for op in concrete.graph.get_operations()]
+
+
+def test_a_step_gathers_each_weight_and_reduce_scatters_its_gradient_and_nothing_else():
+    """Per replica and weight: one all-gather (the forward read) and one
+    all-to-all (the reduce-scatter of its gradient); no all-reduce of a
+    gradient, no gather after the update."""
+    model, strategy = _attached(2, "sgd", l2=0.0)
+    x, y, _ = ref.classification_arrays(8)
+    model.fit(x, y, batch_size=8, verbose=0)  # (attaches, and builds the optimizer)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        gradients = tape.gradient(loss, model.trainable_weights)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_weights))
+
+    step = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
+    ops = _ops(step.get_concrete_function(tf.constant(x), tf.constant(y)))
+    weights = len(model.trainable_weights)
+    assert ops.count("CollectiveGatherV2") == 2 * weights
+    assert ops.count("CollectiveAllToAllV2") == 2 * weights
+    assert not [op for op in ops if "Reduce" in op and "Collective" in op], ops
+
+
+def test_a_checkpoint_loads_into_plain_keras_on_one_device(tmp_path):
+    model, _ = _attached(2, "adam")
+    model.fit(ref.global_batches(EXAMPLES, BATCH), epochs=1, verbose=0)
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    plain = keras.models.load_model(path)
+    ref.assert_weight_lists_close(model.get_weights(), plain.get_weights(), atol=0.0)
+    weights = str(tmp_path / "w.weights.h5")
+    model.save_weights(weights)
+    one_device = ref.compile_model(ref.build_mlp(seed=7), "adam")
+    one_device.load_weights(weights)
+    ref.assert_weight_lists_close(model.get_weights(), one_device.get_weights(), atol=0.0)
+
+
+def test_set_weights_stores_each_replicas_slice():
+    model, strategy = _attached(3, "sgd")
+    model.fit(ref.global_batches(BATCH, BATCH), verbose=0)  # (attaches: the weights are sliced)
+    values = [np.arange(np.prod(w.shape), dtype="float32").reshape(w.shape)
+              for w in model.trainable_weights]
+    model.set_weights(values)
+    ref.assert_weight_lists_close(values, model.get_weights(), atol=0.0)
+    kernel = model.trainable_weights[0]
+    first = strategy.experimental_local_results(kernel.value)[1].numpy()
+    length = -(-int(np.prod(kernel.shape)) // 3)
+    np.testing.assert_array_equal(first, values[0].reshape(-1)[length:2 * length])
+
+
+def _refused(model, strategy, match):
+    with pytest.raises(ConfigurationError, match=match):
+        tfdist.Trainer(model, strategy, communication=FullySharded())
+
+
+@pytest.mark.parametrize("options,named", [({"global_clipnorm": 1.0}, "global_clipnorm"),
+                                           ({"clipvalue": 0.5}, "clipvalue")])
+def test_clipping_is_refused_naming_it(options, named):
+    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    with strategy.scope():
+        model = ref.build_mlp()
+        model.compile(keras.optimizers.SGD(0.1, **options), "sparse_categorical_crossentropy")
+    _refused(model, strategy, f"FullySharded.*{named}")
+
+
+def test_an_embedding_looked_up_by_ids_is_refused_naming_its_weight():
+    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,), dtype="int32"),
+                                  keras.layers.Embedding(10, 3, name="tokens"),
+                                  keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(2)])
+        model.compile("sgd", "sparse_categorical_crossentropy")
+    ids = np.arange(32).reshape(8, 4) % 10
+    model = tfdist.attach(model, strategy, communication=FullySharded())
+    with pytest.raises(ConfigurationError, match="tokens/embeddings'.* sparse gradient"):
+        model.fit(ids, np.zeros(8), batch_size=8, verbose=0)
+
+
+def test_an_unbuilt_model_and_compression_are_refused():
+    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    with strategy.scope():
+        unbuilt = keras.Sequential([keras.layers.Dense(2)])
+        unbuilt.compile("sgd", "mse")
+    _refused(unbuilt, strategy, "must be built first")
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "sgd")
+    with pytest.raises(ConfigurationError, match="compressing the fully sharded"):
+        tfdist.Trainer(model, strategy, communication=(FullySharded(), Compression("bf16")))

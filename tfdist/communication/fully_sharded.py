@@ -1,0 +1,238 @@
+"""Fully sharded weights (ZeRO stage 3, PyTorch's FSDP): each replica keeps
+1/N of every weight, of its gradient and of its optimizer state.
+
+`tfdist.communication.ShardedOptimizerState` divides the optimizer's
+state by N, but every replica still holds every weight whole. With
+``FullySharded`` a weight lives on the replicas as N slices (flattened,
+padded to equal lengths, `tfdist.communication.shard_layout.ShardLayout`),
+one per replica, and exists whole only while a step uses it:
+
+1. when the forward pass reads a weight, its slices are all-gathered
+   (one ``CollectiveGatherV2`` per read);
+2. the gradient of that read is reduce-scattered: replica ``r`` receives
+   slice ``r`` of the weight's gradient, summed over the replicas (an
+   all-to-all and a sum, `tfdist._internal.collectives.reduce_scatter_sum`);
+3. replica ``r`` applies the user's Keras optimizer to its slice of the
+   weight, with the state of that slice (the optimizer's own
+   ``update_step``, as `ShardedOptimizerState` does), in place: no
+   all-gather after the update.
+
+The math is the one-device math for an elementwise optimizer (SGD,
+momentum, Adam, AdamW, RMSprop, Adagrad, Adamax, Adadelta, Lion): each
+weight element is updated from its own gradient element and state.
+
+Outside a step the weights read whole: ``get_weights``, ``model.save``,
+``save_weights``, ``tf.train.Checkpoint``, callbacks and
+``keras.models.load_model`` of a saved model see an ordinary Keras model
+(`tfdist._internal.keras.sliced_weights`); the optimizer's state is saved
+in the ordinary Keras form too (`tfdist.communication.sharded_checkpoints`).
+
+>>> import keras, numpy as np, tfdist
+>>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+>>> with strategy.scope():
+...     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+...     model.compile(optimizer="adam", loss="mse")
+>>> model = tfdist.attach(model, strategy,
+...                       communication=tfdist.communication.FullySharded())
+>>> _ = model.fit(np.ones((4, 3)), np.ones((4, 2)), batch_size=4, verbose=0)
+>>> [tuple(c.shape) for c in model.layers[0].kernel.value.values]  # each replica: 3 of 6
+[(3,), (3,)]
+>>> [w.shape for w in model.get_weights()]  # read whole
+[(3, 2), (2,)]
+
+What runs and what is refused (a `ConfigurationError` saying why):
+
+- MirroredStrategy (one worker, its replicas), through `tfdist.attach` +
+  ``fit`` / ``evaluate`` / ``predict`` and `tfdist.Trainer`; one replica
+  (nothing to shard: Keras' own update).
+- Not built yet, refused: MultiWorkerMirroredStrategy, gradient clipping,
+  gradient accumulation, mixed precision's loss scaling, weights of more
+  than one dtype, sparse gradients (an ``Embedding`` looked up by ids;
+  the error names the weight); ParameterServerStrategy, TPUStrategy and
+  LocalSGD as for `ShardedOptimizerState`.
+- A step gathers each weight once, however often it reads it (Keras' ops
+  convert a variable at each TensorFlow op, a regularizer reads it again);
+  the gathered weights stay alive
+  until the backward pass has used them (no re-gather in the backward
+  pass, no prefetch bound yet), so the peak during a step still holds the
+  whole weights once.
+"""
+
+import types
+import weakref
+
+import tensorflow as tf
+
+from tfdist._internal import collectives, replica_share, sparse_gradients
+from tfdist._internal.keras import optimizer as keras_optimizer, patches, sliced_weights
+from tfdist.communication import sharded_checkpoints
+from tfdist.communication.shard_layout import ShardLayout
+from tfdist.communication.sharding import ShardedOptimizerState
+from tfdist.errors import ConfigurationError
+
+
+class FullySharded(ShardedOptimizerState):
+    """Each replica keeps 1/N of every weight, gradient and optimizer state
+    (module doc). Pass it as ``communication=`` to `tfdist.attach` or
+    `tfdist.Trainer`, before the first ``fit``, with the model built."""
+
+    def __init__(self):
+        super().__init__()
+        self._strategy = None
+        self._weights = []
+        # Per traced graph: each (replica, weight)'s gathered weight, until
+        # the update (Keras' ops read a variable once per TensorFlow op).
+        self._gathered = weakref.WeakKeyDictionary()
+
+    def __repr__(self) -> str:
+        return "FullySharded()"
+
+    def attach_to(self, model, strategy: tf.distribute.Strategy) -> None:
+        """Stores each of ``model``'s trainable weights as per-replica
+        slices and makes its optimizer update the slices in place."""
+        if self._keeps_state_of(model.optimizer):
+            return  # (a second Trainer over the same model)
+        self._refuse_what_is_not_built(model, strategy)
+        super().attach_to(model, strategy)
+        if strategy.num_replicas_in_sync == 1:
+            return  # one replica: the whole weight is its slice
+        self._slice_weights(model, strategy)
+
+    def _refuse_what_is_not_built(self, model, strategy) -> None:
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            raise ConfigurationError(
+                f"communication={self!r} runs under MirroredStrategy (one worker's replicas); "
+                "MultiWorkerMirroredStrategy is not built yet. Use ShardedOptimizerState() "
+                "across workers, or drop it.")
+        optimizer = model.optimizer
+        target = patches.inner_optimizer(optimizer)
+        if target is not optimizer:
+            raise ConfigurationError(
+                f"communication={self!r} with mixed precision's loss scaling "
+                f"({type(optimizer).__name__}): not built yet. Drop one of the two.")
+        clipping = [name for name in ("clipnorm", "global_clipnorm", "clipvalue")
+                    if getattr(target, name, None)]
+        if clipping:
+            raise ConfigurationError(
+                f"communication={self!r} with {clipping[0]}=: gradient clipping is not built "
+                "yet for fully sharded weights. Drop one of the two.")
+        if (getattr(target, "gradient_accumulation_steps", None) or 1) > 1:
+            raise ConfigurationError(
+                f"communication={self!r} with gradient_accumulation_steps: not built yet. "
+                "Drop one of the two.")
+        if not model.built:
+            raise ConfigurationError(
+                f"communication={self!r} shards the model's weights, so the model must be "
+                "built first: give it an Input (or call it once on a batch) before attaching.")
+
+    def _slice_weights(self, model, strategy) -> None:
+        """Replaces every trainable weight's storage (a whole copy per
+        replica) with one slice per replica."""
+        variables = list(model.trainable_variables)
+        if len({v.dtype for v in variables}) > 1:
+            raise ConfigurationError(
+                f"{self!r} shards weights of one dtype; this model's trainable weights are "
+                f"{sorted({str(v.dtype) for v in variables})}. Drop it for this model.")
+        self._strategy = strategy
+        self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync)
+        slices = sharded_checkpoints.Shards(strategy, self._layout)
+        self._weights = variables
+        for index, variable in enumerate(variables):
+            whole = variable.numpy()
+            old = sliced_weights.storage(variable)
+            with strategy.scope():
+                storage = tf.Variable(tf.zeros([self._layout.slice_sizes[index]], variable.dtype),
+                                      trainable=True, name=old.name.split(":")[0])
+            # (`Shards` reads a state variable's storage from its ``value``)
+            held = types.SimpleNamespace(value=storage, dtype=storage.dtype)
+            reads = sliced_weights.SlicedReads(
+                read_in_replica=self._gatherer(index, storage, variable.path),
+                whole=lambda held=held, index=index: slices.whole(held, index),
+                assign_whole=lambda value, held=held, index=index: slices.assign_whole(
+                    held, index, value))
+            reads.assign_whole(whole)
+            sliced_weights.store_in_slices(variable, storage, reads)
+
+    def _gatherer(self, index: int, storage, name: str):
+        """A function reading weight ``index`` whole inside a replica of a
+        step (None elsewhere): an all-gather of its slices, whose gradient
+        is the reduce-scatter of the whole weight's gradient."""
+        layout, strategy = self._layout, self._strategy
+
+        def read_in_replica():
+            if tf.distribute.in_cross_replica_context():
+                return None
+            context = tf.distribute.get_replica_context()
+            if context is None or context.strategy is not strategy:
+                return None
+            replica = tf.get_static_value(context.replica_id_in_sync_group)
+            replica = None if replica is None else int(replica)
+            if replica is None:
+                raise ConfigurationError(f"{self!r} needs each replica's index when the step "
+                                         "is traced (MirroredStrategy gives it).")
+            graph = tf.compat.v1.get_default_graph()
+            gathered_in_graph = None if tf.executing_eagerly() else self._gathered.setdefault(
+                graph, {})
+            if gathered_in_graph is not None and (replica, index) in gathered_in_graph:
+                return gathered_in_graph[(replica, index)]
+            launcher = collectives.replica_launcher(strategy, replica)
+            local = tf.convert_to_tensor(storage)  # this replica's slice (read on the tape)
+
+            @tf.custom_gradient
+            def gathered(local_slice):
+                slices = (context.all_gather(local_slice, axis=0) if launcher is None
+                          else collectives.all_gather_rows(launcher, local_slice))
+                whole = layout.whole(index, slices)
+
+                def reduce_scatter(upstream):
+                    if isinstance(upstream, tf.IndexedSlices):
+                        raise ConfigurationError(
+                            f"{self!r}: weight {name!r} has a sparse gradient (an Embedding "
+                            "looked up by ids); sparse gradients are not built yet for fully "
+                            "sharded weights. Use ShardedOptimizerState() for this model.")
+                    upstream = sparse_gradients.scaled_gradient(
+                        tf.convert_to_tensor(upstream), replica_share.gradient_scale())
+                    if launcher is None:  # (no collective ops: the slice of an all-reduce)
+                        summed = context.all_reduce(tf.distribute.ReduceOp.SUM, upstream)
+                        return layout.own_slice(index, summed, replica)
+                    return collectives.reduce_scatter_sum(launcher, layout.rows(index, upstream))
+
+                return whole, reduce_scatter
+
+            whole = gathered(local)
+            if gathered_in_graph is not None:
+                gathered_in_graph[(replica, index)] = whole
+            return whole
+
+        return read_in_replica
+
+    def _file_updated_variables(self, optimizer, strategy, variables, stand_ins, dtype) -> None:
+        """The updates run in the weights' own slices: each weight is filed
+        under the state built for its stand-in."""
+        del strategy, dtype
+        for stand_in, variable in zip(stand_ins, variables):
+            keras_optimizer.set_state_index(optimizer, variable,
+                                            keras_optimizer.state_index(optimizer, stand_in))
+
+    def _update(self, optimizer, grads, variables, learning_rate) -> None:
+        """Each replica updates its slice of every weight from its slice of
+        the summed gradient (made by the backward pass), in place."""
+        context = tf.distribute.get_replica_context()
+        # A read after the update, in this graph, gathers the new values.
+        # (Each replica forgets its own: the replicas' traces take turns at
+        # every collective, so another may still be reading.)
+        replica = tf.get_static_value(context.replica_id_in_sync_group)
+        gathered_in_graph = self._gathered.get(tf.compat.v1.get_default_graph(), {})
+        for key in [key for key in gathered_in_graph if key[0] == replica]:
+            del gathered_in_graph[key]
+        variables = [v.value if hasattr(v, "value") else v for v in variables]
+        grads, variables = self._in_built_order(optimizer, grads, variables)
+
+        def update_slices(strategy, grads):
+            for gradient, variable in zip(grads, variables):
+                strategy.extended.update(
+                    variable, lambda v, g: optimizer.update_step(g, v, learning_rate),
+                    args=(gradient,), group=False)
+
+        context.merge_call(update_slices, args=(grads,))
+
