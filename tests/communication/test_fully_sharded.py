@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import tfdist
 from tests.support import reference as ref
+from tests.support.models import GuideTrainStep, compiled_model
 from tfdist.communication import Compression, FullySharded
 from tfdist.errors import ConfigurationError
 
@@ -38,6 +39,32 @@ def test_fit_evaluate_and_predict_equal_one_device_keras(optimizer, replicas):
     inputs = dataset.map(lambda x, *rest: x)
     np.testing.assert_allclose(expected.predict(inputs, verbose=0),
                                model.predict(inputs, verbose=0), atol=1e-6)
+
+
+def test_the_trainer_equals_one_device_keras():
+    dataset = ref.global_batches(EXAMPLES, BATCH)
+    expected, expected_history = ref.keras_fit(dataset, 2, "adam")
+    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "adam")
+    trainer = tfdist.Trainer(model, strategy, communication=FullySharded())
+    history = trainer.fit(dataset, epochs=2, verbose=0)
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history, history.history)
+
+
+def test_a_models_own_train_step_equals_one_device():
+    """keras.io's own ``train_step`` (its loss carries the replica's share
+    of the batch, so its gradient is scaled before the reduce-scatter)."""
+    x, y, _ = ref.classification_arrays(EXAMPLES)
+    expected = compiled_model(GuideTrainStep)
+    expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    with strategy.scope():
+        model = compiled_model(GuideTrainStep)
+    model = tfdist.attach(model, strategy, communication=FullySharded())
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    ref.assert_weights_close(expected, model)
 
 
 def test_each_replica_holds_one_slice_of_every_weight_and_of_its_state():
