@@ -124,6 +124,25 @@ def test_a_checkpoint_loads_into_plain_keras_on_one_device(tmp_path):
     ref.assert_weight_lists_close(model.get_weights(), one_device.get_weights(), atol=0.0)
 
 
+@pytest.mark.parametrize("async_write", [False, True])
+def test_the_trainers_checkpoints_restore_whole_into_one_device_keras(tmp_path, async_write):
+    """A checkpoint written during training (in the background too: its host
+    copy is of the whole weights) restores into a plain one-device model
+    and its optimizer."""
+    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "adam")
+    trainer = tfdist.Trainer(model, strategy, communication=FullySharded(),
+                             checkpointing=tfdist.CheckpointOptions(
+                                 str(tmp_path), async_write=async_write))
+    trainer.fit(ref.global_batches(EXAMPLES, BATCH), epochs=1, verbose=0)
+    plain = ref.compile_model(ref.build_mlp(seed=99), "adam")
+    plain.optimizer.build(plain.trainable_variables)
+    tf.train.Checkpoint(model=plain).restore(
+        tf.train.latest_checkpoint(str(tmp_path))).expect_partial()
+    ref.assert_weights_close(model, plain, atol=0)
+
+
 def test_set_weights_stores_each_replicas_slice():
     model, strategy = _attached(3, "sgd")
     model.fit(ref.global_batches(BATCH, BATCH), verbose=0)  # (attaches: the weights are sliced)

@@ -47,7 +47,7 @@ from typing import Dict, List, Sequence
 import tensorflow as tf
 from tensorflow.python.trackable import data_structures
 
-from tfdist._internal import collectives
+from tfdist._internal import collectives, host_copies
 from tfdist._internal.keras import optimizer as keras_optimizer
 
 _VALUE = "VARIABLE_VALUE"  # the name a variable's value is saved under
@@ -149,12 +149,7 @@ class WholeSlot(tf.__internal__.tracking.Trackable):
 
     def _copy_trackable_to_cpu(self, object_map):
         """A background save's host copy: a variable of the whole value."""
-        whole = self._shards.whole(self._state, self._weight)
-        if self not in object_map:
-            with tf.device("/cpu:0"):
-                object_map[self] = tf.Variable(whole, trainable=False)
-        else:
-            object_map[self].assign(whole)
+        host_copies.keep_host_copy(object_map, self, self._shards.whole(self._state, self._weight))
 
     def numpy(self):
         return self._shards.whole(self._state, self._weight).numpy()

@@ -28,6 +28,8 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from tfdist._internal import host_copies
+
 # Operators Keras' Variable implements through ``self.value``: here through
 # the whole weight (a tensor), with TensorFlow's semantics for each.
 _OPERATORS = (
@@ -91,12 +93,7 @@ def _sliced_class(base: type) -> type:
         getattr(self, _READS).assign_whole(restored_tensors[_VALUE])
 
     def copy_trackable_to_cpu(self, object_map):
-        whole = getattr(self, _READS).whole()
-        if self not in object_map:
-            with tf.device("/cpu:0"):
-                object_map[self] = tf.Variable(whole, trainable=False)
-        else:
-            object_map[self].assign(whole)
+        host_copies.keep_host_copy(object_map, self, getattr(self, _READS).whole())
 
     def operator(name):
         return lambda self, *args: getattr(tf.convert_to_tensor(_whole(self)), name)(*args)
