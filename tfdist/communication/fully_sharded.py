@@ -79,7 +79,6 @@ class FullySharded(ShardedOptimizerState):
     def __init__(self):
         super().__init__()
         self._strategy = None
-        self._weights = []
         # Per traced graph: each (replica, weight)'s gathered weight, until
         # the update (Keras' ops read a variable once per TensorFlow op).
         self._gathered = weakref.WeakKeyDictionary()
@@ -136,7 +135,6 @@ class FullySharded(ShardedOptimizerState):
         self._strategy = strategy
         self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync)
         slices = sharded_checkpoints.Shards(strategy, self._layout)
-        self._weights = variables
         for index, variable in enumerate(variables):
             whole = variable.numpy()
             old = sliced_weights.storage(variable)
