@@ -103,15 +103,8 @@ def reduce_scatter_sum(launcher, rows: tf.Tensor) -> tf.Tensor:
     """
     from tensorflow.python.ops import collective_ops  # pylint: disable=import-outside-toplevel
 
-    # pylint: disable=protected-access
-    instance_key = launcher._next_instance_key()
-    ordering_token = launcher._get_ordering_token()
-    options = launcher._options
-    with tf.device(launcher._device):
-        received = collective_ops.all_to_all_v2(
-            rows, launcher._group_size, launcher._group_key, instance_key,
-            communication_hint=options.implementation.value,
-            timeout=options.timeout_seconds, ordering_token=ordering_token)
+    received = _launch(launcher, collective_ops.all_to_all_v2, rows)
+    with tf.device(launcher._device):  # pylint: disable=protected-access
         return tf.reduce_sum(received, axis=0)
 
 
@@ -122,13 +115,21 @@ def all_gather_rows(launcher, local: tf.Tensor) -> tf.Tensor:
     Call in replica context with the replica's `replica_launcher`."""
     from tensorflow.python.ops import collective_ops  # pylint: disable=import-outside-toplevel
 
+    return _launch(launcher, collective_ops.all_gather_v2, local)
+
+
+def _launch(launcher, collective, tensor: tf.Tensor) -> tf.Tensor:
+    """``collective`` (a ``collective_ops`` v2 op) of ``tensor`` in
+    ``launcher``'s group, on its device, with its next instance key, its
+    ordering token (collectives of one replica run in the order traced),
+    its communication hint and its timeout."""
     # pylint: disable=protected-access
     instance_key = launcher._next_instance_key()
     ordering_token = launcher._get_ordering_token()
     options = launcher._options
     with tf.device(launcher._device):
-        return collective_ops.all_gather_v2(
-            local, launcher._group_size, launcher._group_key, instance_key,
+        return collective(
+            tensor, launcher._group_size, launcher._group_key, instance_key,
             communication_hint=options.implementation.value,
             timeout=options.timeout_seconds, ordering_token=ordering_token)
 
