@@ -278,26 +278,45 @@ def test_a_host_loop_pass_frees_its_iterator_on_the_release_thread(make_strategy
             gc.enable()
 
 
-def test_exit_waits_a_bounded_time_for_a_stuck_deletion_and_says_so(tmp_path):
-    program = tmp_path / "stuck.py"
-    program.write_text(textwrap.dedent("""
-        import threading, time
+def _exit_after_a_release(tmp_path, deletion_seconds: float, wait_seconds: float):
+    """A process that releases an iterator whose deletion takes
+    ``deletion_seconds`` and exits at once, its exit bounded by
+    ``wait_seconds`` (a notice after 0.5 s)."""
+    program = tmp_path / "exiting.py"
+    program.write_text(textwrap.dedent(f"""
+        import time
         from tfdist.data import iterator_release
-        iterator_release.EXIT_WAIT_SECONDS = 0.5
+        iterator_release.EXIT_WAIT_SECONDS = {wait_seconds}
+        iterator_release.EXIT_NOTICE_SECONDS = 0.5
 
-        class Stuck:
+        class SlowToFree:
             def __del__(self):
-                time.sleep(600)
+                time.sleep({deletion_seconds})
+                print("freed", flush=True)
 
         class Holder:
             def __init__(self):
-                self.iterator = Stuck()
+                self.iterator = SlowToFree()
 
         iterator_release.release(Holder())
         print("released", flush=True)
     """))
-    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
                           timeout=120)
+
+
+def test_exit_lets_a_slow_deletion_end_before_the_interpreter_does_and_says_so(tmp_path):
+    """A deletion that ended while the interpreter was finalizing aborted
+    the process (exit code 134); exit waits it out, past the notice."""
+    done = _exit_after_a_release(tmp_path, deletion_seconds=2, wait_seconds=30)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "released" in done.stdout
-    assert "1 data iterator(s) still being freed" in done.stderr
+    assert done.stdout.split() == ["released", "freed"]
+    assert "waiting for TensorFlow to free 1 data iterator(s)" in done.stderr
+    assert "exiting anyway" not in done.stderr
+
+
+def test_exit_waits_a_bounded_time_for_a_stuck_deletion_and_says_so(tmp_path):
+    done = _exit_after_a_release(tmp_path, deletion_seconds=600, wait_seconds=1.5)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["released"]
+    assert "1 data iterator(s) still being freed by TensorFlow after 1.5 s" in done.stderr

@@ -13,8 +13,9 @@ long.
 its own that drops it; the caller goes on at once. Deletions run side by
 side (each waits on its own iterator's threads), and each pending iterator
 holds its prefetched batches, so at most `MAX_PENDING` are under way: a
-further `release` waits for one of them to end. At exit, and when a stopped job frees its memory
-(`tfdist.loops.preemption`), `wait` lets the pending ones finish, with a bound.
+further `release` waits for one of them to end. At exit, and when a stopped
+job frees its memory (`tfdist.loops.preemption`), `wait` lets the pending
+ones finish, with a bound.
 
 A call that fails (an error in a callback, a model that cannot trace, a
 Ctrl-C) leaves its iterator in the frames of the exception's traceback, and
@@ -36,11 +37,15 @@ import types
 from typing import Any, Callable
 
 MAX_PENDING = 2
-# Exit waits this long for pending deletions, then goes on: a deletion cut
-# short by the interpreter's exit was harmless in every run measured
-# (docs/performance.md#the-iterator-teardown-stall), and TensorFlow's
-# longest autotuning period is 60 s, too long to hold a finished job.
-EXIT_WAIT_SECONDS = 10.0
+# Exit waits this long for pending deletions: longer than TensorFlow's
+# longest autotuning period (60 s), so a deletion under way always ends
+# before the interpreter does. One that ends while the interpreter is
+# finalizing aborts the process: its thread, back from TensorFlow, is ended
+# by Python inside TensorFlow's C++ frames ("FATAL: exception not
+# rethrown", exit code 134).
+EXIT_WAIT_SECONDS = 75.0
+# After this long, exit says what it is waiting for.
+EXIT_NOTICE_SECONDS = 5.0
 
 _slots = threading.BoundedSemaphore(MAX_PENDING)
 _changed = threading.Condition()
@@ -159,8 +164,12 @@ def releases_on_error(method: Callable) -> Callable:
 
 @atexit.register
 def _free_before_exit() -> None:
-    """Lets pending deletions finish before the interpreter does, for a
-    bounded time."""
-    if pending() and not wait(EXIT_WAIT_SECONDS):
+    """Lets pending deletions finish before the interpreter does
+    (`EXIT_WAIT_SECONDS`), saying so if that takes a while."""
+    if not pending() or wait(min(EXIT_NOTICE_SECONDS, EXIT_WAIT_SECONDS)):
+        return
+    print(f"tfdist: waiting for TensorFlow to free {pending()} data iterator(s) before "
+          f"exiting (up to {EXIT_WAIT_SECONDS:g} s)", file=sys.stderr, flush=True)
+    if not wait(max(EXIT_WAIT_SECONDS - EXIT_NOTICE_SECONDS, 0.0)):
         print(f"tfdist: {pending()} data iterator(s) still being freed by TensorFlow "
               f"after {EXIT_WAIT_SECONDS:g} s; exiting anyway.", file=sys.stderr, flush=True)

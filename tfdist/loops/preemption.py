@@ -107,17 +107,23 @@ def free_iterators_or_exit(stop: Preempted) -> Preempted:
     """
     freed = threading.Event()
 
+    def exit_now(what: str):
+        print(f"tfdist: TensorFlow did not free {what} within {RELEASE_SECONDS:g} s; "
+              f"exiting now ({stop.code})", flush=True)
+        sys.stderr.flush()
+        # Skips the interpreter's exit: a deletion that ended during it
+        # would abort the process (`tfdist.data.iterator_release`).
+        os._exit(stop.code)  # pylint: disable=protected-access
+
     def exit_if_stuck():
         if not freed.wait(RELEASE_SECONDS):
-            print(f"tfdist: TensorFlow did not free the data iterators within "
-                  f"{RELEASE_SECONDS:g} s; exiting now ({stop.code})", flush=True)
-            sys.stderr.flush()
-            os._exit(stop.code)  # pylint: disable=protected-access  # skips TF's exit
+            exit_now("the data iterators")
 
     threading.Thread(target=exit_if_stuck, name="tfdist-exit-if-stuck", daemon=True).start()
     stop.__traceback__ = None
     gc.collect()  # frames in reference cycles (generators) too
-    iterator_release.wait(RELEASE_SECONDS)  # what they handed to the release thread
+    if not iterator_release.wait(RELEASE_SECONDS):  # what they handed to the release thread
+        exit_now(f"{iterator_release.pending()} released data iterator(s)")
     freed.set()
     return stop
 
