@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
+from conformance import axes, harness
 from tests.support import reference as ref
 from tests.support.models import GuideTrainStep, compiled_model
 from tfdist.communication import Compression, FullySharded
@@ -110,6 +111,44 @@ def test_a_step_gathers_each_weight_and_reduce_scatters_its_gradient_and_nothing
     assert not [op for op in ops if "Reduce" in op and "Collective" in op], ops
 
 
+def _ops_everywhere(concrete) -> list:
+    """The op types of a traced function and of every function its graph
+    calls (loop bodies, branches, their gradients)."""
+    graph_def = concrete.graph.as_graph_def()
+    return [node.op for node in graph_def.node] + [
+        node.op for function in graph_def.library.function for node in function.node_def]
+
+
+def test_a_weight_read_in_a_loop_is_gathered_once_per_step_before_the_loop():
+    """An LSTM reads its kernels at every time step, inside the while loop
+    Keras builds: one gather per weight and replica, in the step, none in
+    the loop's body or its gradient."""
+    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4),
+                                  keras.layers.Dense(2)])
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = np.random.default_rng(0).random((8, 5, 3), "float32"), np.zeros(8, "int32")
+    model = tfdist.attach(model, strategy, communication=FullySharded())
+    model.fit(x, y, batch_size=8, verbose=0)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        gradients = tape.gradient(loss, model.trainable_weights)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_weights))
+
+    step = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
+    concrete = step.get_concrete_function(tf.constant(x), tf.constant(y))
+    weights = len(model.trainable_weights)  # the LSTM's 3, the Dense layer's 2
+    assert _ops(concrete).count("CollectiveGatherV2") == 2 * weights
+    everywhere = _ops_everywhere(concrete)
+    assert "While" in everywhere or "StatelessWhile" in everywhere  # (the loop is there)
+    assert everywhere.count("CollectiveGatherV2") == 2 * weights
+    assert everywhere.count("CollectiveAllToAllV2") == 2 * weights
+
+
 def test_a_checkpoint_loads_into_plain_keras_on_one_device(tmp_path):
     model, _ = _attached(2, "adam")
     model.fit(ref.global_batches(EXAMPLES, BATCH), epochs=1, verbose=0)
@@ -171,18 +210,51 @@ def test_clipping_is_refused_naming_it(options, named):
     _refused(model, strategy, f"FullySharded.*{named}")
 
 
-def test_an_embedding_looked_up_by_ids_is_refused_naming_its_weight():
+@pytest.mark.parametrize("optimizer,pattern,replicas", [
+    ("adam", "tokens", 3), ("rmsprop", "positions", 2),
+    ("adagrad", "tokens_and_positions_one_table", 4), ("adamw", "one_table_twice", 2)])
+def test_sparse_gradients_update_as_on_one_device(optimizer, pattern, replicas):
+    """Optimizers that square each entry of an Embedding's sparse gradient
+    (one device's form: duplicates not summed) on token lookups split by
+    rows, position lookups every replica makes whole, one table looked up
+    both ways, and one table looked up twice; a partial last batch."""
+    case = axes.optimizer_case(optimizer, pattern)
+    examples = harness.BATCH_SHAPES["partial"]
+    initial, reference = harness.run_keras(case, examples)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
+    result = harness.run_attached(case, strategy, examples, initial,
+                                  attach_options={"communication": FullySharded()})
+    harness.assert_matches(reference, result, 1e-5)
+
+
+def test_a_sparse_gradient_is_gathered_as_entries_not_as_a_whole_table():
+    """An Embedding's step: one all-gather of the table's slices (the
+    forward read), then its gradient's entries (values and ids) gathered:
+    no all-to-all of a whole table's gradient for it."""
     strategy = tfdist.make_strategy("mirrored", num_replicas=2)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,), dtype="int32"),
                                   keras.layers.Embedding(10, 3, name="tokens"),
                                   keras.layers.GlobalAveragePooling1D(),
                                   keras.layers.Dense(2)])
-        model.compile("sgd", "sparse_categorical_crossentropy")
-    ids = np.arange(32).reshape(8, 4) % 10
+        model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ids, labels = np.arange(32).reshape(8, 4) % 10, np.zeros(8, "int32")
     model = tfdist.attach(model, strategy, communication=FullySharded())
-    with pytest.raises(ConfigurationError, match="tokens/embeddings'.* sparse gradient"):
-        model.fit(ids, np.zeros(8), batch_size=8, verbose=0)
+    model.fit(ids, labels, batch_size=8, verbose=0)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        gradients = tape.gradient(loss, model.trainable_weights)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_weights))
+
+    step = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
+    ops = _ops(step.get_concrete_function(tf.constant(ids), tf.constant(labels)))
+    # per replica: 3 weights' forward reads + the table's entries (values, ids)
+    assert ops.count("CollectiveGatherV2") == 2 * (3 + 2), ops
+    assert ops.count("CollectiveAllToAllV2") == 2 * 2  # the dense layer's kernel and bias
+    assert not [op for op in ops if "Reduce" in op and "Collective" in op], ops
 
 
 def test_an_unbuilt_model_and_compression_are_refused():

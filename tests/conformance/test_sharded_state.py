@@ -1,14 +1,18 @@
 """Sharded optimizer state (`tfdist.communication.ShardedOptimizerState`)
-against single-device Keras: the zoo's dense, convolutional, embedding and
+and fully sharded weights (`tfdist.communication.FullySharded`) against
+single-device Keras: the zoo's dense, convolutional, embedding and
 mixed-precision families, on partial and empty-replica batches.
 
-CI runs the short form (the embedding family on every batch shape over 3
-replicas; a transformer, sync-BN, a model's own step and mixed precision on
-a partial batch over 2); ``--conformance=full`` runs every listed family on
-2, 3 and 4 replicas and every batch shape.
+CI runs the short form (sharded state: the embedding family on every batch
+shape over 3 replicas, a transformer, sync-BN, a model's own step and mixed
+precision on a partial batch over 2; fully sharded weights: each family
+once, the families taking turns over 2, 3 and 4 replicas with a partial
+batch and empty replicas); ``--conformance=full`` runs every listed family
+on 2, 3 and 4 replicas and every batch shape.
 """
 
 import functools
+import itertools
 
 import numpy as np
 import pytest
@@ -22,26 +26,38 @@ pytestmark = pytest.mark.conformance
 FAMILIES = ("embedding_pooling", "embedding_global_clipnorm", "embedding_lstm_masked",
             "transformer_encoder", "cnn_sync_batch_norm", "kernel_regularizer", "dict_multi_io",
             "own_train_step", "mixed_float16_embedding")
-
+# What `FullySharded` refuses is left out: clipping, and mixed precision
+# (its loss scaling, weights of two dtypes).
+FULLY_SHARDED_FAMILIES = tuple(name for name in FAMILIES if name not in (
+    "embedding_global_clipnorm", "mixed_float16_embedding"))
 
 IN_SHORT_FORM = ("transformer_encoder", "cnn_sync_batch_norm", "own_train_step",
                  "mixed_float16_embedding")
+FULLY_SHARDED_PLACES = ((3, "partial"), (4, "tiny_last"), (2, "partial"))
+FULLY_SHARDED_SHORT_FORM = dict(zip(FULLY_SHARDED_FAMILIES, itertools.cycle(FULLY_SHARDED_PLACES)))
+
+STAGES = {"sharded_state": tfdist.communication.ShardedOptimizerState,
+          "fully_sharded": tfdist.communication.FullySharded}
 
 
-def in_short_form(case_name: str, replicas: int, shape: str) -> bool:
+def in_short_form(stage: str, case_name: str, replicas: int, shape: str) -> bool:
+    if stage == "fully_sharded":
+        return FULLY_SHARDED_SHORT_FORM[case_name] == (replicas, shape)
     if case_name == "embedding_pooling":
         return replicas == 3
     return case_name in IN_SHORT_FORM and (replicas, shape) == (2, "partial")
 
 
 def _matrix():
-    for case_name in FAMILIES:
-        for replicas in (2, 3, 4):
-            for shape in harness.BATCH_SHAPES:
-                marks = [] if in_short_form(case_name, replicas, shape) else [
-                    pytest.mark.conformance_full]
-                yield pytest.param(case_name, replicas, shape, marks=marks,
-                                   id=f"{case_name}-mirrored_{replicas}-{shape}")
+    for stage, families in (("sharded_state", FAMILIES),
+                            ("fully_sharded", FULLY_SHARDED_FAMILIES)):
+        for case_name in families:
+            for replicas in (2, 3, 4):
+                for shape in harness.BATCH_SHAPES:
+                    marks = [] if in_short_form(stage, case_name, replicas, shape) else [
+                        pytest.mark.conformance_full]
+                    yield pytest.param(stage, case_name, replicas, shape, marks=marks,
+                                       id=f"{stage}-{case_name}-mirrored_{replicas}-{shape}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,13 +70,13 @@ def _tolerance(case_name: str, examples: int) -> float:
     return harness.tolerance(zoo.BY_NAME[case_name], examples, _reference(case_name, examples)[1])
 
 
-@pytest.mark.parametrize("case_name,replicas,shape", list(_matrix()))
-def test_sharded_state_equals_one_device(case_name, replicas, shape):
+@pytest.mark.parametrize("stage,case_name,replicas,shape", list(_matrix()))
+def test_each_sharding_stage_equals_one_device(stage, case_name, replicas, shape):
     case = zoo.BY_NAME[case_name]
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = _reference(case_name, examples)
     strategy = strategy_columns.in_process(replicas)
-    sharding = tfdist.communication.ShardedOptimizerState()
+    sharding = STAGES[stage]()
     result = harness.run_attached(case, strategy, examples, initial,
                                   attach_options={"communication": sharding})
     harness.assert_matches(reference, result, _tolerance(case_name, examples))

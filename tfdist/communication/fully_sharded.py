@@ -45,13 +45,18 @@ What runs and what is refused (a `ConfigurationError` saying why):
 - MirroredStrategy (one worker, its replicas), through `tfdist.attach` +
   ``fit`` / ``evaluate`` / ``predict`` and `tfdist.Trainer`; one replica
   (nothing to shard: Keras' own update).
+- Sparse gradients (an ``Embedding`` looked up by ids) are combined into
+  the form one device's optimizer updates from (every entry, duplicates
+  not summed: `tfdist._internal.sparse_gradients`); each replica keeps
+  the entries in its slice.
 - Not built yet, refused: MultiWorkerMirroredStrategy, gradient clipping,
   gradient accumulation, mixed precision's loss scaling, weights of more
-  than one dtype, sparse gradients (an ``Embedding`` looked up by ids;
-  the error names the weight); ParameterServerStrategy, TPUStrategy and
-  LocalSGD as for `ShardedOptimizerState`.
+  than one dtype; ParameterServerStrategy, TPUStrategy and LocalSGD as for
+  `ShardedOptimizerState`.
 - A step gathers each weight once, however often it reads it (Keras' ops
-  convert a variable at each TensorFlow op, a regularizer reads it again);
+  convert a variable at each TensorFlow op, a regularizer reads it again,
+  an RNN reads its kernels at every time step inside a loop: the gather
+  runs in the step, before the loop, `tfdist._internal.step_graph`);
   the gathered weights stay alive
   until the backward pass has used them (no re-gather in the backward
   pass, no prefetch bound yet), so the peak during a step still holds the
@@ -63,7 +68,7 @@ import weakref
 
 import tensorflow as tf
 
-from tfdist._internal import collectives, replica_share, sparse_gradients
+from tfdist._internal import collectives, replica_share, sparse_gradients, step_graph
 from tfdist._internal.keras import optimizer as keras_optimizer, patches, sliced_weights
 from tfdist.communication import sharded_checkpoints
 from tfdist.communication.shard_layout import ShardLayout
@@ -144,18 +149,18 @@ class FullySharded(ShardedOptimizerState):
             # (`Shards` reads a state variable's storage from its ``value``)
             held = types.SimpleNamespace(value=storage, dtype=storage.dtype)
             reads = sliced_weights.SlicedReads(
-                read_in_replica=self._gatherer(index, storage, variable.path),
+                read_in_replica=self._gatherer(index, storage),
                 whole=lambda held=held, index=index: slices.whole(held, index),
                 assign_whole=lambda value, held=held, index=index: slices.assign_whole(
                     held, index, value))
             reads.assign_whole(whole)
             sliced_weights.store_in_slices(variable, storage, reads)
 
-    def _gatherer(self, index: int, storage, name: str):
+    def _gatherer(self, index: int, storage):
         """A function reading weight ``index`` whole inside a replica of a
         step (None elsewhere): an all-gather of its slices, whose gradient
         is the reduce-scatter of the whole weight's gradient."""
-        layout, strategy = self._layout, self._strategy
+        strategy = self._strategy
 
         def read_in_replica():
             if tf.distribute.in_cross_replica_context():
@@ -168,41 +173,54 @@ class FullySharded(ShardedOptimizerState):
             if replica is None:
                 raise ConfigurationError(f"{self!r} needs each replica's index when the step "
                                          "is traced (MirroredStrategy gives it).")
-            graph = tf.compat.v1.get_default_graph()
-            gathered_in_graph = None if tf.executing_eagerly() else self._gathered.setdefault(
-                graph, {})
-            if gathered_in_graph is not None and (replica, index) in gathered_in_graph:
-                return gathered_in_graph[(replica, index)]
-            launcher = collectives.replica_launcher(strategy, replica)
-            local = tf.convert_to_tensor(storage)  # this replica's slice (read on the tape)
-
-            @tf.custom_gradient
-            def gathered(local_slice):
-                slices = (context.all_gather(local_slice, axis=0) if launcher is None
-                          else collectives.all_gather_rows(launcher, local_slice))
-                whole = layout.whole(index, slices)
-
-                def reduce_scatter(upstream):
-                    if isinstance(upstream, tf.IndexedSlices):
-                        raise ConfigurationError(
-                            f"{self!r}: weight {name!r} has a sparse gradient (an Embedding "
-                            "looked up by ids); sparse gradients are not built yet for fully "
-                            "sharded weights. Use ShardedOptimizerState() for this model.")
-                    upstream = sparse_gradients.scaled_gradient(
-                        tf.convert_to_tensor(upstream), replica_share.gradient_scale())
-                    if launcher is None:  # (no collective ops: the slice of an all-reduce)
-                        summed = context.all_reduce(tf.distribute.ReduceOp.SUM, upstream)
-                        return layout.own_slice(index, summed, replica)
-                    return collectives.reduce_scatter_sum(launcher, layout.rows(index, upstream))
-
-                return whole, reduce_scatter
-
-            whole = gathered(local)
-            if gathered_in_graph is not None:
-                gathered_in_graph[(replica, index)] = whole
-            return whole
+            if tf.executing_eagerly():
+                return self._gather(index, storage, context, replica)
+            # (Read in a loop the step builds, an RNN's: gathered once, before it.)
+            graph = step_graph.of_this_replica()
+            gathered_in_graph = self._gathered.setdefault(graph, {})
+            if (replica, index) not in gathered_in_graph:
+                with graph.as_default():
+                    gathered_in_graph[(replica, index)] = self._gather(
+                        index, storage, context, replica)
+            return gathered_in_graph[(replica, index)]
 
         return read_in_replica
+
+    def _gather(self, index: int, storage, context, replica: int):
+        """Weight ``index`` whole, in replica ``replica``'s step: an
+        all-gather of its slices, whose gradient is the reduce-scatter of the
+        whole weight's gradient."""
+        layout = self._layout
+        launcher = collectives.replica_launcher(self._strategy, replica)
+        local = tf.convert_to_tensor(storage)  # this replica's slice (read on the tape)
+
+        @tf.custom_gradient
+        def gathered(local_slice):
+            slices = (context.all_gather(local_slice, axis=0) if launcher is None
+                      else collectives.all_gather_rows(launcher, local_slice))
+
+            def reduce_scatter(upstream):
+                scale = replica_share.gradient_scale()
+                if isinstance(upstream, tf.IndexedSlices):
+                    return self._sparse_slice_of_whole(index, upstream, scale, replica, context)
+                upstream = sparse_gradients.scaled_gradient(tf.convert_to_tensor(upstream), scale)
+                if launcher is None:  # (no collective ops: the slice of an all-reduce)
+                    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, upstream)
+                    return layout.own_slice(index, summed, replica)
+                return collectives.reduce_scatter_sum(launcher, layout.rows(index, upstream))
+
+            return layout.whole(index, slices), reduce_scatter
+
+        return gathered(local)
+
+    def _sparse_slice_of_whole(self, index: int, gradient, scale, replica: int, context):
+        """Replica ``replica``'s slice of weight ``index``'s sparse gradient
+        (an Embedding's), summed over the replicas in the form one device's
+        optimizer updates from: every entry in the slice, duplicates kept
+        (`tfdist._internal.sparse_gradients`)."""
+        whole = sparse_gradients.combine(
+            gradient, context, send=lambda values: sparse_gradients.scaled_gradient(values, scale))
+        return self._own_slice(index, whole, replica)
 
     def _file_updated_variables(self, optimizer, strategy, variables, stand_ins, dtype) -> None:
         """The updates run in the weights' own slices: each weight is filed
@@ -220,7 +238,7 @@ class FullySharded(ShardedOptimizerState):
         # (Each replica forgets its own: the replicas' traces take turns at
         # every collective, so another may still be reading.)
         replica = tf.get_static_value(context.replica_id_in_sync_group)
-        gathered_in_graph = self._gathered.get(tf.compat.v1.get_default_graph(), {})
+        gathered_in_graph = self._gathered.get(step_graph.of_this_replica(), {})
         for key in [key for key in gathered_in_graph if key[0] == replica]:
             del gathered_in_graph[key]
         variables = [v.value if hasattr(v, "value") else v for v in variables]
