@@ -257,6 +257,20 @@ def test_a_sparse_gradient_is_gathered_as_entries_not_as_a_whole_table():
     assert not [op for op in ops if "Reduce" in op and "Collective" in op], ops
 
 
+def test_jit_compile_runs_the_step_without_xla_and_says_so():
+    """The backward pass's reduce-scatters cannot run inside XLA on a
+    mirrored strategy: the step runs without it, as one device's numbers."""
+    dataset = ref.global_batches(EXAMPLES, BATCH)
+    expected, _ = ref.keras_fit(dataset, 1, "adam")
+    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "adam", jit_compile=True)
+    with pytest.warns(UserWarning, match="FullySharded.*without XLA"):
+        tfdist.Trainer(model, strategy, communication=FullySharded()).fit(
+            dataset, epochs=1, verbose=0)
+    ref.assert_weights_close(expected, model)
+
+
 def test_an_unbuilt_model_and_compression_are_refused():
     strategy = tfdist.make_strategy("mirrored", num_replicas=2)
     with strategy.scope():

@@ -1,7 +1,8 @@
 """The conformance axes beyond model families (`tests.conformance.axes`,
 `tests.conformance.containers`), against single-device Keras:
 
-* optimizers x sparse gradient patterns x sharded optimizer state;
+* optimizers x sparse gradient patterns x sharding (none, the optimizer's
+  state, the weights too);
 * loss forms, metric forms and model forms;
 * input containers x feeds (fit, evaluate and predict in each run);
 
@@ -47,17 +48,31 @@ def _strategy(strategy_name: str):
     return strategy_columns.in_process(STRATEGIES[strategy_name])
 
 
-# -- optimizers x sparse patterns x sharded state ------------------------------------
+# -- optimizers x sparse patterns x sharding -----------------------------------------
 
+SHARDINGS = {"state": tfdist.communication.ShardedOptimizerState,
+             "weights": tfdist.communication.FullySharded}
 OPTIMIZER_FACTORS = {"optimizer": tuple(axes.OPTIMIZERS), "pattern": tuple(axes.SPARSE_PATTERNS),
-                     "sharded": (False, True), "strategy": tuple(STRATEGIES), "shape": SHAPES,
+                     "sharding": ("none", "state", "weights"), "strategy": tuple(STRATEGIES),
+                     "shape": SHAPES,
                      "entry": tuple(harness.ENTRY_POINTS)}
 
 
+# What `FullySharded` refuses (clipping, loss scaling), named in its own tests.
+_WEIGHTS_REFUSE = {"optimizers": ("loss_scale_adam",),
+                   "patterns": ("dense_global_clipnorm", "tokens_global_clipnorm")}
+
+
 def _optimizer_applies(row: dict) -> bool:
-    """``ShardedOptimizerState`` is an option of `tfdist.attach` and
-    `tfdist.Trainer`, which a hand-written loop does not take."""
-    return not (row["entry"] == "custom_loop" and row["sharded"])
+    """Sharding is an option of `tfdist.attach` and `tfdist.Trainer`, which
+    a hand-written loop does not take."""
+    if row["sharding"] == "none":
+        return True
+    if row["entry"] == "custom_loop":
+        return False
+    return row["sharding"] == "state" or (
+        row["optimizer"] not in _WEIGHTS_REFUSE["optimizers"]
+        and row["pattern"] not in _WEIGHTS_REFUSE["patterns"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,22 +80,23 @@ def _case_reference(optimizer: str, pattern: str, examples: int):
     return harness.run_keras(axes.optimizer_case(optimizer, pattern), examples)
 
 
-# Where a row is free, the short form spreads the sharded state, the entry
+# Where a row is free, the short form spreads the sharding, the entry
 # points and the batch shapes evenly; the strategy stays the first (the
 # cheapest: 2 replicas).
 OPTIMIZER_SHORT_FORM = covering.all_pairs(OPTIMIZER_FACTORS, _optimizer_applies,
-                                          balance=("sharded", "entry", "shape"))
+                                          balance=("sharding", "entry", "shape"))
 
 
-@pytest.mark.parametrize("optimizer,pattern,sharded,strategy_name,shape,entry", list(_parameters(
+@pytest.mark.parametrize("optimizer,pattern,sharding,strategy_name,shape,entry", list(_parameters(
     OPTIMIZER_FACTORS, OPTIMIZER_SHORT_FORM, "optimizer", _optimizer_applies)))
-def test_optimizer_on_gradient_pattern_equals_one_device(optimizer, pattern, sharded,
+def test_optimizer_on_gradient_pattern_equals_one_device(optimizer, pattern, sharding,
                                                          strategy_name, shape, entry):
     case = axes.optimizer_case(optimizer, pattern)
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = _case_reference(optimizer, pattern, examples)
-    options = {"communication": tfdist.communication.ShardedOptimizerState()} if sharded else {}
-    row = dict(case=f"{optimizer} on {pattern}" + (" (sharded state)" if sharded else ""),
+    options = {} if sharding == "none" else {"communication": SHARDINGS[sharding]()}
+    row = dict(case=f"{optimizer} on {pattern}" + (
+                   "" if sharding == "none" else f" (sharded {sharding})"),
                strategy=strategy_name, shape=shape, entry=entry)
     strategy = _strategy(strategy_name)
     runs = {

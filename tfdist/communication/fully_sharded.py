@@ -49,6 +49,9 @@ What runs and what is refused (a `ConfigurationError` saying why):
   the form one device's optimizer updates from (every entry, duplicates
   not summed: `tfdist._internal.sparse_gradients`); each replica keeps
   the entries in its slice.
+- ``jit_compile=True``: the step runs without XLA, with a warning (the
+  backward pass's collectives cannot run inside XLA on a mirrored
+  strategy; the numbers are the same).
 - Not built yet, refused: MultiWorkerMirroredStrategy, gradient clipping,
   gradient accumulation, mixed precision's loss scaling, weights of more
   than one dtype; ParameterServerStrategy, TPUStrategy and LocalSGD as for
@@ -80,6 +83,8 @@ class FullySharded(ShardedOptimizerState):
     """Each replica keeps 1/N of every weight, gradient and optimizer state
     (module doc). Pass it as ``communication=`` to `tfdist.attach` or
     `tfdist.Trainer`, before the first ``fit``, with the model built."""
+
+    shards_weights = True
 
     def __init__(self):
         super().__init__()

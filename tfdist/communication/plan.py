@@ -19,6 +19,7 @@ no-ops, so the Trainer never tests for a part.
 (True, {})
 """
 
+import warnings
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -28,6 +29,13 @@ from tfdist.communication.compression import Compression
 from tfdist.communication.local_sgd import LocalSGD
 from tfdist.communication.sharding import ShardedOptimizerState
 from tfdist.errors import ConfigurationError
+
+
+def _items(communication) -> tuple:
+    """The parts in ``communication`` (the argument: one, a tuple or None)."""
+    if isinstance(communication, (tuple, list)):
+        return tuple(communication)
+    return () if communication is None else (communication,)
 
 
 class Communication:
@@ -45,8 +53,7 @@ class Communication:
                strategy: tf.distribute.Strategy) -> "Communication":
         """Checks ``communication`` (the argument), attaches its parts to
         ``model``'s optimizer and returns them as one object."""
-        items = communication if isinstance(communication, (tuple, list)) else (
-            () if communication is None else (communication,))
+        items = _items(communication)
         kinds = (Compression, LocalSGD, ShardedOptimizerState)
         unknown = [item for item in items if not isinstance(item, kinds)]
         if unknown:
@@ -77,7 +84,7 @@ class Communication:
         return plan
 
     def _check_sharding(self) -> None:
-        if self.compression is not None and type(self.sharding).__name__ == "FullySharded":
+        if self.compression is not None and self.sharding.shards_weights:
             raise ConfigurationError(
                 f"communication=({self.sharding!r}, {self.compression!r}): compressing the "
                 "fully sharded exchange is not built yet. Use one of the two.")
@@ -86,6 +93,25 @@ class Communication:
                 f"communication=({self.sharding!r}, {self.local_sgd!r}): local SGD keeps each "
                 "replica's own weights and steps them apart, while sharded state updates one "
                 "slice per replica of weights all replicas share. Use one of the two.")
+
+    @staticmethod
+    def jit_compile(communication, compiled: bool) -> bool:
+        """Whether the step runs its forward and backward pass under XLA:
+        ``compiled`` (``model.compile(jit_compile=...)``), except with fully
+        sharded weights (in ``communication``, the argument), whose backward
+        pass reduce-scatters each gradient, and collectives do not run inside
+        XLA on mirrored CPU and GPU strategies: the step then runs without
+        XLA, with a warning (the numbers are the same; only the speed
+        differs)."""
+        shards_weights = [item for item in _items(communication)
+                          if getattr(item, "shards_weights", False)]
+        if compiled and shards_weights:
+            warnings.warn(
+                f"model.jit_compile is True, but communication={shards_weights[0]!r} "
+                "reduce-scatters each gradient in the backward pass, which cannot run inside "
+                "XLA here: tfdist runs the step without XLA (the same numbers).", stacklevel=4)
+            return False
+        return compiled
 
     def after_train_step(self, after_train_step: Optional[Callable]) -> Optional[Callable]:
         """``after_train_step`` (cross-replica, after each step) followed by

@@ -92,6 +92,9 @@ class ShardedOptimizerState:
     """Each replica keeps the optimizer state of 1/N of the weights (module
     doc). Pass it as ``communication=`` to `tfdist.Trainer` or `tfdist.attach`."""
 
+    # Whether each replica keeps a slice of the weights too (`FullySharded`).
+    shards_weights = False
+
     def __init__(self):
         self._layout = None
         self._shards = []  # per weight, a variable of one replica's slice

@@ -99,7 +99,7 @@ class Trainer:
         reporting = reporting or ReportingOptions()
         options = static_shapes_lib.resolve(
             strategy, static_shapes=static_shapes, partial_batch=data.partial_batch,
-            jit_compile=compiled.jit_compile,
+            jit_compile=Communication.jit_compile(communication, compiled.jit_compile),
         )
         self._communication = Communication.attach(communication, model, strategy)
         self.model = model
