@@ -49,8 +49,10 @@ setup(
         "tensorboard>=2.19",  # tf.summary writes nothing without it (TensorFlow 2.19 needs 2.19)
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "psutil>=5.9", "matplotlib>=3.7", "pyyaml>=6",
-                 "jsonschema>=4"],
+        # (No matplotlib: Keras imports it whenever it is installed, half a
+        # second of CPU in each of the suite's TensorFlow processes; the
+        # benchmark's --plot test, in the full form, uses the "plot" extra.)
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "psutil>=5.9", "pyyaml>=6", "jsonschema>=4"],
         "plot": ["matplotlib>=3.7"],
         # Engines (issue 15): Ray Train's TensorflowTrainer; Spark barrier
         # stages (needs a Java runtime). Tested: ray 2.60, pyspark 4.3.
