@@ -25,8 +25,9 @@ so the N workers' sends add up: at least ``2 (N - 1) x B / bandwidth``.
 Reported: measured time, the bound, and the share of the bound's
 bandwidth reached (bound / measured).
 
-Outputs in ``--output_dir``: allreduce_benchmark.json, .md and .png (the
-plot: measured against the bound per configuration).
+Outputs in ``--output_dir``: allreduce_benchmark.json, .md and, with
+``--plot``, .png (measured against the bound per configuration; needs
+matplotlib: ``pip install -e ".[plot]"``).
 """
 
 import json
@@ -55,6 +56,7 @@ flags.DEFINE_list("widths", ["900", "3000", "7000"],
 flags.DEFINE_list("packings", ["0", "4194304", "33554432"],
                   "bytes_per_pack values to measure (0: TensorFlow's default, one pack).")
 flags.DEFINE_integer("reps", 3, "Timed repetitions per measurement.")
+flags.DEFINE_bool("plot", False, "Also draw allreduce_benchmark.png (matplotlib).")
 flags.DEFINE_string("worker_output", None, "(internal) run as a worker, write here.")
 FLAGS = flags.FLAGS
 
@@ -239,7 +241,7 @@ def main(argv):
     outputs.write_results(FLAGS.output_dir, "allreduce_benchmark", {
         "config": {"reps": FLAGS.reps, "batch_per_worker": BATCH, "packings": FLAGS.packings},
         "results": results}, table)
-    if any(r["bound_seconds"] for rows in results.values() for r in rows):
+    if FLAGS.plot and any(r["bound_seconds"] for rows in results.values() for r in rows):
         _plot(results, os.path.join(FLAGS.output_dir, "allreduce_benchmark.png"))
     print(table, flush=True)
 

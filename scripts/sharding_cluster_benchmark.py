@@ -1,5 +1,6 @@
-"""Benchmark: sharded optimizer state on real workers: memory per worker,
-and step time on a simulated 1 Gbit/s network against the ring bound.
+"""Benchmark: sharded optimizer state and fully sharded weights on real
+workers: memory per worker, and step time on a simulated 1 Gbit/s network
+against the ring bound.
 
     python -m scripts.bench sharding_cluster            # ~10 min here
     python -m scripts.bench sharding_cluster --quick    # every path, a small model
@@ -9,11 +10,12 @@ program: MultiWorkerMirroredStrategy, one replica per worker, the Adam MLP
 of the sharding benchmark (``--width`` units in ``--layers`` hidden layers:
 50.4M weights at the defaults), a global batch of 8 rows per worker.
 
-- **Memory per worker.** For each N in ``--workers`` and each form (plain,
-  sharded), a cluster of N workers trains ``--memory_steps`` steps,
-  ``--memory_rounds`` times (the forms alternating). Each worker reports
-  the optimizer state it holds, its resident memory once the model is
-  built, and its peak; a row shows the largest worker's, median over the
+- **Memory per worker.** For each N in ``--workers`` and each form (plain;
+  sharded: `ShardedOptimizerState`; fully_sharded: `FullySharded`), a
+  cluster of N workers trains ``--memory_steps`` steps, ``--memory_rounds``
+  times (the forms in turn). Each worker reports the weights and the
+  optimizer state it holds between steps, its resident memory once the
+  model is built, and its peak; a row shows the largest worker's, median over the
   rounds (the peak of the same run moved by up to 10% between rounds).
   With ``--tensor_memory``, one more cluster per row runs with TensorFlow's
   BFC allocator on the CPU (``TF_CPU_ALLOCATOR_USE_BFC``), which counts
@@ -28,7 +30,9 @@ of the sharding benchmark (``--width`` units in ``--layers`` hidden layers:
   the loopback carried per step. The communication time is the median step
   on the limited network minus the median unlimited step. The ring bound is
   what a ring all-reduce (or a reduce-scatter and an all-gather) must put
-  on the shared link, 2 (N - 1) times the gradient's bytes, over the rate.
+  on the shared link, 2 (N - 1) times the gradient's bytes, over the rate;
+  fully sharded weights, gathered once per step and reduce-scattered, put
+  the same bytes there.
 
 Outputs in ``--output_dir``: sharding_cluster_benchmark.json and .md.
 """
@@ -63,10 +67,9 @@ flags.DEFINE_integer("rounds", 3, "Timed rounds of the network part.")
 flags.DEFINE_integer("window_steps", 4, "Steps per timed window.")
 flags.DEFINE_string("worker_output", None, "(internal) run as a worker; results go here.")
 flags.DEFINE_enum("part", "memory", ["memory", "network"], "(internal) what a worker measures.")
-flags.DEFINE_enum("form", "plain", ["plain", "sharded"], "(internal) the memory run's form.")
+FORMS = ("plain", "sharded", "fully_sharded")
+flags.DEFINE_enum("form", "plain", list(FORMS), "(internal) the memory run's form.")
 FLAGS = flags.FLAGS
-
-FORMS = ("plain", "sharded")
 
 
 def _worker() -> None:
@@ -90,7 +93,9 @@ def _worker() -> None:
                 for _ in range(FLAGS.layers)] + [keras.layers.Dense(10)])
             model.compile(optimizer=keras.optimizers.Adam(1e-4),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        communication = tfdist.communication.ShardedOptimizerState() if form == "sharded" else None
+        communication = {"plain": lambda: None,
+                         "sharded": tfdist.communication.ShardedOptimizerState,
+                         "fully_sharded": tfdist.communication.FullySharded}[form]()
         return model, tfdist.Trainer(model, strategy, communication=communication,
             reporting=tfdist.ReportingOptions(log_every_steps=10**9))
 
@@ -99,9 +104,13 @@ def _worker() -> None:
         model, trainer = build(FLAGS.form)
         before_fit, tensors_before_fit = measure.rss_mb(), _tensor_mb(tf, "current")
         trainer.fit(stream, epochs=1, steps_per_epoch=FLAGS.memory_steps, verbose=0)
-        state_bytes = sum(part.numpy().nbytes for v in model.optimizer.variables
-                          for part in strategy.experimental_local_results(v.value))
-        result = {"state_mb": state_bytes / 2**20, "rss_before_fit_mb": before_fit,
+        def held_mb(variables):  # what this worker's replicas keep of them
+            return sum(part.numpy().nbytes for v in variables
+                       for part in strategy.experimental_local_results(v.value)) / 2**20
+
+        result = {"weights_mb": held_mb(model.trainable_weights),
+                  "state_mb": held_mb(model.optimizer.variables),
+                  "rss_before_fit_mb": before_fit,
                   "peak_rss_mb": measure.peak_rss_mb(),
                   "tensor_before_fit_mb": tensors_before_fit,
                   "tensor_peak_mb": _tensor_mb(tf, "peak")}
@@ -111,7 +120,7 @@ def _worker() -> None:
         for _, trainer in runs.values():  # traced and warmed
             trainer.fit(stream, epochs=1, steps_per_epoch=2, verbose=0)
         for round_index in range(FLAGS.rounds):
-            for form in (FORMS if round_index % 2 == 0 else FORMS[::-1]):
+            for form in _in_turn(FORMS, round_index):
                 sent, start = limited_cluster.loopback_bytes(), time.perf_counter()
                 runs[form][1].fit(stream, epochs=1, steps_per_epoch=FLAGS.window_steps, verbose=0)
                 windows[form].append({
@@ -123,6 +132,12 @@ def _worker() -> None:
     with open(os.path.join(FLAGS.worker_output, f"worker-{task}.json"), "w",
               encoding="utf-8") as out:
         json.dump(result, out)
+
+
+def _in_turn(forms, round_index: int):
+    """The forms, each round starting from the next one."""
+    start = round_index % len(forms)
+    return forms[start:] + forms[:start]
 
 
 def _tensor_mb(tf, key: str):
@@ -161,15 +176,16 @@ def _memory_rows() -> list:
     runs = {}  # (workers, form) -> each round's largest worker
     for round_index in range(FLAGS.memory_rounds):
         for workers in (int(n) for n in FLAGS.workers):
-            for form in (FORMS if round_index % 2 == 0 else FORMS[::-1]):
+            for form in _in_turn(FORMS, round_index):
                 results = _cluster(workers, None, "memory", form, run=f"round{round_index}")
                 runs.setdefault((workers, form), []).append(
                     {key: max(r[key] for r in results)
-                     for key in ("state_mb", "rss_before_fit_mb", "peak_rss_mb")})
+                     for key in ("weights_mb", "state_mb", "rss_before_fit_mb", "peak_rss_mb")})
     rows = []
     for (workers, form), rounds in sorted(runs.items(), key=lambda item: (
             item[0][0], FORMS.index(item[0][1]))):
-        row = {"workers": workers, "form": form, "state_mb": rounds[0]["state_mb"],
+        row = {"workers": workers, "form": form, "weights_mb": rounds[0]["weights_mb"],
+               "state_mb": rounds[0]["state_mb"],
                "rss_before_fit_mb": statistics.median(r["rss_before_fit_mb"] for r in rounds),
                "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in rounds),
                "peak_rss_mb_rounds": [r["peak_rss_mb"] for r in rounds]}
@@ -224,15 +240,16 @@ def main(argv) -> None:
     memory = _memory_rows() if "memory" in FLAGS.parts else []
     network = _network_rows() if "network" in FLAGS.parts else []
     plain = {r["workers"]: r for r in memory if r["form"] == "plain"}
-    lines = ["| workers | form | state MB per worker | RSS MB before fit | peak RSS MB "
-             "per worker | peak vs plain | tensor MB peak | tensor peak vs plain |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| workers | form | weights MB per worker | state MB per worker | RSS MB before "
+             "fit | peak RSS MB per worker | peak vs plain | tensor MB peak | tensor peak vs "
+             "plain |", "|---|---|---|---|---|---|---|---|---|"]
     for r in memory:
         base = plain[r["workers"]]
         tensors = ("| - | - |" if r.get("tensor_peak_mb") is None else
                    f"| {r['tensor_peak_mb']:.0f} | "
                    f"{r['tensor_peak_mb'] / base['tensor_peak_mb']:.2f}x |")
-        lines.append(f"| {r['workers']} | {r['form']} | {r['state_mb']:.1f} | "
+        lines.append(f"| {r['workers']} | {r['form']} | {r['weights_mb']:.1f} | "
+                     f"{r['state_mb']:.1f} | "
                      f"{r['rss_before_fit_mb']:.0f} | {r['peak_rss_mb']:.0f} | "
                      f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x {tensors}")
     if network:

@@ -1,7 +1,8 @@
-"""Checkpoints of `tfdist.communication.ShardedOptimizerState` in the
-ordinary Keras form: what is saved is what one device's Keras optimizer
-saves (names, shapes, values), so a checkpoint restores under any replica
-count, with or without the sharding, each way round, mid-epoch and with
+"""Checkpoints of `tfdist.communication.ShardedOptimizerState` (and of
+`FullySharded`) in the ordinary Keras form: what is saved is what one
+device's Keras optimizer saves (names, shapes, values), so a checkpoint
+restores under any replica count and any sharding stage (none, the
+optimizer's state, the weights too), each way round, mid-epoch and with
 background saves. Every run is compared with single-device Keras fit on the
 same global batches (100 examples, batch 16: 7 steps, a partial last one).
 (2 workers: tests/scenarios/test_multi_worker.py.)"""
@@ -13,16 +14,20 @@ import tensorflow as tf
 
 import tfdist
 from tests.support import reference as ref
-from tfdist.communication import ShardedOptimizerState
+from tfdist.communication import FullySharded, ShardedOptimizerState
 from tfdist.errors import ConfigurationError
 
 BATCH, EXAMPLES = 16, 100
 
 
-def _trainer(strategy, checkpoint_dir, sharded, **checkpoint_options):
+STAGES = {"plain": lambda: None, "sharded": ShardedOptimizerState, "fully sharded": FullySharded}
+
+
+def _trainer(strategy, checkpoint_dir, stage: str, **checkpoint_options):
+    """A Trainer of the test MLP with Adam, sharded as `STAGES` names."""
     with strategy.scope():
         model = ref.compile_model(ref.build_mlp(), "adam")
-    communication = ShardedOptimizerState() if sharded else None
+    communication = STAGES[stage]()
     return model, tfdist.Trainer(model, strategy, communication=communication,
         checkpointing=tfdist.CheckpointOptions(checkpoint_dir, **checkpoint_options))
 
@@ -33,31 +38,37 @@ def _saved(path) -> dict:
             if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 
-# (first run, resumed run): replicas and whether the state is sharded.
+# (first run, resumed run): replicas and the sharding stage.
 CASES = {
-    "sharded 3 to sharded 2, async": ((3, True), (2, True), True),
-    "sharded 3 to plain 1": ((3, True), (1, False), False),
-    "plain 2 to sharded 4": ((2, False), (4, True), False),
+    "sharded 3 to sharded 2, async": ((3, "sharded"), (2, "sharded"), True),
+    "sharded 3 to plain 1": ((3, "sharded"), (1, "plain"), False),
+    "plain 2 to sharded 4": ((2, "plain"), (4, "sharded"), False),
+    "fully sharded 2 to sharded 3, async": ((2, "fully sharded"), (3, "sharded"), True),
+    "sharded 4 to fully sharded 2": ((4, "sharded"), (2, "fully sharded"), False),
+    "fully sharded 3 to plain 1": ((3, "fully sharded"), (1, "plain"), False),
+    "plain 2 to fully sharded 4, async": ((2, "plain"), (4, "fully sharded"), True),
 }
+IN_SHORT_FORM = ("sharded 3 to sharded 2, async", "plain 2 to sharded 4",
+                 "fully sharded 2 to sharded 3, async", "sharded 4 to fully sharded 2")
 
 
 @pytest.mark.parametrize("case", [
     # (Sharded to plain also follows from the saved form being one device's,
     # tested below; the full matrix resumes it too.)
-    pytest.param(case, marks=pytest.mark.conformance_full) if case == "sharded 3 to plain 1"
-    else case for case in sorted(CASES)])
+    case if case in IN_SHORT_FORM else pytest.param(case, marks=pytest.mark.conformance_full)
+    for case in sorted(CASES)])
 def test_a_run_stopped_mid_epoch_resumes_anywhere_like_one_device(make_strategy, tmp_path, case):
     """Saves every 3 steps; stopped at step 11 (mid-epoch 2), resumed from
     step 9 on a fresh model and Trainer: the weights of one device's two
     uninterrupted epochs."""
-    (first_replicas, first_sharded), (replicas, sharded), async_checkpoint = CASES[case]
+    (first_replicas, first_stage), (replicas, stage), async_checkpoint = CASES[case]
     dataset = ref.global_batches(EXAMPLES, BATCH)
     expected, _ = ref.keras_fit(dataset, 2, "adam")
-    _, first = _trainer(make_strategy(first_replicas), str(tmp_path), first_sharded,
+    _, first = _trainer(make_strategy(first_replicas), str(tmp_path), first_stage,
                         every_steps=3, async_write=async_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         first.fit(dataset, epochs=2, verbose=0, callbacks=[ref.CrashAtStep(11)])
-    model, second = _trainer(make_strategy(replicas), str(tmp_path), sharded,
+    model, second = _trainer(make_strategy(replicas), str(tmp_path), stage,
                              async_write=async_checkpoint)
     second.fit(dataset, epochs=2, verbose=0)
     ref.assert_weights_close(expected, model, atol=1e-5)
@@ -71,7 +82,7 @@ def test_the_saved_state_is_one_device_keras_state(make_strategy, tmp_path):
     expected, _ = ref.keras_fit(dataset, 1, "adam")
     one_device = tf.train.Checkpoint(model=expected, optimizer=expected.optimizer).write(
         str(tmp_path / "one_device" / "ckpt"))
-    _, trainer = _trainer(make_strategy(3), str(tmp_path / "sharded"), True)
+    _, trainer = _trainer(make_strategy(3), str(tmp_path / "sharded"), "sharded")
     trainer.fit(dataset, epochs=1, verbose=0)
     latest = trainer._checkpoint.latest  # pylint: disable=protected-access
     saved, wanted = _saved(latest), _saved(one_device)

@@ -177,6 +177,9 @@ def main():
     parser.add_argument("--sharded_state", action="store_true",
                         help="Trainer(communication=ShardedOptimizerState()): Adam's state "
                              "in one slice per replica")
+    parser.add_argument("--fully_sharded", action="store_true",
+                        help="Trainer(communication=FullySharded()): the weights and Adam's "
+                             "state in one slice per replica")
     args = parser.parse_args()
     broken = _broken_host(args)
 
@@ -204,6 +207,8 @@ def main():
             model = ref.compile_model(ref.build_mlp(mixed_float16=args.mixed_float16), "adam")
             if args.sharded_state:
                 communication = tfdist.communication.ShardedOptimizerState()
+            if args.fully_sharded:
+                communication = tfdist.communication.FullySharded()
     if args.keras_fit:
         _keras_fit(args, model, strategy, ref)
         return
@@ -233,6 +238,9 @@ def main():
         "evaluate": trainer.evaluate(dataset),
         "weights": [w.tolist() for w in model.get_weights()],
         "optimizer_state_shapes": [list(v.shape) for v in model.optimizer.variables],
+        # What this worker's first replica keeps of each weight (a slice, when fully sharded).
+        "weight_slice_shapes": [list(strategy.experimental_local_results(w.value)[0].shape)
+                                for w in model.trainable_weights],
     })
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tfdist
-from tests.support import reference as ref
+from tests.support import reference as ref, short_form
 from tests.support.launcher_harness import LauncherRun
 
 PROGRAM = ["python", "tests/programs/train_reference_mlp.py"]
@@ -118,16 +118,20 @@ def test_local_sgd_on_two_workers_equals_a_hand_written_local_sgd(tmp_path):
         ref.assert_weight_lists_close(expected, result["weights"])
 
 
+@pytest.mark.parametrize("first_stage", short_form.only(["--fully_sharded", "--sharded_state"],
+                                                         in_ci=("--fully_sharded",)))
 def test_sharded_optimizer_state_on_two_workers_saves_resumes_and_equals_one_device(
-        tmp_path, keras_reference):
-    """ShardedOptimizerState over 2 workers x 2 replicas: each of the 4
-    replicas of the cluster keeps a quarter of Adam's state and the workers
-    save it, whole, in the background every 2 steps (the slices of other
-    workers all-gathered). Two epochs, then a second launch on 2 workers x
-    1 replica resumes from that checkpoint (each worker now keeps half)
-    for the third: one device's three epochs."""
+        tmp_path, keras_reference, first_stage):
+    """FullySharded (or ShardedOptimizerState) over 2 workers x 2 replicas:
+    each of the 4 replicas of the cluster keeps a quarter of Adam's state
+    (and of the weights) and the workers save them, whole, in the background
+    every 2 steps (the slices of other workers all-gathered). Two epochs,
+    then a second launch on 2 workers x 1 replica with ShardedOptimizerState
+    resumes from that checkpoint (each worker now keeps half of the state)
+    for the third: one device's three epochs. (ShardedOptimizerState on
+    2 x 2 in CI: tests/conformance/test_clusters.py.)"""
     checkpoints = f"--checkpoint_dir={tmp_path / 'ckpt'}"
-    args = [f"--output_dir={tmp_path / 'first'}", "--replicas_per_worker=2", "--sharded_state",
+    args = [f"--output_dir={tmp_path / 'first'}", "--replicas_per_worker=2", first_stage,
             "--epochs=2", checkpoints, "--async_checkpoint", "--checkpoint_every_steps=2"]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
@@ -136,6 +140,8 @@ def test_sharded_optimizer_state_on_two_workers_saves_resumes_and_equals_one_dev
     for result in _results(tmp_path / "first"):
         state = [shape for shape in result["optimizer_state_shapes"] if shape]
         assert state == quarters, state
+        if first_stage == "--fully_sharded":
+            assert result["weight_slice_shapes"] == [[-(-w.size // 4)] for w in keras_reference[0]]
     args = [f"--output_dir={tmp_path / 'out'}", "--replicas_per_worker=1", "--sharded_state",
             checkpoints]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:

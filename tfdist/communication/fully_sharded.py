@@ -42,9 +42,12 @@ in the ordinary Keras form too (`tfdist.communication.sharded_checkpoints`).
 
 What runs and what is refused (a `ConfigurationError` saying why):
 
-- MirroredStrategy (one worker, its replicas), through `tfdist.attach` +
+- MirroredStrategy and MultiWorkerMirroredStrategy (the slices spread
+  over every replica of every worker), through `tfdist.attach` +
   ``fit`` / ``evaluate`` / ``predict`` and `tfdist.Trainer`; one replica
-  (nothing to shard: Keras' own update).
+  (nothing to shard: Keras' own update). Across workers, reading a weight
+  whole outside a step (``get_weights``, a save) is a collective: every
+  worker reads it, as every worker saves.
 - Sparse gradients (an ``Embedding`` looked up by ids) are combined into
   the form one device's optimizer updates from (every entry, duplicates
   not summed: `tfdist._internal.sparse_gradients`); each replica keeps
@@ -52,7 +55,7 @@ What runs and what is refused (a `ConfigurationError` saying why):
 - ``jit_compile=True``: the step runs without XLA, with a warning (the
   backward pass's collectives cannot run inside XLA on a mirrored
   strategy; the numbers are the same).
-- Not built yet, refused: MultiWorkerMirroredStrategy, gradient clipping,
+- Not built yet, refused: gradient clipping,
   gradient accumulation, mixed precision's loss scaling, weights of more
   than one dtype; ParameterServerStrategy, TPUStrategy and LocalSGD as for
   `ShardedOptimizerState`.
@@ -108,11 +111,6 @@ class FullySharded(ShardedOptimizerState):
         self._slice_weights(model, strategy)
 
     def _refuse_what_is_not_built(self, model, strategy) -> None:
-        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-            raise ConfigurationError(
-                f"communication={self!r} runs under MirroredStrategy (one worker's replicas); "
-                "MultiWorkerMirroredStrategy is not built yet. Use ShardedOptimizerState() "
-                "across workers, or drop it.")
         optimizer = model.optimizer
         target = patches.inner_optimizer(optimizer)
         if target is not optimizer:
