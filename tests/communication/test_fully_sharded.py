@@ -82,6 +82,22 @@ def test_each_replica_holds_one_slice_of_every_weight_and_of_its_state():
         tuple(w.shape) for w in model.trainable_weights]
 
 
+def _traced_step(model, strategy, x, y, loss_fn):
+    """After a ``fit`` on (x, y) (which attaches, and builds the optimizer):
+    a step on them as a hand-written loop writes it, traced (its concrete
+    function)."""
+    model.fit(x, y, batch_size=len(x), verbose=0)
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        gradients = tape.gradient(loss, model.trainable_weights)
+        model.optimizer.apply_gradients(zip(gradients, model.trainable_weights))
+
+    step = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
+    return step.get_concrete_function(tf.constant(x), tf.constant(y))
+
+
 def _ops(concrete) -> list:
     """The op types of a traced function (a step without loops or
     branches: every op is in its graph)."""
@@ -94,17 +110,7 @@ def test_a_step_gathers_each_weight_and_reduce_scatters_its_gradient_and_nothing
     gradient, no gather after the update."""
     model, strategy = _attached(2, "sgd", l2=0.0)
     x, y, _ = ref.classification_arrays(8)
-    model.fit(x, y, batch_size=8, verbose=0)  # (attaches, and builds the optimizer)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        gradients = tape.gradient(loss, model.trainable_weights)
-        model.optimizer.apply_gradients(zip(gradients, model.trainable_weights))
-
-    step = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
-    ops = _ops(step.get_concrete_function(tf.constant(x), tf.constant(y)))
+    ops = _ops(_traced_step(model, strategy, x, y, keras.losses.SparseCategoricalCrossentropy()))
     weights = len(model.trainable_weights)
     assert ops.count("CollectiveGatherV2") == 2 * weights
     assert ops.count("CollectiveAllToAllV2") == 2 * weights
@@ -130,17 +136,8 @@ def test_a_weight_read_in_a_loop_is_gathered_once_per_step_before_the_loop():
         model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = np.random.default_rng(0).random((8, 5, 3), "float32"), np.zeros(8, "int32")
     model = tfdist.attach(model, strategy, communication=FullySharded())
-    model.fit(x, y, batch_size=8, verbose=0)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        gradients = tape.gradient(loss, model.trainable_weights)
-        model.optimizer.apply_gradients(zip(gradients, model.trainable_weights))
-
-    step = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
-    concrete = step.get_concrete_function(tf.constant(x), tf.constant(y))
+    concrete = _traced_step(model, strategy, x, y,
+                            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     weights = len(model.trainable_weights)  # the LSTM's 3, the Dense layer's 2
     assert _ops(concrete).count("CollectiveGatherV2") == 2 * weights
     everywhere = _ops_everywhere(concrete)
@@ -240,17 +237,8 @@ def test_a_sparse_gradient_is_gathered_as_entries_not_as_a_whole_table():
         model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     ids, labels = np.arange(32).reshape(8, 4) % 10, np.zeros(8, "int32")
     model = tfdist.attach(model, strategy, communication=FullySharded())
-    model.fit(ids, labels, batch_size=8, verbose=0)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        gradients = tape.gradient(loss, model.trainable_weights)
-        model.optimizer.apply_gradients(zip(gradients, model.trainable_weights))
-
-    step = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
-    ops = _ops(step.get_concrete_function(tf.constant(ids), tf.constant(labels)))
+    ops = _ops(_traced_step(model, strategy, ids, labels,
+                            keras.losses.SparseCategoricalCrossentropy(from_logits=True)))
     # per replica: 3 weights' forward reads + the table's entries (values, ids)
     assert ops.count("CollectiveGatherV2") == 2 * (3 + 2), ops
     assert ops.count("CollectiveAllToAllV2") == 2 * 2  # the dense layer's kernel and bias
