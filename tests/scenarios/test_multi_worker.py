@@ -198,11 +198,18 @@ def _slow_run_args(tmp_path):
             "--checkpoint_every_steps=2", "--step_delay=0.4"]
 
 
-def test_killed_worker_is_named_and_a_restart_finishes_exactly(tmp_path, keras_reference):
-    """(Without restarts the launcher then ends the run with the dead task's
-    exit code: tests/launch/test_launcher.py, with a cheap program.)"""
+@pytest.mark.parametrize("sharding", short_form.only(["none", "--fully_sharded"],
+                                                      in_ci=("none",)))
+def test_killed_worker_is_named_and_a_restart_finishes_exactly(tmp_path, keras_reference,
+                                                               sharding):
+    """SIGKILL mid-step, then the group restarts from the last checkpoint;
+    with FullySharded too (each worker's slices of the weights and state
+    are lost with it). (Without restarts the launcher then ends the run
+    with the dead task's exit code: tests/launch/test_launcher.py, with a
+    cheap program.)"""
     launcher = ["--num_workers=2", "--max_restarts=1", "--grace_period=5"]
-    with LauncherRun(launcher, PROGRAM + _slow_run_args(tmp_path)) as run:
+    args = _slow_run_args(tmp_path) + ([sharding] if sharding != "none" else [])
+    with LauncherRun(launcher, PROGRAM + args) as run:
         run.wait_for(r"\[worker-0\] train \| epoch 2 \| step 2/5", timeout=240)
         killed = time.monotonic()
         os.kill(run.pids()["worker-1"], signal.SIGKILL)
