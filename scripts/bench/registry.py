@@ -36,6 +36,9 @@ TOOLS: Dict[str, Tool] = {
     "sharding_cluster": Tool("sharding_cluster_benchmark.py", "benchmark",
                              "sharded optimizer state on real workers: memory per worker, "
                              "step time on a slow network against the ring bound"),
+    "memory_budget": Tool("memory_budget_benchmark.py", "benchmark",
+                          "a model 1.5x one worker's memory budget: plain runs out of memory, "
+                          "fully sharded weights train"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

@@ -193,6 +193,22 @@ def test_sharding_cluster_benchmark_quick_measures_workers_and_the_network(tmp_p
                for row in network.values())
 
 
+@pytest.mark.full_form
+def test_memory_budget_benchmark_quick_runs_every_form_under_the_budget(tmp_path):
+    """scripts/memory_budget_benchmark.py --quick: 2 workers per form under a
+    24 MB budget of live tensors, a model (weights + Adam state) of 1.0
+    times it; plain data parallelism runs out of memory (the allocator's
+    own error), fully sharded weights train within the budget."""
+    _run_benchmark(tmp_path, ["--quick"], 900, "memory_budget_benchmark.py")
+    result = json.loads((tmp_path / "memory_budget_benchmark.json").read_text())
+    rows = {row["form"]: row for row in result["rows"]}
+    assert set(rows) == {"plain", "sharded", "fully_sharded", "fully_sharded_no_prefetch",
+                         "fully_sharded_kept"}
+    assert not rows["plain"]["trained"] and "OOM" in rows["plain"]["error"], rows["plain"]
+    assert rows["fully_sharded"]["trained"], rows["fully_sharded"]
+    assert rows["fully_sharded"]["tensor_peak_mb"] <= 24
+
+
 @needs_namespaces
 def test_allreduce_benchmark_quick_measures_against_the_ring_bound(tmp_path):
     """Under tfdist-run --bandwidth=1gbit, 2 workers: compute and all-reduce
@@ -286,7 +302,8 @@ def test_the_entry_point_passes_flags_to_the_tool():
 
 def test_every_benchmark_declares_the_common_flags_once():
     for name in ("allreduce_benchmark", "benchmark", "checkpoint_benchmark",
-                 "compression_benchmark", "data_service_benchmark", "sharding_benchmark",
+                 "compression_benchmark", "data_service_benchmark", "memory_budget_benchmark",
+                 "sharding_benchmark",
                  "sharding_cluster_benchmark",
                  "time_to_accuracy"):
         source = (REPO / "scripts" / f"{name}.py").read_text()

@@ -59,14 +59,15 @@ What runs and what is refused (a `ConfigurationError` saying why):
   gradient accumulation, mixed precision's loss scaling, weights of more
   than one dtype; ParameterServerStrategy, TPUStrategy and LocalSGD as for
   `ShardedOptimizerState`.
-- A step gathers each weight once, however often it reads it (Keras' ops
+- A pass gathers each weight once, however often it reads it (Keras' ops
   convert a variable at each TensorFlow op, a regularizer reads it again,
   an RNN reads its kernels at every time step inside a loop: the gather
-  runs in the step, before the loop, `tfdist._internal.step_graph`);
-  the gathered weights stay alive
-  until the backward pass has used them (no re-gather in the backward
-  pass, no prefetch bound yet), so the peak during a step still holds the
-  whole weights once.
+  runs in the step, before the loop, `tfdist._internal.step_graph`).
+- ``reshard_after_forward`` (the default): each top-level layer's gathered
+  weights are freed after its forward pass and gathered again in the
+  backward pass, which computes the layer's forward pass again; with
+  ``prefetch``, at most two layers' gathered weights are alive at once
+  (`tfdist.communication.gather_units`).
 """
 
 import types
@@ -76,7 +77,7 @@ import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share, sparse_gradients, step_graph
 from tfdist._internal.keras import optimizer as keras_optimizer, patches, sliced_weights
-from tfdist.communication import sharded_checkpoints
+from tfdist.communication import gather_units, sharded_checkpoints
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.sharding import ShardedOptimizerState
 from tfdist.errors import ConfigurationError
@@ -89,15 +90,37 @@ class FullySharded(ShardedOptimizerState):
 
     shards_weights = True
 
-    def __init__(self):
+    def __init__(self, *, reshard_after_forward: bool = True, prefetch: bool = True):
+        """
+        Args:
+          reshard_after_forward: free each layer's gathered weights after
+            its forward pass and gather them again in the backward pass,
+            computing the layer's forward pass again there (FSDP's option
+            of the same name; `tfdist.communication.gather_units`). False:
+            the gathered weights stay alive until the backward pass has
+            used them (no second forward pass; the whole model's weights
+            are alive at once during a step).
+          prefetch: with ``reshard_after_forward``, gather the next layer's
+            weights while this one computes (at most two layers' gathered
+            weights alive at once); False: one layer at a time, each
+            gather waiting for the layer before it.
+        """
         super().__init__()
+        self.reshard_after_forward = bool(reshard_after_forward)
+        self.prefetch = bool(prefetch)
         self._strategy = None
+        self._units = None
         # Per traced graph: each (replica, weight)'s gathered weight, until
         # the update (Keras' ops read a variable once per TensorFlow op).
         self._gathered = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
-        return "FullySharded()"
+        options = []
+        if not self.reshard_after_forward:
+            options.append("reshard_after_forward=False")
+        if not self.prefetch:
+            options.append("prefetch=False")
+        return f"FullySharded({', '.join(options)})"
 
     def attach_to(self, model, strategy: tf.distribute.Strategy) -> None:
         """Stores each of ``model``'s trainable weights as per-replica
@@ -109,6 +132,10 @@ class FullySharded(ShardedOptimizerState):
         if strategy.num_replicas_in_sync == 1:
             return  # one replica: the whole weight is its slice
         self._slice_weights(model, strategy)
+        if self.reshard_after_forward:
+            self._units = gather_units.GatherUnits(
+                in_replica_step=self._replica_step_being_traced, prefetch=self.prefetch)
+            self._units.wrap(model)
 
     def _refuse_what_is_not_built(self, model, strategy) -> None:
         optimizer = model.optimizer
@@ -166,28 +193,46 @@ class FullySharded(ShardedOptimizerState):
         strategy = self._strategy
 
         def read_in_replica():
-            if tf.distribute.in_cross_replica_context():
+            replica = self._replica_index(strategy)
+            if replica is None:
                 return None
             context = tf.distribute.get_replica_context()
-            if context is None or context.strategy is not strategy:
-                return None
-            replica = tf.get_static_value(context.replica_id_in_sync_group)
-            replica = None if replica is None else int(replica)
-            if replica is None:
-                raise ConfigurationError(f"{self!r} needs each replica's index when the step "
-                                         "is traced (MirroredStrategy gives it).")
             if tf.executing_eagerly():
                 return self._gather(index, storage, context, replica)
             # (Read in a loop the step builds, an RNN's: gathered once, before it.)
             graph = step_graph.of_this_replica()
-            gathered_in_graph = self._gathered.setdefault(graph, {})
-            if (replica, index) not in gathered_in_graph:
-                with graph.as_default():
-                    gathered_in_graph[(replica, index)] = self._gather(
-                        index, storage, context, replica)
-            return gathered_in_graph[(replica, index)]
+            unit = gather_units.current_scope()  # (a layer's pass: its own gathers, in order)
+            if unit is not None:
+                gathered, after = unit.gathered, unit.after
+            else:
+                gathered, after = self._gathered.setdefault(graph, {}), []
+            if (replica, index) not in gathered:
+                with graph.as_default(), tf.control_dependencies(after):
+                    gathered[(replica, index)] = self._gather(index, storage, context, replica)
+            return gathered[(replica, index)]
 
         return read_in_replica
+
+    def _replica_index(self, strategy) -> "int | None":
+        """The index of the replica of ``strategy`` running here, or None
+        outside one (cross-replica context, another strategy)."""
+        if tf.distribute.in_cross_replica_context():
+            return None
+        context = tf.distribute.get_replica_context()
+        if context is None or context.strategy is not strategy:
+            return None
+        replica = tf.get_static_value(context.replica_id_in_sync_group)
+        if replica is None:
+            raise ConfigurationError(f"{self!r} needs each replica's index when the step "
+                                     "is traced (MirroredStrategy gives it).")
+        return int(replica)
+
+    def _replica_step_being_traced(self):
+        """(graph, replica) while a replica's step is traced, else None."""
+        if self._strategy is None or tf.executing_eagerly():
+            return None
+        replica = self._replica_index(self._strategy)
+        return None if replica is None else (step_graph.of_this_replica(), replica)
 
     def _gather(self, index: int, storage, context, replica: int):
         """Weight ``index`` whole, in replica ``replica``'s step: an
@@ -254,4 +299,5 @@ class FullySharded(ShardedOptimizerState):
                     args=(gradient,), group=False)
 
         context.merge_call(update_slices, args=(grads,))
+
 

@@ -1,0 +1,216 @@
+"""Layers as the units fully sharded weights are gathered and freed by
+(`tfdist.communication.FullySharded`, ``reshard_after_forward=True``).
+
+PyTorch's FSDP gathers a module's parameters before its forward pass,
+frees them after it, and gathers them again before its backward pass
+(``reshard_after_forward``), so that only the layers being computed hold
+whole weights. TensorFlow keeps every input of an op alive until the
+op's gradient has run: a ``MatMul`` keeps its weight operand for the
+backward pass. Freeing a gathered weight after the forward pass
+therefore means the backward pass must not use the forward's tensors.
+Each unit (a top-level layer of the model that owns trainable weights)
+runs as one ``tf.custom_gradient`` whose gradient gathers the unit's
+weights again and recomputes the unit's forward pass from its inputs
+(as ``tf.recompute_grad`` does, which Keras' ``RematScope`` uses): the
+unit's activations are freed too, for one more forward pass of compute.
+
+Order: a gather waits for the inputs of the unit before it (``prefetch``:
+the next unit's weights arrive while this one computes, at most two
+units' gathered weights alive at once, FSDP's default) or for its own
+inputs (no prefetch: one unit at a time). In the backward pass the
+same holds with the units' output gradients in reverse order.
+
+A unit whose forward pass changes state (``BatchNormalization``'s moving
+statistics, a ``Dropout``'s random seed: a second forward pass would
+update or draw again; `tfdist._internal.state_writes`) is not
+recomputed: its gradient uses the forward pass's tensors, so its
+gathered weights stay alive until its backward pass, with a warning
+naming it. The numbers are the same either way.
+"""
+
+import functools
+import threading
+import warnings
+import weakref
+from typing import Callable, List, Optional
+
+import tensorflow as tf
+
+from tfdist._internal import state_writes
+from tfdist._internal.keras import compiled as keras_compiled
+
+_THREAD = threading.local()
+
+
+class GatherScope:
+    """The gathers of one unit's forward (or recomputed) pass: each weight
+    gathered once per pass (``gathered``: (replica, weight index) ->
+    tensor), each gather running after the tensors in ``after``."""
+
+    def __init__(self, after: List[tf.Tensor]):
+        self.after = after
+        self.gathered = {}
+
+
+def current_scope() -> Optional[GatherScope]:
+    """The unit pass being traced on this thread, if any."""
+    return getattr(_THREAD, "scope", None)
+
+
+class _InScope:
+    def __init__(self, scope: GatherScope):
+        self._scope = scope
+        self._outer = None
+
+    def __enter__(self):
+        self._outer = current_scope()
+        _THREAD.scope = self._scope
+        return self._scope
+
+    def __exit__(self, *exc):
+        _THREAD.scope = self._outer
+
+
+class _Anchors:
+    """Per traced step and replica: what the last unit's gathers waited
+    for, in the forward pass and in the backward pass."""
+
+    def __init__(self):
+        self.forward = None
+        self.backward = None
+
+
+class GatherUnits:
+    """Wraps the ``call`` of a model's top-level layers that own trainable
+    weights, so that each runs as a unit (module doc) inside a replica of a
+    step; anywhere else they run as before.
+
+    Args:
+      in_replica_step: returns the (graph, replica) of the replica step
+        being traced, or None outside one (eager, cross-replica, another
+        strategy).
+      prefetch: gather the next unit's weights while this one computes.
+    """
+
+    def __init__(self, in_replica_step: Callable, prefetch: bool):
+        self._in_replica_step = in_replica_step
+        self._prefetch = prefetch
+        self._anchors = weakref.WeakKeyDictionary()  # graph -> {replica: _Anchors}
+        self.kept_whole = []  # names of units whose gathered weights stay through the step
+        self._lock = threading.Lock()
+
+    def wrap(self, model) -> List[str]:
+        """Makes each top-level layer of ``model`` with trainable weights a
+        unit; returns their names."""
+        names = []
+        for layer in model.layers:
+            if layer.trainable_weights and not getattr(layer, "_tfdist_unit", False):
+                self._wrap_layer(layer)
+                names.append(layer.name)
+        return names
+
+    def _wrap_layer(self, layer) -> None:
+        original = layer.call
+
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            site = self._in_replica_step()
+            if site is None or current_scope() is not None:
+                return original(*args, **kwargs)
+            return self._run(layer, original, args, kwargs, site)
+
+        layer.call = call
+        object.__setattr__(layer, "_tfdist_unit", True)
+
+    def _anchors_of(self, graph, replica) -> _Anchors:
+        with self._lock:
+            return self._anchors.setdefault(graph, {}).setdefault(replica, _Anchors())
+
+    def _run(self, layer, original, args, kwargs, site):
+        graph, replica = site
+        structure = (args, kwargs)
+        leaves = tf.nest.flatten(structure)
+        if any(isinstance(leaf, (tf.RaggedTensor, tf.SparseTensor)) for leaf in leaves):
+            return original(*args, **kwargs)  # (custom_gradient takes dense tensors)
+        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, tf.Tensor)]
+        anchors = self._anchors_of(graph, replica)
+
+        def rebuild(tensors):
+            filled = list(leaves)
+            for position, tensor in zip(positions, tensors):
+                filled[position] = tensor
+            return tf.nest.pack_sequence_as(structure, filled)
+
+        def in_step_graph(tensors):
+            return [t for t in tensors if getattr(t, "graph", None) is graph]
+
+        masks_of_result = []  # (the identity custom_gradient returns drops Keras' masks)
+
+        # (Keras' masks ride on the inputs as attributes, and a layer may take
+        # them off: MultiHeadAttention reads its inputs' padding masks and
+        # deletes them. The recomputed pass gets them as the first one did.)
+        input_masks = [keras_compiled.get_keras_mask(leaves[i]) for i in positions]
+
+        @tf.custom_gradient
+        def unit(*tensors):
+            own = in_step_graph(tensors)
+            after = own if not self._prefetch or anchors.forward is None else anchors.forward
+            anchors.forward = own
+            anchors.backward = None  # (a new backward pass follows this forward)
+            writes = state_writes.Writes(tf.compat.v1.get_default_graph())
+            with tf.GradientTape(watch_accessed_variables=True) as forward_tape:
+                forward_tape.watch(tensors)
+                with _InScope(GatherScope(after)):
+                    call_args, call_kwargs = rebuild(tensors)
+                    result = original(*call_args, **call_kwargs)
+            written = writes.found()
+            masks_of_result.append(keras_compiled.keras_masks(result))
+
+            def gradient(*upstream, variables=None):
+                variables = list(variables or [])
+                sources = list(tensors) + variables
+                if written:
+                    self._keep_whole(layer, written)
+                    grads = forward_tape.gradient(
+                        result, sources, output_gradients=list(upstream),
+                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                else:
+                    grads = self._recompute(original, rebuild, tensors, input_masks, variables,
+                                            upstream, anchors, in_step_graph)
+                grads = [None if not t.dtype.is_floating else g
+                         for t, g in zip(tensors, grads[:len(tensors)])] + grads[len(tensors):]
+                return grads[:len(tensors)], grads[len(tensors):]
+
+            return result, gradient
+
+        outputs = unit(*[leaves[i] for i in positions])
+        return keras_compiled.with_keras_masks(outputs, masks_of_result.pop())
+
+    def _recompute(self, original, rebuild, tensors, masks, variables, upstream, anchors,
+                   in_step_graph):
+        own = in_step_graph(upstream)
+        after = own if not self._prefetch or anchors.backward is None else anchors.backward
+        anchors.backward = own
+        with tf.control_dependencies(own):
+            inputs = [keras_compiled.with_keras_masks(tf.identity(t), mask)
+                      for t, mask in zip(tensors, masks)]
+        with tf.GradientTape(watch_accessed_variables=False) as tape:
+            tape.watch(inputs)
+            tape.watch(variables)
+            with _InScope(GatherScope(after)):
+                call_args, call_kwargs = rebuild(inputs)
+                result = original(*call_args, **call_kwargs)
+        return tape.gradient(tf.nest.flatten(result), inputs + variables,
+                             output_gradients=list(upstream),
+                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+    def _keep_whole(self, layer, written) -> None:
+        if layer.name in self.kept_whole:
+            return
+        self.kept_whole.append(layer.name)
+        warnings.warn(
+            f"FullySharded: layer {layer.name!r} changes state in its forward pass "
+            f"({', '.join(written)}: it updates statistics or draws random numbers), so its "
+            "forward pass is not computed again in the backward pass and its gathered "
+            "weights stay alive until then. The numbers are the same; only the bound on "
+            "gathered weights alive at once does not cover this layer.", stacklevel=2)
