@@ -1,7 +1,7 @@
 """Benchmark: a model larger than one worker's memory budget, trained with
 fully sharded weights where plain data parallelism runs out of memory.
 
-    python -m scripts.bench memory_budget            # ~15 min here
+    python -m scripts.bench memory_budget            # ~6 min here
     python -m scripts.bench memory_budget --quick    # every path, a small budget
 
 Each worker's budget is enforced by TensorFlow itself: the BFC allocator

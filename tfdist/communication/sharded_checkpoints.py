@@ -127,7 +127,10 @@ class Shards:
         """Keeps each local replica's slice of ``value`` (``state`` whole)."""
         rows = self._layout.rows(weight, tf.cast(value, state.dtype))
         for replica, component in zip(self._replicas, self._components(state)):
-            component.assign(rows[replica])
+            # A row of ``rows`` is a view of the whole value's buffer, and an
+            # assign may keep the buffer it is given: a copy, so that the
+            # variable holds its slice, not the whole value.
+            component.assign(tf.raw_ops.DeepCopy(x=rows[replica]))
 
 
 def _tensorflow_variable(variable):
