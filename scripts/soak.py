@@ -8,6 +8,7 @@ threads, resident memory and open files are sampled from /proc.
     python scripts/soak.py --mode=mwms --minutes=10 --endless_data     # executions without an end check
     python scripts/soak.py --mode=mwms --minutes=3 --model=embedding   # sparse gradients, varying shapes
     python scripts/soak.py --mode=mwms --minutes=3 --sharded_state --async_checkpoint  # sharded state, its saves
+    python scripts/soak.py --mode=mwms --minutes=3 --fully_sharded --async_checkpoint  # fully sharded weights
 
 Each run starts ``tfdist-run`` with `scripts/bench/soak_train.py` (global batch 8,
 one step per host call, a checkpoint every 500 steps, a progress line every
@@ -76,7 +77,8 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
                      checkpoint_every_steps: int = 500, epoch_steps: int = 0,
                      endless_data: bool = False, bandwidth: str = "",
                      async_checkpoint: bool = False, data_service_workers: int = 0,
-                     local_sgd: int = 0, model: str = "mlp", sharded_state: bool = False):
+                     local_sgd: int = 0, model: str = "mlp", sharded_state: bool = False,
+                     fully_sharded: bool = False):
     train = [sys.executable, os.path.join(REPO, "scripts", "bench", "soak_train.py"),
              f"--checkpoint_dir={os.path.join(workdir, 'ckpt')}", f"--steps={steps}",
              f"--steps_per_execution={steps_per_execution}",
@@ -85,7 +87,8 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
                  ["--async_checkpoint"] if async_checkpoint else []) + (
                  ["--data_service=auto"] if data_service_workers else []) + (
                  [f"--local_sgd={local_sgd}"] if local_sgd else []) + (
-                 ["--sharded_state"] if sharded_state else []) + [f"--model={model}"]
+                 ["--sharded_state"] if sharded_state else []) + (
+                 ["--fully_sharded"] if fully_sharded else []) + [f"--model={model}"]
     cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
     if mode == "ps":
         train.append("--strategy=parameter_server")
@@ -152,14 +155,16 @@ class Soak:
                  steps_per_execution: int = 1, checkpoint_every_steps: int = 500,
                  epoch_steps: int = 0, endless_data: bool = False, bandwidth: str = "",
                  async_checkpoint: bool = False, data_service_workers: int = 0,
-                 local_sgd: int = 0, model: str = "mlp", sharded_state: bool = False):
+                 local_sgd: int = 0, model: str = "mlp", sharded_state: bool = False,
+                 fully_sharded: bool = False):
         self.mode, self.seconds, self.interval = mode, minutes * 60, interval
         self.epoch_steps = epoch_steps
         self.lines, self.samples = [], []
         self.process = subprocess.Popen(
             launcher_command(mode, workdir, steps, steps_per_execution, checkpoint_every_steps,
                              epoch_steps, endless_data, bandwidth, async_checkpoint,
-                             data_service_workers, local_sgd, model, sharded_state),
+                             data_service_workers, local_sgd, model, sharded_state,
+                             fully_sharded),
             cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1"),
@@ -256,6 +261,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("local_sgd", 0, "Train with LocalSGD(every_steps=N) (0: synchronous).")
     flags.DEFINE_bool("sharded_state", False,
                       "Train with ShardedOptimizerState() (its saves gather the state whole).")
+    flags.DEFINE_bool("fully_sharded", False,
+                      "Train with FullySharded() (each worker keeps half of every weight).")
     flags.DEFINE_enum("model", "mlp", ["mlp", "embedding"],
                       "embedding: Embedding(mask_zero) + pooling on padded batches of 2..10 "
                       "ids, a new length most steps (variable-shaped sparse gradient "
@@ -274,7 +281,7 @@ def main(argv) -> int:
                     args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,
                     args.endless_data, args.bandwidth, args.async_checkpoint,
                     args.data_service_workers, args.local_sgd, args.model,
-                    sharded_state=args.sharded_state)
+                    sharded_state=args.sharded_state, fully_sharded=args.fully_sharded)
         try:
             run = soak.run()
         finally:

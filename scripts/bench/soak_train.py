@@ -34,6 +34,8 @@ flags.DEFINE_integer("local_sgd", 0,
                      "Trainer(communication=LocalSGD(every_steps=N)) (0: synchronous).")
 flags.DEFINE_bool("sharded_state", False, "Trainer(communication=ShardedOptimizerState()); its "
                   "checkpoints gather the state whole.")
+flags.DEFINE_bool("fully_sharded", False, "Trainer(communication=FullySharded()); its "
+                  "checkpoints read the weights and the state whole.")
 flags.DEFINE_bool("endless_data", False, "One epoch over endless data (repeat()): the loop "
                   "without an end-of-data check, also under MWMS.")
 flags.DEFINE_enum("model", "mlp", ["mlp", "embedding"],
@@ -102,6 +104,8 @@ def main(argv) -> None:
         communication = tfdist.communication.LocalSGD(args.local_sgd)
     elif args.sharded_state:
         communication = tfdist.communication.ShardedOptimizerState()
+    elif args.fully_sharded:
+        communication = tfdist.communication.FullySharded()
     trainer = tfdist.Trainer(model, strategy, communication=communication,
         checkpointing=tfdist.CheckpointOptions(
             args.checkpoint_dir, max_to_keep=2, every_steps=args.checkpoint_every_steps,
