@@ -172,7 +172,7 @@ class GatherUnits:
                 if written:
                     self._keep_whole(layer, written)
                     grads = forward_tape.gradient(
-                        result, sources, output_gradients=list(upstream),
+                        tf.nest.flatten(result), sources, output_gradients=list(upstream),
                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 else:
                     grads = self._recompute(original, rebuild, tensors, input_masks, variables,
