@@ -37,7 +37,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench import flags as bench_flags, outputs  # noqa: E402
+from bench import flags as bench_flags, measure, outputs  # noqa: E402
 
 bench_flags.define_common("memory_budget_benchmark",
                           quick="a 24 MB budget, a model of 1.0 times it, 2 workers, "
@@ -79,15 +79,6 @@ def _worker() -> None:
     task = tfdist.cluster.training_process().rank
     result = {"width": units}
 
-    def held_mb(variables):  # what this worker's replicas keep of them
-        return sum(part.numpy().nbytes for v in variables
-                   for part in strategy.experimental_local_results(v.value)) / 2**20
-
-    def memory_mb(key):
-        value = tf.config.experimental.get_memory_info("CPU:0")[key] / 2**20
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        return value
-
     try:
         with strategy.scope():
             model = keras.Sequential([keras.Input((units,))] + [
@@ -100,19 +91,19 @@ def _worker() -> None:
             **form[1])
         trainer = tfdist.Trainer(model, strategy, communication=communication,
                                  reporting=tfdist.ReportingOptions(log_every_steps=10**9))
-        result["tensor_before_fit_mb"] = memory_mb("current")
+        result["tensor_before_fit_mb"] = measure.tensor_mb(tf, "current")
         trainer.fit(stream, epochs=1, steps_per_epoch=1, verbose=0)
         start = time.perf_counter()
         trainer.fit(stream, epochs=1, steps_per_epoch=FLAGS.steps - 1, verbose=0)
         result["seconds_per_step"] = (time.perf_counter() - start) / (FLAGS.steps - 1)
-        result.update(trained=True, tensor_peak_mb=memory_mb("peak"),
-                      weights_mb=held_mb(model.trainable_weights),
-                      state_mb=held_mb(model.optimizer.variables))
+        result.update(trained=True, tensor_peak_mb=measure.tensor_mb(tf, "peak"),
+                      weights_mb=measure.held_mb(strategy, model.trainable_weights),
+                      state_mb=measure.held_mb(strategy, model.optimizer.variables))
     except tf.errors.ResourceExhaustedError as error:
         lines = str(error).strip().splitlines()
         result.update(trained=False, error=next((line for line in lines if "OOM" in line),
                                                 lines[0])[:200],
-                      tensor_peak_mb=memory_mb("peak"))
+                      tensor_peak_mb=measure.tensor_mb(tf, "peak"))
     with open(os.path.join(FLAGS.worker_output, f"worker-{task}.json"), "w",
               encoding="utf-8") as out:
         json.dump(result, out)

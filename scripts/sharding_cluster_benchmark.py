@@ -102,18 +102,14 @@ def _worker() -> None:
     task = tfdist.cluster.training_process().rank
     if FLAGS.part == "memory":
         model, trainer = build(FLAGS.form)
-        before_fit, tensors_before_fit = measure.rss_mb(), _tensor_mb(tf, "current")
+        before_fit, tensors_before_fit = measure.rss_mb(), measure.tensor_mb(tf, "current")
         trainer.fit(stream, epochs=1, steps_per_epoch=FLAGS.memory_steps, verbose=0)
-        def held_mb(variables):  # what this worker's replicas keep of them
-            return sum(part.numpy().nbytes for v in variables
-                       for part in strategy.experimental_local_results(v.value)) / 2**20
-
-        result = {"weights_mb": held_mb(model.trainable_weights),
-                  "state_mb": held_mb(model.optimizer.variables),
+        result = {"weights_mb": measure.held_mb(strategy, model.trainable_weights),
+                  "state_mb": measure.held_mb(strategy, model.optimizer.variables),
                   "rss_before_fit_mb": before_fit,
                   "peak_rss_mb": measure.peak_rss_mb(),
                   "tensor_before_fit_mb": tensors_before_fit,
-                  "tensor_peak_mb": _tensor_mb(tf, "peak")}
+                  "tensor_peak_mb": measure.tensor_mb(tf, "peak")}
     else:
         runs = {form: build(form) for form in FORMS}
         windows = {form: [] for form in FORMS}
@@ -138,17 +134,6 @@ def _in_turn(forms, round_index: int):
     """The forms, each round starting from the next one."""
     start = round_index % len(forms)
     return forms[start:] + forms[:start]
-
-
-def _tensor_mb(tf, key: str):
-    """TensorFlow's count of live tensor bytes on the CPU (``current``), or
-    its peak since the last call (``peak``), in MiB; None unless the BFC
-    allocator runs (``TF_CPU_ALLOCATOR_USE_BFC``)."""
-    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") != "true":
-        return None
-    value = tf.config.experimental.get_memory_info("CPU:0")[key] / 2**20
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    return value
 
 
 def _cluster(workers: int, bandwidth, part: str, form: str = "plain", run: str = "") -> list:

@@ -18,6 +18,24 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def tensor_mb(tf, key: str):
+    """TensorFlow's count of live tensor bytes on the CPU (``current``), or
+    its peak since the last call (``peak``), in MiB; None unless the BFC
+    allocator runs (``TF_CPU_ALLOCATOR_USE_BFC``)."""
+    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") != "true":
+        return None
+    value = tf.config.experimental.get_memory_info("CPU:0")[key] / 2**20
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    return value
+
+
+def held_mb(strategy, variables) -> float:
+    """What this worker's replicas keep of ``variables``, in MiB (a sharded
+    variable's local slices)."""
+    return sum(part.numpy().nbytes for v in variables
+               for part in strategy.experimental_local_results(v.value)) / 2**20
+
+
 def _first_line(error: Exception) -> str:
     line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return f"{type(error).__name__}: {line[:200]}"
