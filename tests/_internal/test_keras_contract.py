@@ -277,6 +277,25 @@ def test_value_is_the_tensorflow_variable_behind_a_keras_variable():
     assert keras_model_state.tensorflow_variable(tf_variable) is tf_variable
 
 
+def test_a_layer_call_runs_in_the_autocast_scope_gather_units_enters_again():
+    message = _changed("backend.get_autocast_scope / AutocastScope",
+                       "compiled.autocast_scope / in_autocast_scope")
+    seen = []
+
+    class Seeing(keras.layers.Dense):
+        def call(self, inputs):
+            seen.append(keras_compiled.autocast_scope())
+            return super().call(inputs)
+
+    Seeing(2, dtype="mixed_float16")(np.ones((1, 3), "float32"))
+    assert seen[0] is not None and seen[0].dtype == "float16", message
+    variable = keras.Variable(np.ones([2], "float32"))
+    with keras_compiled.in_autocast_scope(seen[0]):
+        assert variable.value.dtype == tf.float16, message
+    with keras_compiled.in_autocast_scope(None):
+        assert variable.value.dtype == tf.float32, message
+
+
 def test_a_keras_variable_is_read_and_written_through_what_sliced_weights_replaces():
     """Every way Keras reads or writes a variable's value goes through a
     method `sliced_weights` gives its sliced class: a new operator reading

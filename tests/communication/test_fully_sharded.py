@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import tfdist
 from conformance import axes, harness
-from tests.support import reference as ref
+from tests.support import mixed_precision, reference as ref
 from tests.support.models import GuideTrainStep, compiled_model
 from tfdist.communication import Compression, FullySharded
 from tfdist.errors import ConfigurationError
@@ -261,19 +261,70 @@ def _refused(model, strategy, match):
         tfdist.Trainer(model, strategy, communication=FullySharded())
 
 
-@pytest.mark.parametrize("options,named", [({"global_clipnorm": 1.0}, "global_clipnorm"),
-                                           ({"clipvalue": 0.5}, "clipvalue")])
-def test_clipping_is_refused_naming_it(options, named):
-    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+def _clipping_model(clip: dict) -> keras.Model:
+    model = ref.build_mlp()
+    model.compile(keras.optimizers.Adam(0.02, **clip), "sparse_categorical_crossentropy")
+    return model
+
+
+@pytest.mark.parametrize("clip,replicas", [({"clipnorm": 0.05}, 3),
+                                           ({"global_clipnorm": 0.05}, 4),
+                                           ({"clipvalue": 0.002}, 2)])
+def test_clipping_clips_the_batch_gradient_as_one_device(clip, replicas):
+    """Each replica holds a slice of each weight's gradient: a norm is the
+    sum over the slices (clipping each slice by its own norm would move
+    the weights 1e-3..1e-2 away; so would clipping each replica's share of
+    the batch, as Keras alone does). 70 rows: a partial last batch."""
+    dataset = ref.global_batches(EXAMPLES, BATCH)
+    expected = _clipping_model(clip)
+    expected.fit(dataset, epochs=2, verbose=0, shuffle=False)
+    unclipped = _clipping_model({})
+    unclipped.fit(dataset, epochs=2, verbose=0, shuffle=False)
+    assert ref.largest_difference(expected.get_weights(), unclipped.get_weights()) > 1e-3
+    strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
     with strategy.scope():
-        model = ref.build_mlp()
-        model.compile(keras.optimizers.SGD(0.1, **options), "sparse_categorical_crossentropy")
-    _refused(model, strategy, f"FullySharded.*{named}")
+        model = _clipping_model(clip)
+    model = tfdist.attach(model, strategy, communication=FullySharded())
+    model.fit(dataset, epochs=2, verbose=0)
+    ref.assert_weights_close(expected, model)
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_mixed_precision_skips_an_overflowing_step_on_every_replica_as_one_device(replicas):
+    """mixed_float16: the weights are gathered and updated in float32; one
+    replica's slice of the gradient overflows, and every replica skips the
+    update and halves the loss scale, as one device does."""
+    expected = mixed_precision.one_device(mixed_precision.dense_model,
+                                          mixed_precision.features_with_an_overflow())
+    strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
+    with strategy.scope():
+        model = mixed_precision.dense_model()
+    tfdist.attach(model, strategy, communication=FullySharded())
+    model.fit(mixed_precision.features_with_an_overflow(), epochs=mixed_precision.EPOCHS,
+              verbose=0)
+    scale = float(expected.optimizer.dynamic_scale.numpy())
+    assert scale < 32768.0  # one device did skip steps (the initial scale is 2**15)
+    assert float(model.optimizer.dynamic_scale.numpy()) == scale
+    # (float16's tolerance: tests/replica/test_mixed_precision.py)
+    assert mixed_precision.max_difference(expected, model) < 2e-4
+
+
+def test_mixed_precision_embedding_and_lstm_equal_one_device():
+    """Sparse Embedding gradients and an LSTM's kernels (gathered before
+    Keras' loop) through a LossScaleOptimizer, Adam, on 3 replicas."""
+    expected, tolerance = mixed_precision.references("mixed_float16", "adam")
+    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
+    with strategy.scope():
+        model = mixed_precision.sequence_model("mixed_float16", "adam")
+    tfdist.attach(model, strategy, communication=FullySharded())
+    model.fit(mixed_precision.tokens(), epochs=mixed_precision.EPOCHS, verbose=0)
+    assert mixed_precision.max_difference(expected, model) <= tolerance
 
 
 @pytest.mark.parametrize("optimizer,pattern,replicas", [
     ("adam", "tokens", 3), ("rmsprop", "positions", 2),
-    ("adagrad", "tokens_and_positions_one_table", 4), ("adamw", "one_table_twice", 2)])
+    ("adagrad", "tokens_and_positions_one_table", 4), ("adamw", "one_table_twice", 2),
+    ("adam", "tokens_global_clipnorm", 3)])
 def test_sparse_gradients_update_as_on_one_device(optimizer, pattern, replicas):
     """Optimizers that square each entry of an Embedding's sparse gradient
     (one device's form: duplicates not summed) on token lookups split by
@@ -325,13 +376,29 @@ def test_jit_compile_runs_the_step_without_xla_and_says_so():
     ref.assert_weights_close(expected, model)
 
 
-def test_an_unbuilt_model_and_compression_are_refused():
+def test_an_unbuilt_model_is_refused():
     strategy = tfdist.make_strategy("mirrored", num_replicas=2)
     with strategy.scope():
         unbuilt = keras.Sequential([keras.layers.Dense(2)])
         unbuilt.compile("sgd", "mse")
     _refused(unbuilt, strategy, "must be built first")
+
+
+@pytest.mark.parametrize("dtype,replicas", [("bf16", 2), ("fp16", 4)])
+def test_with_compression_each_slice_is_updated_from_the_16_bit_gradient_sum(dtype, replicas):
+    """Each replica's gradient crosses the reduce-scatter in 16 bits, as
+    tests/communication/test_compression.py's one-device loop of 16-bit
+    shares sums them (and not as the uncompressed run); the weights are
+    gathered exactly."""
+    from tests.communication import test_compression as compression  # pylint: disable=import-outside-toplevel
+
+    dataset = ref.global_batches(64, 16)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
     with strategy.scope():
-        model = ref.compile_model(ref.build_mlp(), "sgd")
-    with pytest.raises(ConfigurationError, match="compressing the fully sharded"):
-        tfdist.Trainer(model, strategy, communication=(FullySharded(), Compression("bf16")))
+        model = compression._model()  # pylint: disable=protected-access
+    tfdist.Trainer(model, strategy, communication=(FullySharded(), Compression(dtype))
+                   ).fit(dataset, epochs=2, verbose=0)
+    expected = compression._one_device(dataset, 2, dtype, replicas)  # pylint: disable=protected-access
+    uncompressed = compression._one_device(dataset, 2)  # pylint: disable=protected-access
+    assert ref.largest_difference(expected, uncompressed) > 1e-5
+    assert ref.largest_difference(model.get_weights(), expected) < 1e-5

@@ -58,21 +58,12 @@ OPTIMIZER_FACTORS = {"optimizer": tuple(axes.OPTIMIZERS), "pattern": tuple(axes.
                      "entry": tuple(harness.ENTRY_POINTS)}
 
 
-# What `FullySharded` refuses (clipping, loss scaling), named in its own tests.
-_WEIGHTS_REFUSE = {"optimizers": ("loss_scale_adam",),
-                   "patterns": ("dense_global_clipnorm", "tokens_global_clipnorm")}
-
-
 def _optimizer_applies(row: dict) -> bool:
     """Sharding is an option of `tfdist.attach` and `tfdist.Trainer`, which
     a hand-written loop does not take."""
     if row["sharding"] == "none":
         return True
-    if row["entry"] == "custom_loop":
-        return False
-    return row["sharding"] == "state" or (
-        row["optimizer"] not in _WEIGHTS_REFUSE["optimizers"]
-        and row["pattern"] not in _WEIGHTS_REFUSE["patterns"])
+    return row["entry"] != "custom_loop"
 
 
 @functools.lru_cache(maxsize=None)

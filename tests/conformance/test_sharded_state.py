@@ -26,10 +26,7 @@ pytestmark = pytest.mark.conformance
 FAMILIES = ("embedding_pooling", "embedding_global_clipnorm", "embedding_lstm_masked",
             "transformer_encoder", "cnn_sync_batch_norm", "kernel_regularizer", "dict_multi_io",
             "own_train_step", "mixed_float16_embedding")
-# What `FullySharded` refuses is left out: clipping, and mixed precision
-# (its loss scaling, weights of two dtypes).
-FULLY_SHARDED_FAMILIES = tuple(name for name in FAMILIES if name not in (
-    "embedding_global_clipnorm", "mixed_float16_embedding"))
+FULLY_SHARDED_FAMILIES = FAMILIES
 
 IN_SHORT_FORM = ("transformer_encoder", "cnn_sync_batch_norm", "own_train_step",
                  "mixed_float16_embedding")

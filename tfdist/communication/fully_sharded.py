@@ -55,8 +55,18 @@ What runs and what is refused (a `ConfigurationError` saying why):
 - ``jit_compile=True``: the step runs without XLA, with a warning (the
   backward pass's collectives cannot run inside XLA on a mirrored
   strategy; the numbers are the same).
-- Not built yet, refused: gradient clipping,
-  gradient accumulation, mixed precision's loss scaling, weights of more
+- Gradient clipping (``clipnorm``, ``global_clipnorm``, ``clipvalue``)
+  of the batch's gradient, as one device clips it: a norm is summed over
+  the replicas' slices (one all-reduce of one number per weight,
+  `tfdist.replica.gradients.clip_slices_in_apply`).
+- Mixed precision: the weights are kept, gathered and updated in float32
+  and cast where a layer computes; a LossScaleOptimizer's finite check
+  is decided over all replicas' slices (`tfdist.replica.loss_scaling`).
+- `tfdist.communication.Compression`: each reduce-scatter of a gradient
+  (and an Embedding's gathered entries) crosses in 16 bits, as the
+  all-reduce would without the sharding; the weights are gathered in
+  their own dtype, exactly.
+- Not built yet, refused: gradient accumulation, weights of more
   than one dtype; ParameterServerStrategy, TPUStrategy and LocalSGD as for
   `ShardedOptimizerState`.
 - A pass gathers each weight once, however often it reads it (Keras' ops
@@ -77,10 +87,11 @@ import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share, sparse_gradients, step_graph
 from tfdist._internal.keras import optimizer as keras_optimizer, patches, sliced_weights
-from tfdist.communication import gather_units, sharded_checkpoints
+from tfdist.communication import compression, gather_units, sharded_checkpoints
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.sharding import ShardedOptimizerState
 from tfdist.errors import ConfigurationError
+from tfdist.replica import gradients
 
 
 class FullySharded(ShardedOptimizerState):
@@ -110,6 +121,7 @@ class FullySharded(ShardedOptimizerState):
         self.prefetch = bool(prefetch)
         self._strategy = None
         self._units = None
+        self._optimizer = None
         # Per traced graph: each (replica, weight)'s gathered weight, until
         # the update (Keras' ops read a variable once per TensorFlow op).
         self._gathered = weakref.WeakKeyDictionary()
@@ -131,25 +143,17 @@ class FullySharded(ShardedOptimizerState):
         super().attach_to(model, strategy)
         if strategy.num_replicas_in_sync == 1:
             return  # one replica: the whole weight is its slice
+        self._optimizer = model.optimizer
         self._slice_weights(model, strategy)
+        # (each replica's gradients are its slices: norms summed over them)
+        gradients.clip_slices_in_apply(model.optimizer)
         if self.reshard_after_forward:
             self._units = gather_units.GatherUnits(
                 in_replica_step=self._replica_step_being_traced, prefetch=self.prefetch)
             self._units.wrap(model)
 
     def _refuse_what_is_not_built(self, model, strategy) -> None:
-        optimizer = model.optimizer
-        target = patches.inner_optimizer(optimizer)
-        if target is not optimizer:
-            raise ConfigurationError(
-                f"communication={self!r} with mixed precision's loss scaling "
-                f"({type(optimizer).__name__}): not built yet. Drop one of the two.")
-        clipping = [name for name in ("clipnorm", "global_clipnorm", "clipvalue")
-                    if getattr(target, name, None)]
-        if clipping:
-            raise ConfigurationError(
-                f"communication={self!r} with {clipping[0]}=: gradient clipping is not built "
-                "yet for fully sharded weights. Drop one of the two.")
+        target = patches.inner_optimizer(model.optimizer)
         if (getattr(target, "gradient_accumulation_steps", None) or 1) > 1:
             raise ConfigurationError(
                 f"communication={self!r} with gradient_accumulation_steps: not built yet. "
@@ -249,25 +253,45 @@ class FullySharded(ShardedOptimizerState):
 
             def reduce_scatter(upstream):
                 scale = replica_share.gradient_scale()
+                compressed = compression.attached_to(self._optimizer)
                 if isinstance(upstream, tf.IndexedSlices):
-                    return self._sparse_slice_of_whole(index, upstream, scale, replica, context)
+                    return self._sparse_slice_of_whole(index, upstream, scale, compressed,
+                                                       replica, context)
                 upstream = sparse_gradients.scaled_gradient(tf.convert_to_tensor(upstream), scale)
+                own_dtype = upstream.dtype
+                if compressed is not None:  # (the exchange in 16 bits)
+                    upstream = compressed.compress(upstream, layout.replicas)
                 if launcher is None:  # (no collective ops: the slice of an all-reduce)
                     summed = context.all_reduce(tf.distribute.ReduceOp.SUM, upstream)
-                    return layout.own_slice(index, summed, replica)
-                return collectives.reduce_scatter_sum(launcher, layout.rows(index, upstream))
+                    summed = layout.own_slice(index, summed, replica)
+                else:
+                    summed = collectives.reduce_scatter_sum(launcher, layout.rows(index, upstream))
+                if compressed is not None:
+                    summed = compressed.restore(summed, own_dtype, layout.replicas)
+                return summed
 
             return layout.whole(index, slices), reduce_scatter
 
         return gathered(local)
 
-    def _sparse_slice_of_whole(self, index: int, gradient, scale, replica: int, context):
+    def _sparse_slice_of_whole(self, index: int, gradient, scale, compressed, replica: int,
+                               context):
         """Replica ``replica``'s slice of weight ``index``'s sparse gradient
         (an Embedding's), summed over the replicas in the form one device's
         optimizer updates from: every entry in the slice, duplicates kept
-        (`tfdist._internal.sparse_gradients`)."""
-        whole = sparse_gradients.combine(
-            gradient, context, send=lambda values: sparse_gradients.scaled_gradient(values, scale))
+        (`tfdist._internal.sparse_gradients`); with `Compression`, its
+        values cross in 16 bits."""
+        own_dtype, replicas = gradient.dtype, self._layout.replicas
+
+        def send(values):
+            values = sparse_gradients.scaled_gradient(values, scale)
+            return values if compressed is None else compressed.compress(values, replicas)
+
+        def receive(values):
+            return values if compressed is None else compressed.restore(
+                values, own_dtype, replicas)
+
+        whole = sparse_gradients.combine(gradient, context, send=send, receive=receive)
         return self._own_slice(index, whole, replica)
 
     def _file_updated_variables(self, optimizer, strategy, variables, stand_ins, dtype) -> None:

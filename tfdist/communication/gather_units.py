@@ -150,6 +150,9 @@ class GatherUnits:
         # them off: MultiHeadAttention reads its inputs' padding masks and
         # deletes them. The recomputed pass gets them as the first one did.)
         input_masks = [keras_compiled.get_keras_mask(leaves[i]) for i in positions]
+        # (and the autocast scope Keras' __call__ opened: mixed precision
+        # casts the weights it reads to the layer's compute dtype)
+        autocast = keras_compiled.autocast_scope()
 
         @tf.custom_gradient
         def unit(*tensors):
@@ -175,8 +178,9 @@ class GatherUnits:
                         tf.nest.flatten(result), sources, output_gradients=list(upstream),
                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 else:
-                    grads = self._recompute(original, rebuild, tensors, input_masks, variables,
-                                            upstream, anchors, in_step_graph)
+                    with keras_compiled.in_autocast_scope(autocast):
+                        grads = self._recompute(original, rebuild, tensors, input_masks,
+                                                variables, upstream, anchors, in_step_graph)
                 grads = [None if not t.dtype.is_floating else g
                          for t, g in zip(tensors, grads[:len(tensors)])] + grads[len(tensors):]
                 return grads[:len(tensors)], grads[len(tensors):]

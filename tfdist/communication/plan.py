@@ -84,10 +84,6 @@ class Communication:
         return plan
 
     def _check_sharding(self) -> None:
-        if self.compression is not None and self.sharding.shards_weights:
-            raise ConfigurationError(
-                f"communication=({self.sharding!r}, {self.compression!r}): compressing the "
-                "fully sharded exchange is not built yet. Use one of the two.")
         if self.local_sgd is not None:
             raise ConfigurationError(
                 f"communication=({self.sharding!r}, {self.local_sgd!r}): local SGD keeps each "

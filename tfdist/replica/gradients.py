@@ -20,6 +20,9 @@ from tfdist._internal import collectives, replica_share, sparse_gradients
 from tfdist._internal.keras import optimizer as keras_optimizer, patches
 
 
+_CLIPS_SLICES = "_tfdist_clips_slices"
+
+
 def optimizer_clips(optimizer) -> bool:
     """Whether the optimizer clips gradients (any of Keras' three options)."""
     return any(getattr(optimizer, name, None) for name in
@@ -52,7 +55,7 @@ def apply_gradients(optimizer, gradients, variables) -> None:
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
     gradients, variables = list(gradients), list(variables)
     clipping = patches.inner_optimizer(optimizer)
-    if replicas > 1 and optimizer_clips(clipping):
+    if replicas > 1 and optimizer_clips(clipping) and not clips_slices(clipping):
         clipped = _clipped_as_one_device(optimizer, clipping, _batch_gradients(gradients),
                                          variables)
         gradients = [g if sparse_gradients.is_whole(g)
@@ -90,6 +93,37 @@ def clip_batches_in_apply(optimizer) -> None:
                 else sparse_gradients.scaled_gradient(g, share) for g in clipped]
 
     patches.replace_clipping_of(clipping, clip)
+
+
+def clip_slices_in_apply(optimizer) -> None:
+    """Makes ``optimizer.apply`` clip the batch's gradient where each
+    replica's gradient is its own slice of the batch's, already summed over
+    the replicas (`tfdist.communication.FullySharded`: the backward pass
+    reduce-scatters, and the optimizer updates each replica's slice of each
+    weight). A norm is then a sum over the replicas' slices: one all-reduce
+    of one number per weight, and Keras' rule with the whole norms
+    (`tfdist._internal.keras.optimizer.clip_slices`); ``clipvalue`` clips
+    each element, with no collective. `apply_gradients` and a model's own
+    step then leave the clipping to it. (A LossScaleOptimizer: its inner
+    optimizer clips, after the loss scale is divided out.)"""
+    clipping = patches.inner_optimizer(optimizer)
+    if not optimizer_clips(clipping):
+        return
+
+    def clip(self, gradients):
+        context = tf.distribute.get_replica_context()
+        if context is None or context.num_replicas_in_sync == 1:
+            return keras_optimizer.clip_gradients(self, gradients)
+        return keras_optimizer.clip_slices(
+            self, list(gradients), lambda squares: collectives.all_reduce_sum(squares))
+
+    patches.replace_clipping_of(clipping, clip)
+    object.__setattr__(clipping, _CLIPS_SLICES, True)
+
+
+def clips_slices(optimizer) -> bool:
+    """Whether `clip_slices_in_apply` made ``optimizer`` clip slices."""
+    return getattr(optimizer, _CLIPS_SLICES, False)
 
 
 def _clipped_as_one_device(optimizer, clipping, gradients, variables):

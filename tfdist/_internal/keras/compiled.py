@@ -13,6 +13,22 @@ get_keras_mask = keras_backend.get_keras_mask
 set_keras_mask = keras_backend.set_keras_mask
 
 
+def autocast_scope():
+    """The autocast scope a layer's call runs in (mixed precision: Keras
+    casts float32 weights to the layer's compute dtype where they are read
+    inside it), or None; `in_autocast_scope` enters it again."""
+    return keras_backend.get_autocast_scope()
+
+
+def in_autocast_scope(scope):
+    """A context in which weights are read as under ``scope`` (from
+    `autocast_scope`): a layer's call computed again outside ``__call__``
+    (`tfdist.communication.gather_units`) reads them as the first did."""
+    import contextlib  # pylint: disable=import-outside-toplevel
+
+    return contextlib.nullcontext() if scope is None else keras_backend.AutocastScope(scope.dtype)
+
+
 def keras_masks(outputs):
     """The Keras masks of ``outputs`` (a model's output structure), as a
     structure of the same shape: each output's mask, or None (tf.function

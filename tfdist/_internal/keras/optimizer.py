@@ -26,6 +26,63 @@ def clip_gradients(optimizer, gradients: list) -> list:
     return list(getattr(type(optimizer), patches.GRADIENT_CLIP)(optimizer, gradients))
 
 
+def clip_slices(optimizer, gradients: list, sum_over_slices: Callable) -> list:
+    """Keras' clipping of ``gradients`` where each is one slice of a whole
+    gradient whose other slices other replicas hold (fully sharded weights:
+    disjoint slices, zeros past a weight's end), with the whole gradients'
+    norms.
+
+    ``sum_over_slices`` takes a vector (one squared norm per gradient, as
+    Keras measures it: an ``IndexedSlices`` by its values, a repeated id
+    once per occurrence) and returns its sum over the replicas. Then
+    Keras' rules, as written in its ``_clip_gradients``: ``clipnorm`` scales
+    each gradient by ``clipnorm / max(norm, clipnorm)`` (TensorFlow's
+    ``clip_by_norm``, which keeps an ``IndexedSlices`` sparse),
+    ``global_clipnorm`` multiplies each by ``clip_norm * min(1 / norm, 1 /
+    clip_norm)`` (Keras' ``clip_by_global_norm``: NaN for a non-finite
+    norm, and an ``IndexedSlices`` made dense, as on one device), and
+    ``clipvalue``, elementwise, is Keras' own on each slice."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    clipnorm, global_clipnorm = optimizer.clipnorm, optimizer.global_clipnorm
+    if not (clipnorm and clipnorm > 0) and not (global_clipnorm and global_clipnorm > 0):
+        return clip_gradients(optimizer, gradients)
+    present = [g for g in gradients if g is not None]
+    if not present:
+        return list(gradients)
+    squares = iter(tf.unstack(sum_over_slices(tf.stack([_squared_norm(g) for g in present]))))
+    whole = [None if g is None else next(squares) for g in gradients]
+    if clipnorm and clipnorm > 0:
+        return [None if g is None else _clipped_to_norm(g, clipnorm, squared)
+                for g, squared in zip(gradients, whole)]
+    use_norm = tf.sqrt(tf.add_n([w for w in whole if w is not None]))
+    scale_for_finite = global_clipnorm * tf.minimum(1.0 / use_norm, 1.0 / global_clipnorm)
+    scale = scale_for_finite + (use_norm - use_norm)
+    return [g * tf.cast(scale, g.dtype) if g is not None else g for g in gradients]
+
+
+def _squared_norm(gradient):
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+    return tf.cast(tf.reduce_sum(values * values), tf.float32)
+
+
+def _clipped_to_norm(gradient, clip_norm, squared):
+    """TensorFlow's ``clip_by_norm`` of ``gradient`` given its whole
+    squared norm (the same ops, in the same order)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    sparse = isinstance(gradient, tf.IndexedSlices)
+    values = gradient.values if sparse else gradient
+    squared = tf.cast(squared, values.dtype)
+    positive = squared > 0
+    norm = tf.where(positive, tf.sqrt(tf.where(positive, squared, tf.ones_like(squared))),
+                    squared)
+    clipped = tf.identity(values * clip_norm / tf.maximum(norm, clip_norm))
+    return tf.IndexedSlices(clipped, gradient.indices, gradient.dense_shape) if sparse else clipped
+
+
 def loss_scale(optimizer):
     """A LossScaleOptimizer's current loss scale (its gradients arrive
     multiplied by it, and its inner optimizer clips them divided by it), or
