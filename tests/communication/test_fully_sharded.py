@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import tfdist
 from conformance import axes, harness
-from tests.support import mixed_precision, reference as ref
+from tests.support import mixed_precision, reference as ref, short_form
 from tests.support.models import GuideTrainStep, compiled_model
 from tfdist.communication import Compression, FullySharded
 from tfdist.errors import ConfigurationError
@@ -289,7 +289,8 @@ def test_clipping_clips_the_batch_gradient_as_one_device(clip, replicas):
     ref.assert_weights_close(expected, model)
 
 
-@pytest.mark.parametrize("replicas", [2, 4])
+# (CI: 4 replicas; the conformance rows run mixed_float16 on the others)
+@pytest.mark.parametrize("replicas", short_form.only([2, 4], in_ci=(4,)))
 def test_mixed_precision_skips_an_overflowing_step_on_every_replica_as_one_device(replicas):
     """mixed_float16: the weights are gathered and updated in float32; one
     replica's slice of the gradient overflows, and every replica skips the
