@@ -255,8 +255,9 @@ class FullySharded(ShardedOptimizerState):
                 scale = replica_share.gradient_scale()
                 compressed = compression.attached_to(self._optimizer)
                 if isinstance(upstream, tf.IndexedSlices):
-                    return self._sparse_slice_of_whole(index, upstream, scale, compressed,
-                                                       replica, context)
+                    # (the sharded state's form: every entry in the slice)
+                    return self._sparse_slice(index, upstream, scale, compressed, replica,
+                                              context)
                 upstream = sparse_gradients.scaled_gradient(tf.convert_to_tensor(upstream), scale)
                 own_dtype = upstream.dtype
                 if compressed is not None:  # (the exchange in 16 bits)
@@ -273,26 +274,6 @@ class FullySharded(ShardedOptimizerState):
             return layout.whole(index, slices), reduce_scatter
 
         return gathered(local)
-
-    def _sparse_slice_of_whole(self, index: int, gradient, scale, compressed, replica: int,
-                               context):
-        """Replica ``replica``'s slice of weight ``index``'s sparse gradient
-        (an Embedding's), summed over the replicas in the form one device's
-        optimizer updates from: every entry in the slice, duplicates kept
-        (`tfdist._internal.sparse_gradients`); with `Compression`, its
-        values cross in 16 bits."""
-        own_dtype, replicas = gradient.dtype, self._layout.replicas
-
-        def send(values):
-            values = sparse_gradients.scaled_gradient(values, scale)
-            return values if compressed is None else compressed.compress(values, replicas)
-
-        def receive(values):
-            return values if compressed is None else compressed.restore(
-                values, own_dtype, replicas)
-
-        whole = sparse_gradients.combine(gradient, context, send=send, receive=receive)
-        return self._own_slice(index, whole, replica)
 
     def _file_updated_variables(self, optimizer, strategy, variables, stand_ins, dtype) -> None:
         """The updates run in the weights' own slices: each weight is filed
