@@ -259,17 +259,14 @@ class FullySharded(ShardedOptimizerState):
                     return self._sparse_slice(index, upstream, scale, compressed, replica,
                                               context)
                 upstream = sparse_gradients.scaled_gradient(tf.convert_to_tensor(upstream), scale)
-                own_dtype = upstream.dtype
-                if compressed is not None:  # (the exchange in 16 bits)
-                    upstream = compressed.compress(upstream, layout.replicas)
-                if launcher is None:  # (no collective ops: the slice of an all-reduce)
-                    summed = context.all_reduce(tf.distribute.ReduceOp.SUM, upstream)
-                    summed = layout.own_slice(index, summed, replica)
-                else:
-                    summed = collectives.reduce_scatter_sum(launcher, layout.rows(index, upstream))
-                if compressed is not None:
-                    summed = compressed.restore(summed, own_dtype, layout.replicas)
-                return summed
+
+                def exchange(sent):
+                    if launcher is None:  # (no collective ops: the slice of an all-reduce)
+                        return layout.own_slice(
+                            index, context.all_reduce(tf.distribute.ReduceOp.SUM, sent), replica)
+                    return collectives.reduce_scatter_sum(launcher, layout.rows(index, sent))
+
+                return self._exchanged(upstream, compressed, exchange)
 
             return layout.whole(index, slices), reduce_scatter
 

@@ -295,15 +295,21 @@ class ShardedOptimizerState:
                 return tf.cast(self._sparse_slice(weight, gradient, scale, compressed,
                                                   replica, context), dtypes[weight])
             gradient = tf.convert_to_tensor(sparse_gradients.scaled_gradient(gradient, scale))
-            own_dtype = gradient.dtype
-            if compressed is not None:
-                gradient = compressed.compress(gradient, layout.replicas)
-            summed = collectives.reduce_scatter_sum(launcher, layout.rows(weight, gradient))
-            if compressed is not None:
-                summed = compressed.restore(summed, own_dtype, layout.replicas)
+            summed = self._exchanged(gradient, compressed, lambda sent: (
+                collectives.reduce_scatter_sum(launcher, layout.rows(weight, sent))))
             return tf.cast(summed, dtypes[weight])
 
         return summed_slice
+
+    def _exchanged(self, gradient, compressed, exchange):
+        """``exchange(gradient)`` (its reduce-scatter into this replica's
+        slice), crossing in 16 bits where `Compression` is attached
+        (``compressed``): cast before the exchange, restored after."""
+        if compressed is None:
+            return exchange(gradient)
+        replicas = self._layout.replicas
+        summed = exchange(compressed.compress(gradient, replicas))
+        return compressed.restore(summed, gradient.dtype, replicas)
 
     def _own_slice(self, weight: int, gradient, replica: int):
         """Replica ``replica``'s slice of a whole (summed) gradient: dense,
