@@ -77,6 +77,12 @@ def pytest_addoption(parser):
         "--conformance", choices=("short", "full"),
         default=os.environ.get("TFDIST_CONFORMANCE", "short"),
         help="the conformance matrix (tests/conformance): CI's short form, or all of it")
+    parser.addoption(
+        "--conformance-part", default=None, metavar="I/K",
+        help="run only part I of K of the collected tests (every K-th, from the I-th): "
+             "the full matrix in K fresh processes, one after another "
+             "(scripts/conformance.py --parts=K), so no test worker grows through thousands "
+             "of combinations")
 
 
 def pytest_configure(config):
@@ -145,6 +151,9 @@ def pytest_collection_modifyitems(config, items):
             kept = set(map(id, matrix_only))
             items[:] = [item for item in items if id(item) not in kept]
             config.stash[_MATRIX_DESELECTED] = len(matrix_only)
+    part = config.getoption("--conformance-part")
+    if part:
+        _keep_part(config, items, part)
     skip_full_form = pytest.mark.skip(reason="left out of CI for time: run with --full")
     for item in items:
         if not config.getoption("--full") and item.get_closest_marker("full_form"):
@@ -152,6 +161,21 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__.rsplit(".", 1)[-1]
         if module in SERIAL_MODULES or (module, item.originalname) in SERIAL_TESTS:
             item.add_marker(pytest.mark.serial)
+
+
+def _keep_part(config, items, part: str) -> None:
+    """Keeps part I of K (``--conformance-part=I/K``): every K-th item from
+    the I-th, so each part samples the whole matrix (its costs spread evenly)."""
+    try:
+        index, parts = (int(number) for number in part.split("/"))
+    except ValueError:
+        index = parts = 0
+    if not 1 <= index <= parts:
+        raise pytest.UsageError(f"--conformance-part={part}: give I/K with 1 <= I <= K, e.g. 2/5")
+    left_out = [item for position, item in enumerate(items) if position % parts != index - 1]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = items[index - 1::parts]
 
 
 @pytest.fixture(autouse=True)

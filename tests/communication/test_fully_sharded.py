@@ -6,6 +6,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import keras
 import numpy as np
@@ -403,3 +404,116 @@ def test_with_compression_each_slice_is_updated_from_the_16_bit_gradient_sum(dty
     uncompressed = compression._one_device(dataset, 2)  # pylint: disable=protected-access
     assert ref.largest_difference(expected, uncompressed) > 1e-5
     assert ref.largest_difference(model.get_weights(), expected) < 1e-5
+
+
+# -- gradient accumulation (tests/replica/test_accumulation.py's runs) ------
+
+def _accumulation_stage(stage: str):
+    return FullySharded() if stage == "fully sharded" else None
+
+
+@pytest.mark.parametrize("optimizer,replicas,reshard", [("adam", 3, True), ("sgd", 2, False)])
+def test_gradient_accumulation_equals_one_device_on_the_union_batches(optimizer, replicas,
+                                                                      reshard):
+    """``gradient_accumulation_steps=3``, micro-batches of 8 (each epoch's
+    last union: 8 + 5 rows): one device's fit on batches of 24. Each
+    replica's sums are one slice of each weight, not a whole copy."""
+    from tests.replica import test_accumulation as accumulation  # pylint: disable=import-outside-toplevel
+
+    x, y, _ = ref.classification_arrays(accumulation.ROWS)
+    expected, expected_history = accumulation._one_device_on_unions(optimizer)  # pylint: disable=protected-access
+    strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
+    model = accumulation._accumulating_model(strategy, optimizer)  # pylint: disable=protected-access
+    trainer = tfdist.Trainer(model, strategy,
+                             communication=FullySharded(reshard_after_forward=reshard))
+    history = trainer.fit(x, y, batch_size=accumulation.MICRO, epochs=3, shuffle=False,
+                          verbose=0)
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history.history, history.history)
+    sums = trainer._steps.accumulator._sums  # pylint: disable=protected-access
+    assert [[tuple(c.shape) for c in strategy.experimental_local_results(s)] for s in sums] == [
+        [(-(-int(np.prod(w.shape)) // replicas),)] * replicas for w in model.trainable_weights]
+
+
+def test_gradient_accumulation_with_clipping_and_executions_that_straddle_updates():
+    """4 replicas, ``global_clipnorm`` (the norm of the accumulated slices,
+    summed over the replicas), two micro-batches per execution, so an
+    update falls inside an execution and the epoch's last micro-batch (5
+    rows) leaves a replica empty."""
+    from tests.replica import test_accumulation as accumulation  # pylint: disable=import-outside-toplevel
+
+    dataset = ref.global_batches(accumulation.ROWS, accumulation.MICRO, weighted=False)
+    expected, expected_history = accumulation._one_device_on_unions(  # pylint: disable=protected-access
+        "sgd", global_clipnorm=0.05)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=4)
+    model = accumulation._accumulating_model(strategy, "sgd", global_clipnorm=0.05)  # pylint: disable=protected-access
+    model.steps_per_execution = 2  # as model.compile(steps_per_execution=2) sets it
+    history = tfdist.Trainer(model, strategy, communication=FullySharded()).fit(
+        dataset, epochs=3, verbose=0)
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history.history, history.history)
+
+
+@pytest.mark.parametrize("first,second", [
+    ((4, "fully sharded"), (2, "plain")),
+    pytest.param((3, "plain"), (2, "fully sharded"), marks=pytest.mark.conformance_full),
+])
+def test_a_run_stopped_mid_accumulation_resumes_on_another_count_and_stage(tmp_path, first,
+                                                                           second):
+    """Saved at step 7 (epoch 2, micro-batch 2 of 3) and stopped: the sums
+    are saved whole (the weights' shapes), and the run resumed on another
+    replica count and stage ends at one device's weights."""
+    from tests.replica import test_accumulation as accumulation  # pylint: disable=import-outside-toplevel
+
+    dataset = ref.global_batches(accumulation.ROWS, accumulation.MICRO, weighted=False)
+    expected, expected_history = accumulation._one_device_on_unions(epochs=2)  # pylint: disable=protected-access
+    (first_replicas, first_stage), (replicas, stage) = first, second
+    first_strategy = tfdist.make_strategy("mirrored", num_replicas=first_replicas)
+    first_model = accumulation._accumulating_model(first_strategy)  # pylint: disable=protected-access
+    with pytest.raises(KeyboardInterrupt):
+        tfdist.Trainer(first_model, first_strategy,
+                       communication=_accumulation_stage(first_stage),
+                       checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=7)).fit(
+            dataset, epochs=2, verbose=0, callbacks=[accumulation._InterruptAt(1, 2)])  # pylint: disable=protected-access
+    saved = dict(tf.train.list_variables(tf.train.latest_checkpoint(str(tmp_path))))
+    sums = [shape for name, shape in saved.items()
+            if name.startswith("gradient_accumulation/sum_")]
+    assert sums == [list(w.shape) for w in first_model.trainable_weights], saved
+    strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
+    model = accumulation._accumulating_model(strategy)  # pylint: disable=protected-access
+    trainer = tfdist.Trainer(model, strategy, communication=_accumulation_stage(stage),
+                             checkpointing=tfdist.CheckpointOptions(str(tmp_path)))
+    history = trainer.fit(dataset, epochs=2, verbose=0)
+    assert trainer.step == 10 and history.epoch == [1]
+    ref.assert_weights_close(expected, model)
+    np.testing.assert_allclose(history.history["loss"], expected_history.history["loss"][1:],
+                               rtol=1e-5)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_sparse_gradients_accumulate_in_slices_exactly_or_warn_naming_the_weight(optimizer):
+    """An Embedding's slice of a sparse gradient is summed dense over the
+    micro-batches: exact for SGD; Adam warns (as without the sharding,
+    tests/replica/test_accumulation.py) and differs from one device."""
+    from tests.replica import test_accumulation as accumulation  # pylint: disable=import-outside-toplevel
+
+    x, y = accumulation._token_data()  # pylint: disable=protected-access
+    expected = accumulation._embedding_model(optimizer, accumulate=False)  # pylint: disable=protected-access
+    expected.fit(x, y, batch_size=accumulation.MICRO * accumulation.K, epochs=2, shuffle=False,
+                 verbose=0)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
+    with strategy.scope():
+        model = accumulation._embedding_model(optimizer, accumulate=True)  # pylint: disable=protected-access
+    model.set_weights(accumulation._embedding_model(optimizer, accumulate=False).get_weights())  # pylint: disable=protected-access
+    tfdist.attach(model, strategy, communication=FullySharded())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=accumulation.MICRO, epochs=2, shuffle=False, verbose=0)
+    about_entries = [w for w in caught if "squares each entry" in str(w.message)]
+    difference = ref.largest_difference(expected.get_weights(), model.get_weights())
+    if optimizer == "sgd":
+        assert not about_entries
+        assert difference < 1e-5, difference
+    else:
+        assert about_entries and "embeddings" in str(about_entries[0].message)
+        assert difference > 1e-4, difference  # the warning is not a false alarm

@@ -1,7 +1,8 @@
 """Sharded optimizer state (`tfdist.communication.ShardedOptimizerState`)
 and fully sharded weights (`tfdist.communication.FullySharded`) against
-single-device Keras: the zoo's dense, convolutional, embedding and
-mixed-precision families, on partial and empty-replica batches.
+single-device Keras: the zoo's dense, convolutional, embedding,
+mixed-precision and gradient-accumulation families, on partial and
+empty-replica batches.
 
 CI runs the short form (sharded state: the embedding family on every batch
 shape over 3 replicas, a transformer, sync-BN, a model's own step and mixed
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.conformance
 
 FAMILIES = ("embedding_pooling", "embedding_global_clipnorm", "embedding_lstm_masked",
             "transformer_encoder", "cnn_sync_batch_norm", "kernel_regularizer", "dict_multi_io",
-            "own_train_step", "mixed_float16_embedding")
+            "own_train_step", "mixed_float16_embedding", "gradient_accumulation")
 FULLY_SHARDED_FAMILIES = FAMILIES
 
 IN_SHORT_FORM = ("transformer_encoder", "cnn_sync_batch_norm", "own_train_step",

@@ -66,8 +66,12 @@ What runs and what is refused (a `ConfigurationError` saying why):
   (and an Embedding's gathered entries) crosses in 16 bits, as the
   all-reduce would without the sharding; the weights are gathered in
   their own dtype, exactly.
-- Not built yet, refused: gradient accumulation, weights of more
-  than one dtype; ParameterServerStrategy, TPUStrategy and LocalSGD as for
+- Gradient accumulation (``gradient_accumulation_steps``): tfdist's exact
+  accumulator (`tfdist.replica.accumulation`) keeps each replica's slice
+  of the gradient sums (1/N of the weights' bytes), saved whole in
+  checkpoints, and applies them every k-th micro-batch.
+- Not built yet, refused: weights of more than one dtype;
+  ParameterServerStrategy, TPUStrategy and LocalSGD as for
   `ShardedOptimizerState`.
 - A pass gathers each weight once, however often it reads it (Keras' ops
   convert a variable at each TensorFlow op, a regularizer reads it again,
@@ -91,7 +95,7 @@ from tfdist.communication import compression, gather_units, sharded_checkpoints
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.sharding import ShardedOptimizerState
 from tfdist.errors import ConfigurationError
-from tfdist.replica import gradients
+from tfdist.replica import accumulation, gradients
 
 
 class FullySharded(ShardedOptimizerState):
@@ -139,29 +143,20 @@ class FullySharded(ShardedOptimizerState):
         slices and makes its optimizer update the slices in place."""
         if self._keeps_state_of(model.optimizer):
             return  # (a second Trainer over the same model)
-        self._refuse_what_is_not_built(model, strategy)
+        _refuse_an_unbuilt_model(self, model)
         super().attach_to(model, strategy)
         if strategy.num_replicas_in_sync == 1:
             return  # one replica: the whole weight is its slice
         self._optimizer = model.optimizer
         self._slice_weights(model, strategy)
-        # (each replica's gradients are its slices: norms summed over them)
+        # (each replica's gradients are its slices: norms summed over them,
+        # accumulated in slices)
         gradients.clip_slices_in_apply(model.optimizer)
+        accumulation.sums_in_slices(model.optimizer, self._accumulation_sums)
         if self.reshard_after_forward:
             self._units = gather_units.GatherUnits(
                 in_replica_step=self._replica_step_being_traced, prefetch=self.prefetch)
             self._units.wrap(model)
-
-    def _refuse_what_is_not_built(self, model, strategy) -> None:
-        target = patches.inner_optimizer(model.optimizer)
-        if (getattr(target, "gradient_accumulation_steps", None) or 1) > 1:
-            raise ConfigurationError(
-                f"communication={self!r} with gradient_accumulation_steps: not built yet. "
-                "Drop one of the two.")
-        if not model.built:
-            raise ConfigurationError(
-                f"communication={self!r} shards the model's weights, so the model must be "
-                "built first: give it an Input (or call it once on a batch) before attaching.")
 
     def _slice_weights(self, model, strategy) -> None:
         """Replaces every trainable weight's storage (a whole copy per
@@ -189,6 +184,28 @@ class FullySharded(ShardedOptimizerState):
                     held, index, value))
             reads.assign_whole(whole)
             sliced_weights.store_in_slices(variable, storage, reads)
+
+    def _accumulation_sums(self, variables) -> accumulation.SumStorage:
+        """Gradient accumulation's sums (`tfdist.replica.accumulation`):
+        one variable of each weight's slice length per replica, saved whole
+        (the slices put together, as the optimizer's state is saved)."""
+        variables = list(variables)
+        if [tuple(v.shape) for v in variables] != list(self._layout.shapes):
+            raise ConfigurationError(
+                f"{self!r}: gradient accumulation was asked for other weights than the "
+                "model's trainable weights it sharded. Accumulate the model's own weights.")
+        shards = sharded_checkpoints.Shards(self._strategy, self._layout)
+        with self._strategy.scope():
+            sums = [tf.Variable(tf.zeros([length], variable.dtype), trainable=False,
+                                synchronization=tf.VariableSynchronization.ON_READ,
+                                aggregation=tf.VariableAggregation.NONE,
+                                name="gradient_sum_slice")
+                    for variable, length in zip(variables, self._layout.slice_sizes)]
+        # (`Shards` reads a state variable's storage from its ``value``)
+        held = [types.SimpleNamespace(value=total, dtype=total.dtype) for total in sums]
+        return accumulation.SumStorage(
+            sums=sums, saved=[sharded_checkpoints.WholeSlot(shards, total, index)
+                              for index, total in enumerate(held)])
 
     def _gatherer(self, index: int, storage):
         """A function reading weight ``index`` whole inside a replica of a
@@ -303,3 +320,8 @@ class FullySharded(ShardedOptimizerState):
         context.merge_call(update_slices, args=(grads,))
 
 
+def _refuse_an_unbuilt_model(sharding, model) -> None:
+    if not model.built:
+        raise ConfigurationError(
+            f"communication={sharding!r} shards the model's weights, so the model must be "
+            "built first: give it an Input (or call it once on a batch) before attaching.")

@@ -38,17 +38,70 @@ combination warns, naming the weight (`tfdist._internal.sparse_gradients`).
 The sums live in the checkpoint, so a job stopped mid-accumulation resumes
 exactly (also on another replica count: each replica restores an equal part
 of the sum).
+
+Under `tfdist.communication.FullySharded` each replica's gradient is its
+own slice of the batch's gradient, already summed over the replicas (the
+backward pass reduce-scatters it). The sums are then slices too: each
+replica adds ``C_m`` times its slice into a variable of one slice's length
+(so accumulation holds 1/N of the weights' bytes per replica, not a whole
+copy), and the update applies the slices as a step's gradient. A
+checkpoint saves the sums whole, in the weights' shapes, as the
+optimizer's state is saved (`SumStorage`), so a job resumes on another
+replica count or stage.
 """
 
 import contextlib
+import dataclasses
 import warnings
-from typing import Optional
+from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
 from tfdist.errors import ConfigurationError
 from tfdist._internal import collectives, sparse_gradients
+from tfdist._internal.keras import patches
 from tfdist.replica import gradients as gradients_lib
+
+# Set on an optimizer whose gradients are each replica's slices: the
+# function that makes the accumulator's sums (`sums_in_slices`).
+_SLICE_SUMS = "_tfdist_slice_sums"
+
+
+@dataclasses.dataclass(frozen=True)
+class SumStorage:
+    """Where an accumulator keeps its gradient sums.
+
+    Attributes:
+      sums: one replica-local variable per weight (``ON_READ``), added to
+        in replica context; each replica's component holds what that
+        replica's gradient of the weight is (the whole weight's shape, or
+        its slice under `tfdist.communication.FullySharded`).
+      saved: what a checkpoint saves for each sum: the variable itself, or
+        a view that saves the slices put together in the weight's shape.
+    """
+
+    sums: List[tf.Variable]
+    saved: List[object]
+
+
+def sums_in_slices(optimizer, make_sums: Callable[[Sequence], SumStorage]) -> None:
+    """Marks ``optimizer`` as one whose gradients are each replica's slice
+    of the batch's gradient, summed over the replicas
+    (`tfdist.communication.FullySharded` calls it): an accumulator for it
+    keeps the sums ``make_sums(weights)`` makes (module doc)."""
+    object.__setattr__(patches.inner_optimizer(optimizer), _SLICE_SUMS, make_sums)
+
+
+def _whole_sums(variables) -> SumStorage:
+    """One whole replica-local sum per weight, saved as the total over the
+    replicas (restored: an equal part on each)."""
+    sums = [
+        tf.Variable(tf.zeros(v.shape, v.dtype), aggregation=tf.VariableAggregation.SUM,
+                    name="gradient_sum", trainable=False,
+                    synchronization=tf.VariableSynchronization.ON_READ)
+        for v in variables
+    ]
+    return SumStorage(sums=sums, saved=list(sums))
 
 
 def accumulation_steps(optimizer) -> Optional[int]:
@@ -93,11 +146,10 @@ class GradientAccumulator:
         self._variables = list(variables)
         self.steps = steps
         on_read = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ)
-        self._sums = [
-            tf.Variable(tf.zeros(v.shape, v.dtype), aggregation=tf.VariableAggregation.SUM,
-                        name="gradient_sum", **on_read)
-            for v in self._variables
-        ]
+        make_sums = getattr(patches.inner_optimizer(optimizer), _SLICE_SUMS, None)
+        storage = (make_sums(self._variables) if make_sums is not None
+                   else _whole_sums(self._variables))
+        self._sums, self._saved_sums = list(storage.sums), list(storage.saved)
         self._examples = tf.Variable(0.0, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
                                      name="examples", **on_read)
         # Counted in cross-replica context: the same on every replica and worker.
@@ -108,7 +160,7 @@ class GradientAccumulator:
 
     def variables(self) -> dict:
         """``{name: variable}`` for the checkpoint."""
-        named = {f"sum_{i}": s for i, s in enumerate(self._sums)}
+        named = {f"sum_{i}": s for i, s in enumerate(self._saved_sums)}
         named.update(examples=self._examples, micro_batches=self._micro_batches)
         return named
 
