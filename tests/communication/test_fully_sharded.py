@@ -6,7 +6,6 @@ import json
 import pathlib
 import subprocess
 import sys
-import warnings
 
 import keras
 import numpy as np
@@ -488,32 +487,3 @@ def test_a_run_stopped_mid_accumulation_resumes_on_another_count_and_stage(tmp_p
     ref.assert_weights_close(expected, model)
     np.testing.assert_allclose(history.history["loss"], expected_history.history["loss"][1:],
                                rtol=1e-5)
-
-
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_sparse_gradients_accumulate_in_slices_exactly_or_warn_naming_the_weight(optimizer):
-    """An Embedding's slice of a sparse gradient is summed dense over the
-    micro-batches: exact for SGD; Adam warns (as without the sharding,
-    tests/replica/test_accumulation.py) and differs from one device."""
-    from tests.replica import test_accumulation as accumulation  # pylint: disable=import-outside-toplevel
-
-    x, y = accumulation._token_data()  # pylint: disable=protected-access
-    expected = accumulation._embedding_model(optimizer, accumulate=False)  # pylint: disable=protected-access
-    expected.fit(x, y, batch_size=accumulation.MICRO * accumulation.K, epochs=2, shuffle=False,
-                 verbose=0)
-    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
-    with strategy.scope():
-        model = accumulation._embedding_model(optimizer, accumulate=True)  # pylint: disable=protected-access
-    model.set_weights(accumulation._embedding_model(optimizer, accumulate=False).get_weights())  # pylint: disable=protected-access
-    tfdist.attach(model, strategy, communication=FullySharded())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.fit(x, y, batch_size=accumulation.MICRO, epochs=2, shuffle=False, verbose=0)
-    about_entries = [w for w in caught if "squares each entry" in str(w.message)]
-    difference = ref.largest_difference(expected.get_weights(), model.get_weights())
-    if optimizer == "sgd":
-        assert not about_entries
-        assert difference < 1e-5, difference
-    else:
-        assert about_entries and "embeddings" in str(about_entries[0].message)
-        assert difference > 1e-4, difference  # the warning is not a false alarm

@@ -116,20 +116,25 @@ def _token_data():
     return rng.randint(0, 20, size=(ROWS, 6)).astype("int32"), rng.randint(0, 3, ROWS)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_sparse_gradients_accumulate_exactly_or_warn_naming_the_weight(make_strategy, optimizer):
-    """An Embedding's sparse gradient is summed dense over the micro-batches:
-    exact for SGD; Adam squares a sparse gradient's entries before duplicate
-    ids are summed, so it differs from one device on the larger batch and
-    says so."""
+@pytest.mark.parametrize("optimizer,replicas,communication", [
+    ("sgd", 2, None), ("adam", 2, None),
+    # each replica sums its slice of the table's gradient (`FullySharded`)
+    ("sgd", 3, tfdist.communication.FullySharded), ("adam", 3, tfdist.communication.FullySharded)],
+    ids=["sgd-2", "adam-2", "sgd-3-fully_sharded", "adam-3-fully_sharded"])
+def test_sparse_gradients_accumulate_exactly_or_warn_naming_the_weight(
+        make_strategy, optimizer, replicas, communication):
+    """An Embedding's sparse gradient (under `FullySharded`, each replica's
+    slice of it) is summed dense over the micro-batches: exact for SGD; Adam
+    squares a sparse gradient's entries before duplicate ids are summed, so
+    it differs from one device on the larger batch and says so."""
     x, y = _token_data()
     expected = _embedding_model(optimizer, accumulate=False)
     expected.fit(x, y, batch_size=MICRO * K, epochs=2, shuffle=False, verbose=0)
-    strategy = make_strategy(2)
+    strategy = make_strategy(replicas)
     with strategy.scope():
         model = _embedding_model(optimizer, accumulate=True)
     model.set_weights(_embedding_model(optimizer, accumulate=False).get_weights())
-    tfdist.attach(model, strategy)
+    tfdist.attach(model, strategy, communication=communication() if communication else None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(x, y, batch_size=MICRO, epochs=2, shuffle=False, verbose=0)

@@ -90,7 +90,7 @@ import weakref
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share, sparse_gradients, step_graph
-from tfdist._internal.keras import optimizer as keras_optimizer, patches, sliced_weights
+from tfdist._internal.keras import optimizer as keras_optimizer, sliced_weights
 from tfdist.communication import compression, gather_units, sharded_checkpoints
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.sharding import ShardedOptimizerState
