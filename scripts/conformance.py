@@ -15,8 +15,8 @@ test appending a row to a report, then writes the table
 ``--parts=K`` runs the tests in K parts, each a fresh pytest process
 (every K-th test, from the I-th: ``pytest --conformance-part=I/K``), one
 after another: a test worker that runs thousands of combinations keeps
-growing (each traces its own models; measured: 12 GB after 50 minutes of
-axis rows), a fresh one per part stays small. ``--first_part=I`` goes on
+growing (each traces its own models; the figures are on the Conformance
+page), a fresh one per part stays small. ``--first_part=I`` goes on
 from part I of a run stopped part-way, keeping the rows written so far.
 """
 
