@@ -22,6 +22,14 @@ of the sharding benchmark (``--width`` units in ``--layers`` hidden layers:
   the bytes of live tensors: the peak during ``fit`` of what the model,
   its gradients and its state hold, without the ~0.9 GB the runtime
   itself takes.
+- **Background saves** (part ``saves``). For each N and form, a cluster
+  of N workers trains ``--memory_steps`` steps with a background save
+  (``CheckpointOptions(async_write=True)``) every 2 steps. Each worker
+  reports the bytes its saves copy to its host (the most seen after any
+  step: `tfdist.checkpoint.TrainingCheckpoint.background_host_bytes`) and
+  its peak resident memory. Plain and sharded state copy the whole
+  weights and state on every worker; fully sharded weights copy each
+  worker's own slices (`tfdist.checkpoint.slice_writes`).
 - **Time on the network.** 2 workers under ``--bandwidth`` (every task
   shares one loopback limited by ``tc``: `tfdist.launch.network`), then 2
   workers unlimited. Each worker builds both forms from the same weights;
@@ -59,14 +67,16 @@ flags.DEFINE_string("bandwidth", "1gbit", "The simulated network (a tc rate).")
 flags.DEFINE_integer("width", 4096, "Units per hidden layer.")
 flags.DEFINE_integer("layers", 3, "Hidden layers.")
 flags.DEFINE_list("workers", ["2", "3"], "Worker counts of the memory part.")
-flags.DEFINE_list("parts", ["memory", "network"], "What to measure: memory, network or both.")
+flags.DEFINE_list("parts", ["memory", "network"],
+                  "What to measure: memory, network and/or saves (background saves).")
 flags.DEFINE_integer("memory_steps", 6, "Steps per memory run.")
 flags.DEFINE_integer("memory_rounds", 3, "Memory runs per row (the median is shown).")
 flags.DEFINE_bool("tensor_memory", True, "Also count live tensor bytes (one more run per row).")
 flags.DEFINE_integer("rounds", 3, "Timed rounds of the network part.")
 flags.DEFINE_integer("window_steps", 4, "Steps per timed window.")
 flags.DEFINE_string("worker_output", None, "(internal) run as a worker; results go here.")
-flags.DEFINE_enum("part", "memory", ["memory", "network"], "(internal) what a worker measures.")
+flags.DEFINE_enum("part", "memory", ["memory", "network", "saves"],
+                  "(internal) what a worker measures.")
 FORMS = ("plain", "sharded", "fully_sharded")
 flags.DEFINE_enum("form", "plain", list(FORMS), "(internal) the memory run's form.")
 FLAGS = flags.FLAGS
@@ -85,7 +95,7 @@ def _worker() -> None:
     rows = np.random.default_rng(0).normal(size=(8 * workers, FLAGS.width)).astype("float32")
     stream = tf.data.Dataset.from_tensors((rows, np.zeros(8 * workers, "int64"))).repeat()
 
-    def build(form):
+    def build(form, checkpointing=None):
         keras.utils.set_random_seed(1)
         with strategy.scope():
             model = keras.Sequential([keras.Input((FLAGS.width,))] + [
@@ -97,6 +107,7 @@ def _worker() -> None:
                          "sharded": tfdist.communication.ShardedOptimizerState,
                          "fully_sharded": tfdist.communication.FullySharded}[form]()
         return model, tfdist.Trainer(model, strategy, communication=communication,
+            checkpointing=checkpointing,
             reporting=tfdist.ReportingOptions(log_every_steps=10**9))
 
     task = tfdist.cluster.training_process().rank
@@ -110,6 +121,22 @@ def _worker() -> None:
                   "peak_rss_mb": measure.peak_rss_mb(),
                   "tensor_before_fit_mb": tensors_before_fit,
                   "tensor_peak_mb": measure.tensor_mb(tf, "peak")}
+    elif FLAGS.part == "saves":
+        model, trainer = build(FLAGS.form, tfdist.CheckpointOptions(
+            os.path.join(FLAGS.worker_output, "checkpoints"), every_steps=2, async_write=True))
+        checkpoint = trainer._checkpoint  # pylint: disable=protected-access
+        copied = [0]
+
+        def seen(batch, logs):
+            del batch, logs
+            copied[0] = max(copied[0], checkpoint.background_host_bytes())
+
+        before_fit = measure.rss_mb()
+        trainer.fit(stream, epochs=1, steps_per_epoch=FLAGS.memory_steps, verbose=0,
+                    callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=seen)])
+        result = {"host_copy_mb": copied[0] / 2**20, "rss_before_fit_mb": before_fit,
+                  "peak_rss_mb": measure.peak_rss_mb(),
+                  "weights_and_state_mb": 3 * 4 * model.count_params() / 2**20}
     else:
         runs = {form: build(form) for form in FORMS}
         windows = {form: [] for form in FORMS}
@@ -183,6 +210,20 @@ def _memory_rows() -> list:
     return rows
 
 
+def _save_rows() -> list:
+    rows = []
+    for workers in (int(n) for n in FLAGS.workers):
+        for form in FORMS:
+            results = _cluster(workers, None, "saves", form)
+            row = {"workers": workers, "form": form,
+                   **{key: max(r[key] for r in results) for key in (
+                       "host_copy_mb", "rss_before_fit_mb", "peak_rss_mb",
+                       "weights_and_state_mb")}}
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def _network_rows() -> list:
     medians = {}
     for bandwidth in (FLAGS.bandwidth, None):
@@ -224,10 +265,11 @@ def main(argv) -> None:
         return
     memory = _memory_rows() if "memory" in FLAGS.parts else []
     network = _network_rows() if "network" in FLAGS.parts else []
+    saves = _save_rows() if "saves" in FLAGS.parts else []
     plain = {r["workers"]: r for r in memory if r["form"] == "plain"}
     lines = ["| workers | form | weights MB per worker | state MB per worker | RSS MB before "
              "fit | peak RSS MB per worker | peak vs plain | tensor MB peak | tensor peak vs "
-             "plain |", "|---|---|---|---|---|---|---|---|---|"]
+             "plain |", "|---|---|---|---|---|---|---|---|---|"] if memory else []
     for r in memory:
         base = plain[r["workers"]]
         tensors = ("| - | - |" if r.get("tensor_peak_mb") is None else
@@ -239,18 +281,27 @@ def main(argv) -> None:
                      f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}x {tensors}")
     if network:
         base = network[0]["seconds_per_step"]
-        lines += ["", f"| form | s per step at {FLAGS.bandwidth} | vs plain | s per step "
-                  "unlimited | MB on the link per step | communication s per step | "
-                  "ring bound s |", "|---|---|---|---|---|---|---|"]
+        lines += ["" if lines else None,
+                  f"| form | s per step at {FLAGS.bandwidth} | vs plain | s per step unlimited "
+                  "| MB on the link per step | communication s per step | ring bound s |",
+                  "|---|---|---|---|---|---|---|"]
         lines += [f"| {r['form']} | {r['seconds_per_step']:.3f} | "
                   f"{r['seconds_per_step'] / base:.2f}x | {r['unlimited_seconds_per_step']:.3f} | "
                   f"{r['link_mb_per_step']:.1f} | {r['communication_seconds']:.3f} | "
                   f"{r['ring_bound_seconds']:.3f} |" for r in network]
-    table = "\n".join(lines) + "\n"
+    if saves:
+        lines += ["" if lines else None,
+                  "| workers | form | weights + Adam state MB | background save's host copy "
+                  "MB per worker | RSS MB before fit | peak RSS MB per worker |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['workers']} | {r['form']} | {r['weights_and_state_mb']:.1f} | "
+                  f"{r['host_copy_mb']:.1f} | {r['rss_before_fit_mb']:.0f} | "
+                  f"{r['peak_rss_mb']:.0f} |" for r in saves]
+    table = "\n".join(line for line in lines if line is not None) + "\n"
     summary = {"config": {name: getattr(FLAGS, name) for name in (
         "bandwidth", "width", "layers", "workers", "parts", "memory_steps", "memory_rounds",
         "tensor_memory", "rounds", "window_steps")},
-        "memory": memory, "network": network}
+        "memory": memory, "network": network, "saves": saves}
     outputs.write_results(FLAGS.output_dir, "sharding_cluster_benchmark", summary, table)
     print(table, flush=True)
 

@@ -139,7 +139,7 @@ def test_cadence_is_pure_python():
 # Packages from the ground up (docs/architecture.md): a module-level import
 # between two of them points down this list, never up.
 LAYERS = ["errors", "_internal", "cluster", "strategies", "data", "replica", "communication",
-          "checkpoint", "tpu", "loops", "training", "launch", "integrations"]
+          "parallel", "checkpoint", "tpu", "loops", "training", "launch", "integrations"]
 
 
 def _layer(module: str):

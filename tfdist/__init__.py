@@ -51,7 +51,7 @@ _NAMES = {
 }
 _PACKAGES = (
     "checkpoint", "cluster", "communication", "data", "errors", "integrations", "launch", "loops",
-    "replica", "strategies", "tpu", "training", "versions",
+    "parallel", "replica", "strategies", "tpu", "training", "versions",
 )
 
 __all__ = sorted(list(_NAMES) + list(_PACKAGES))

@@ -313,7 +313,8 @@ def test_a_keras_variable_is_read_and_written_through_what_sliced_weights_replac
     written = []
     variable = keras.Variable(np.zeros([2, 3], "float32"))
     sliced_weights.store_in_slices(variable, tf.Variable(tf.zeros([3])), sliced_weights.SlicedReads(
-        read_in_replica=lambda: None, whole=lambda: whole, assign_whole=written.append))
+        read_in_replica=lambda: None, whole=lambda: whole, assign_whole=written.append,
+        worker_pieces=lambda: None))
     np.testing.assert_array_equal(tf.convert_to_tensor(variable), whole, err_msg=message)
     np.testing.assert_array_equal(variable.numpy(), whole, err_msg=message)
     np.testing.assert_array_equal(np.asarray(variable), whole, err_msg=message)

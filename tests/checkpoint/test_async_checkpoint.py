@@ -59,6 +59,31 @@ def test_a_save_returns_after_the_copy_and_the_file_holds_the_saved_step(make_st
         np.testing.assert_array_equal(want, got.numpy())
 
 
+def test_the_host_copies_of_background_saves_are_counted(make_strategy, tmp_path):
+    """`TrainingCheckpoint.background_host_bytes`: in one process every
+    replica's values are on this host, so a background save copies the
+    whole model (with FullySharded too); a synchronous checkpoint copies
+    nothing to keep. (Across workers, each worker's slices only:
+    tests/scenarios/test_multi_worker.py.)"""
+    strategy = make_strategy(2)
+    for communication in (None, tfdist.communication.FullySharded()):
+        with strategy.scope():
+            model = ref.compile_model(ref.build_mlp(), "adam")
+        trainer = tfdist.Trainer(model, strategy, communication=communication,
+            checkpointing=tfdist.CheckpointOptions(str(tmp_path / repr(communication)),
+                                                   async_write=True, every_steps=2))
+        trainer.fit(ref.global_batches(64, 16), epochs=1, verbose=0)
+        checkpoint = trainer._checkpoint  # pylint: disable=protected-access
+        checkpoint.save(step=4, epoch=1, step_in_epoch=0)
+        weights_and_state = 3 * 4 * model.count_params()  # float32 weights, Adam's two moments
+        assert weights_and_state <= checkpoint.background_host_bytes() <= (
+            weights_and_state + 1024), communication
+        checkpoint.finish_writes()
+    synchronous = tfdist.checkpoint.TrainingCheckpoint(model, str(tmp_path / "sync"))
+    synchronous.save(step=1, epoch=0, step_in_epoch=1)
+    assert synchronous.background_host_bytes() == 0
+
+
 def test_finished_fits_leave_no_writer_thread_behind(make_strategy, tmp_path):
     """TensorFlow's writer thread (and the atexit entry that would keep it
     and the model's host copies until exit) ends with each fit."""

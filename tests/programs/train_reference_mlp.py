@@ -66,6 +66,22 @@ def _write(args, results):
         json.dump(results, out)
 
 
+def _note_background_host_bytes(trainer, noted: dict):
+    """A Keras callback keeping in ``noted["most"]`` the most bytes this
+    worker's background saves held on its host, seen after every batch."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    checkpoint = trainer._checkpoint  # pylint: disable=protected-access
+    noted["most"] = 0
+
+    def seen(batch, logs):
+        del batch, logs
+        if checkpoint is not None:
+            noted["most"] = max(noted["most"], checkpoint.background_host_bytes())
+
+    return keras.callbacks.LambdaCallback(on_train_batch_end=seen)
+
+
 def _keras_fit(args, model, strategy, ref):
     """The unchanged Keras calls, after tfdist.attach."""
     import keras  # pylint: disable=import-outside-toplevel
@@ -221,6 +237,7 @@ def main():
             async_write=args.async_checkpoint),
         input_pipeline=tfdist.DataOptions(data_service=args.data_service),
         reporting=tfdist.ReportingOptions(log_every_steps=args.log_every_steps))
+    host_bytes = {}
     overflow_row = 15 if args.mixed_float16 else None
     dataset = (ref.global_batches(args.examples, args.batch_size, overflow_row=overflow_row)
                if args.shuffle_seed is None
@@ -229,7 +246,8 @@ def main():
         _endless_slow(dataset, args.endless_slow_data) if args.endless_slow_data else dataset,
         steps_per_epoch=-(-args.examples // args.batch_size) if args.endless_slow_data else None,
         epochs=args.epochs, verbose=1,
-        callbacks=[c for c in (Slow() if args.step_delay else None, broken) if c],
+        callbacks=[c for c in (Slow() if args.step_delay else None, broken,
+                               _note_background_host_bytes(trainer, host_bytes)) if c],
         validation_data=(ref.global_batches(args.validation_examples, args.batch_size)
                          if args.validation_examples else None),
     )
@@ -241,6 +259,7 @@ def main():
         # What this worker's first replica keeps of each weight (a slice, when fully sharded).
         "weight_slice_shapes": [list(strategy.experimental_local_results(w.value)[0].shape)
                                 for w in model.trainable_weights],
+        "background_host_bytes": host_bytes["most"],
     })
 
 

@@ -176,8 +176,10 @@ def test_sharding_cluster_benchmark_quick_measures_workers_and_the_network(tmp_p
     """scripts/sharding_cluster_benchmark.py --quick: 2 workers per form for
     memory (resident, then live tensors under the BFC allocator), then the
     three forms in turn under --bandwidth=1gbit and unlimited; the ring bound
-    computed (no timing asserts)."""
-    _run_benchmark(tmp_path, ["--quick"], 900, "sharding_cluster_benchmark.py")
+    computed (no timing asserts); background saves, whose host copy under
+    fully sharded weights is each worker's half."""
+    _run_benchmark(tmp_path, ["--quick", "--parts=memory,network,saves"], 900,
+                   "sharding_cluster_benchmark.py")
     result = json.loads((tmp_path / "sharding_cluster_benchmark.json").read_text())
     memory = {row["form"]: row for row in result["memory"]}
     assert set(memory) == {"plain", "sharded", "fully_sharded"}
@@ -191,6 +193,9 @@ def test_sharding_cluster_benchmark_quick_measures_workers_and_the_network(tmp_p
     assert set(network) == {"plain", "sharded", "fully_sharded"}
     assert all(row["link_mb_per_step"] > 0 and row["ring_bound_seconds"] > 0
                for row in network.values())
+    saves = {row["form"]: row for row in result["saves"]}
+    assert saves["plain"]["host_copy_mb"] >= saves["plain"]["weights_and_state_mb"]
+    assert saves["fully_sharded"]["host_copy_mb"] < 0.6 * saves["plain"]["host_copy_mb"]
 
 
 @pytest.mark.full_form

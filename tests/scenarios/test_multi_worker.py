@@ -13,6 +13,7 @@ import time
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfdist
 from tests.support import reference as ref, short_form
@@ -124,8 +125,9 @@ def test_sharded_optimizer_state_on_two_workers_saves_resumes_and_equals_one_dev
         tmp_path, keras_reference, first_stage):
     """FullySharded (or ShardedOptimizerState) over 2 workers x 2 replicas:
     each of the 4 replicas of the cluster keeps a quarter of Adam's state
-    (and of the weights) and the workers save them, whole, in the background
-    every 2 steps (the slices of other workers all-gathered). Two epochs,
+    (and of the weights) and the workers save them in the background every
+    2 steps, each worker its own slices, merged by the chief into the
+    ordinary checkpoint (whole shapes, nothing left over). Two epochs,
     then a second launch on 2 workers x 1 replica with ShardedOptimizerState
     resumes from that checkpoint (each worker now keeps half of the state)
     for the third: one device's three epochs. (ShardedOptimizerState on
@@ -142,6 +144,18 @@ def test_sharded_optimizer_state_on_two_workers_saves_resumes_and_equals_one_dev
         assert state == quarters, state
         if first_stage == "--fully_sharded":
             assert result["weight_slice_shapes"] == [[-(-w.size // 4)] for w in keras_reference[0]]
+    _assert_background_saves_held_each_workers_slices(
+        _results(tmp_path / "first"), keras_reference[0],
+        sliced_values=3 if first_stage == "--fully_sharded" else 2)
+    leftovers = [p.name for p in (tmp_path / "ckpt").iterdir() if ".part-" in p.name
+                 or ".merging" in p.name]
+    assert not leftovers, leftovers
+    latest = tf.train.latest_checkpoint(str(tmp_path / "ckpt"))  # (the one resumed from)
+    assert len(tf.io.gfile.glob(latest + ".data-*")) >= 2  # (merged: each worker's file)
+    saved = dict(tf.train.list_variables(latest))  # (whole shapes)
+    weights = [shape for name, shape in sorted(saved.items())
+               if name.startswith("optimizer/_trainable_variables/")]
+    assert weights == [list(w.shape) for w in keras_reference[0]], saved
     args = [f"--output_dir={tmp_path / 'out'}", "--replicas_per_worker=1", "--sharded_state",
             checkpoints]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
@@ -152,6 +166,22 @@ def test_sharded_optimizer_state_on_two_workers_saves_resumes_and_equals_one_dev
         assert len(result["history"]["loss"]) == 1  # (the third epoch only)
         state = [shape for shape in result["optimizer_state_shapes"] if shape]
         assert state == halves, state
+
+
+def _assert_background_saves_held_each_workers_slices(results, weights, sliced_values):
+    """Across 2 workers x 2 replicas, each worker's background saves held
+    its own half of the ``sliced_values`` values stored in slices per weight
+    (the weights and Adam's two moments, or the moments alone) on its host,
+    never the whole (`tfdist.checkpoint.slice_writes`): worker-1 exactly its
+    slices; the chief its slices and the values kept whole (the mirrored
+    weights under sharded state; counters, metrics)."""
+    chief_elements = sum(min(2 * -(-w.size // 4), w.size) for w in weights)
+    total = sum(w.size for w in weights)
+    chief, other = (result["background_host_bytes"] for result in results)
+    assert other == 4 * sliced_values * (total - chief_elements), (other, total)
+    kept_whole = 4 * total if sliced_values == 2 else 0
+    assert 4 * sliced_values * chief_elements + kept_whole <= chief, chief
+    assert chief <= 4 * sliced_values * chief_elements + kept_whole + 1024, (chief, total)
 
 
 def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path):

@@ -48,12 +48,15 @@ import tensorflow as tf
 _REORDERED: "weakref.WeakKeyDictionary[object, Set[int]]" = weakref.WeakKeyDictionary()
 
 
-def run_after(tensor, op) -> bool:
+def run_after(tensor, op, *, exact: bool = False) -> bool:
     """Makes the op that produces ``tensor``'s elements run after ``op``
-    (both in one traced graph); returns whether it did (module doc)."""
+    (both in one traced graph); returns whether it did (module doc).
+    ``exact``: ``tensor``'s own op (an identity made to be ordered: a
+    pipeline stage's start, `tfdist.parallel.stage_units`), not the op
+    that made the elements it passes on."""
     if tf.executing_eagerly() or isinstance(tensor, tf.IndexedSlices) or op is None:
         return False
-    maker = _maker(tensor)
+    maker = tensor.op if exact else _maker(tensor)
     if (maker is None or maker.graph is not op.graph or _depends_on(op, maker)
             or _feeds_a_stateful_op(maker)):
         return False

@@ -251,6 +251,24 @@ def combine(gradient: tf.IndexedSlices, context, *, send=_identity,
     return _concatenated(parts, gradient.dense_shape)
 
 
+def combine_micro_batches(gradients: List[tf.IndexedSlices]) -> tf.IndexedSlices:
+    """The batch's sparse gradient, in one device's form, from each
+    micro-batch's (in order, one replica; `tfdist.parallel.pipeline`): as
+    `combine` over replicas, rows' entries concatenated, shared lookups'
+    summed."""
+    split = [pieces(gradient) for gradient in gradients]
+    if len({len(parts) for parts in split}) != 1:
+        split = [[gradient] for gradient in gradients]  # (not the same lookups: kept whole)
+    parts = []
+    for same_lookup in zip(*split):
+        if lookup_kind(same_lookup[0].indices) == SHARED:
+            parts.append(tf.IndexedSlices(tf.add_n([p.values for p in same_lookup]),
+                                          same_lookup[0].indices))
+        else:
+            parts.append(_concatenated(list(same_lookup), gradients[0].dense_shape))
+    return _concatenated(parts, gradients[0].dense_shape)
+
+
 def split_for_all_reduce(gradient: tf.IndexedSlices, scale: float = 1.0):
     """``gradient`` (times ``scale``) as what a SUM all-reduce turns into one
     device's form: ``(parts, assemble)``, ``parts`` to all-reduce (the rows'

@@ -50,8 +50,21 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from tfdist._internal import host_copies
 from tfdist._internal.keras.checkpoint_copies import host_copies_reused
 from tfdist.errors import CheckpointWriteError
+
+
+def yield_to_training(native_thread_id: int) -> None:
+    """Runs a writer thread only when training leaves the CPU idle (Linux
+    ``SCHED_IDLE``; elsewhere the lowest nice value)."""
+    try:
+        os.sched_setscheduler(native_thread_id, os.SCHED_IDLE, os.sched_param(0))
+    except (OSError, AttributeError):
+        try:
+            os.setpriority(os.PRIO_PROCESS, native_thread_id, 19)
+        except (OSError, AttributeError):
+            pass  # a platform without either: the writer keeps its priority
 
 
 class BackgroundWrites:
@@ -73,11 +86,17 @@ class BackgroundWrites:
         queue = getattr(helper, "_queue", None)  # TensorFlow's queue of one write
         return queue is not None and queue.unfinished_tasks > 0
 
-    def save(self, manager: tf.train.CheckpointManager, number: int) -> str:
-        """Starts ``manager``'s checkpoint ``number``; returns its path."""
+    def save(self, manager: tf.train.CheckpointManager, number: int,
+             before_latest: Optional[Callable[[str], None]] = None) -> str:
+        """Starts ``manager``'s checkpoint ``number``; returns its path.
+        ``before_latest(path)`` runs on the writer thread once the files are
+        written and before the manager lists the checkpoint as the latest
+        (an error there keeps it unlisted and is raised as a failed write)."""
         self._prepare()
         with host_copies_reused():  # the copy runs in this thread
-            self.in_flight = manager.save(checkpoint_number=number, options=self._options())
+            self.in_flight = manager.save(
+                checkpoint_number=number,
+                options=self._options([before_latest] if before_latest else None))
         self._yield_to_training()
         return self.in_flight
 
@@ -101,13 +120,17 @@ class BackgroundWrites:
         if thread is None or thread.native_id is None or thread.native_id == self._lowered:
             return
         self._lowered = thread.native_id
-        try:
-            os.sched_setscheduler(thread.native_id, os.SCHED_IDLE, os.sched_param(0))
-        except (OSError, AttributeError):
-            try:
-                os.setpriority(os.PRIO_PROCESS, thread.native_id, 19)
-            except (OSError, AttributeError):
-                pass  # a platform without either: the writer keeps its priority
+        yield_to_training(thread.native_id)
+
+    def host_copy_bytes(self) -> int:
+        """The bytes of the host copies kept for background writes (made at
+        the first save, kept until `close`): a whole copy of every saved
+        value, or of this worker's slices of values stored in slices across
+        workers (`tfdist.checkpoint.slice_writes`)."""
+        object_map = getattr(self._helper(), "_object_map", None) or {}
+        copies = {id(copy): copy for copy in object_map.values()
+                  if isinstance(copy, (tf.Variable, host_copies.PiecesCopy))}
+        return sum(host_copies.nbytes(copy) for copy in copies.values())
 
     def wait_for_write(self) -> None:
         """Returns when no write runs; raises the last one's error if it failed."""

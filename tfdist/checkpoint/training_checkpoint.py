@@ -40,15 +40,16 @@ Trainer asks after every step). Saves with ``synchronous=True`` (the
 preemption save) wait for the write in flight and write in the caller's
 thread. Variables on several tasks (parameter servers) are refused: their
 saves go through tfdist's one traced function, which TensorFlow's
-background writer does not use.
+background writer does not use. Values stored in slices across workers
+(`tfdist.communication.FullySharded`, `ShardedOptimizerState`) are written
+in the background by each worker, its own slices only, and merged by the
+chief into the ordinary checkpoint (`tfdist.checkpoint.slice_writes`): no
+host holds the whole model for a background save.
 """
 
 import contextlib
 import dataclasses
-import fnmatch
 import os
-import shutil
-import tempfile
 from typing import Optional
 
 import keras
@@ -57,9 +58,9 @@ import tensorflow as tf
 from tfdist import cluster
 from tfdist._internal import host_values
 from tfdist._internal.keras import model_state as keras_model_state
-from tfdist.checkpoint.background_writes import BackgroundWrites
 from tfdist.checkpoint.state_snapshot import TotalsSnapshot
 from tfdist.checkpoint.traced_saves import TracedSaves, spans_tasks
+from tfdist.checkpoint.worker_writes import WorkerWrites
 from tfdist.errors import CheckpointMismatchError, CheckpointWriteError, ConfigurationError
 from tfdist.replica.metrics import state_variables
 from tfdist.strategies import sharded
@@ -91,21 +92,6 @@ class Position:
         """The epoch ended; the next starts at its first batch."""
         self.epoch += 1
         self.step_in_epoch = 0
-
-
-def _forget_glob_patterns() -> None:
-    """Drops the glob patterns Python compiled for the last save.
-
-    After each write TensorFlow sizes the checkpoint with
-    ``glob.glob(prefix + "*")``, and ``fnmatch`` keeps every compiled
-    pattern, up to 32,768 of them. The prefix is new at every save
-    (``ckpt-<step>``, and a new scratch directory on the other workers), so
-    each save kept its pattern (figures: docs/reliability.md#memory). Only
-    compiled patterns are lost; they are rebuilt when next needed.
-    """
-    cache_clear = getattr(getattr(fnmatch, "_compile_pattern", None), "cache_clear", None)
-    if cache_clear is not None:
-        cache_clear()
 
 
 class TrainingCheckpoint:
@@ -160,7 +146,6 @@ class TrainingCheckpoint:
             0, dtype=tf.int64, trainable=False, name="step_in_epoch"
         )
         self.directory = directory
-        self._is_chief = is_chief
         self._task_name = task_name
         # Random layers' generator states: a resumed run draws on where the
         # uninterrupted one would (`tfdist._internal.replica_random`).
@@ -179,7 +164,10 @@ class TrainingCheckpoint:
         self._model = model
         self._snapshots = []  # `track_state`
         TracedSaves.install(self._checkpoint, self._saved_variables)
-        self.writes = BackgroundWrites(self._checkpoint) if async_write else None
+        self._writes = WorkerWrites(self._checkpoint, self._manager, directory,
+                                    is_chief=is_chief, task_name=task_name,
+                                    async_write=async_write)
+        self.writes = self._writes.background  # (None without async_write)
 
     @classmethod
     def for_strategy(cls, model: keras.Model, strategy: tf.distribute.Strategy,
@@ -249,17 +237,23 @@ class TrainingCheckpoint:
                 "bypasses. Use async_write=False.")
         sharded.save_as_full_tensors(self._saved_variables())
 
+    def background_host_bytes(self) -> int:
+        """The bytes this worker's background saves copy to its host: the
+        copies kept by TensorFlow's writer (the chief's, or every worker's
+        without values stored in slices across workers), or this worker's
+        slices at its last save (`tfdist.checkpoint.slice_writes`); 0
+        without ``async_write``."""
+        return self._writes.host_bytes()
+
     def raise_write_error(self) -> None:
         """Raises `tfdist.errors.CheckpointWriteError` if a background write
         failed (once); nothing without ``async_write``."""
-        if self.writes is not None:
-            self.writes.raise_error()
+        self._writes.raise_error()
 
     def finish_writes(self) -> None:
         """Waits for the background write in flight (raising its error) and
         ends the writer thread (a later save starts a new one)."""
-        if self.writes is not None:
-            self.writes.close()
+        self._writes.finish()
 
     @contextlib.contextmanager
     def writes_finished(self):
@@ -292,6 +286,7 @@ class TrainingCheckpoint:
           CheckpointMismatchError: its variables do not match the model.
         """
         self.finish_writes()
+        self._writes.remove_stale_parts()
         for path in reversed(self._manager.checkpoints if self._manager else []):
             if not tf.io.gfile.exists(path + ".index"):
                 print(f"skipping checkpoint {path}: its index file is missing", flush=True)
@@ -361,21 +356,4 @@ class TrainingCheckpoint:
         self._prepare_sharded()
         for snapshot in self._snapshots:
             snapshot.before_save()
-        background = self.writes is not None and not synchronous
-        if self.writes is not None and synchronous:
-            self.writes.close()
-        try:
-            if self._is_chief:
-                if background:
-                    return self.writes.save(self._manager, step)
-                return self._manager.save(checkpoint_number=step)
-            scratch = tempfile.mkdtemp(prefix=f"tfdist-{self._task_name}-ckpt-")
-            if background:  # the scratch copy goes once written
-                return self.writes.write(os.path.join(scratch, f"ckpt-{step}"),
-                                         lambda _: shutil.rmtree(scratch, ignore_errors=True))
-            try:
-                return self._checkpoint.write(os.path.join(scratch, f"ckpt-{step}"))
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
-        finally:
-            _forget_glob_patterns()
+        return self._writes.write(step, synchronous=synchronous)

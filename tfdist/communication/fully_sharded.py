@@ -181,7 +181,8 @@ class FullySharded(ShardedOptimizerState):
                 read_in_replica=self._gatherer(index, storage),
                 whole=lambda held=held, index=index: slices.whole(held, index),
                 assign_whole=lambda value, held=held, index=index: slices.assign_whole(
-                    held, index, value))
+                    held, index, value),
+                worker_pieces=lambda held=held, index=index: slices.worker_pieces(held, index))
             reads.assign_whole(whole)
             sliced_weights.store_in_slices(variable, storage, reads)
 

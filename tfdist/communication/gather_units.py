@@ -37,7 +37,7 @@ from typing import Callable, List, Optional
 import tensorflow as tf
 
 from tfdist._internal import state_writes
-from tfdist._internal.keras import compiled as keras_compiled
+from tfdist._internal.keras import compiled as keras_compiled, layer_calls
 
 _THREAD = threading.local()
 
@@ -128,31 +128,15 @@ class GatherUnits:
 
     def _run(self, layer, original, args, kwargs, site):
         graph, replica = site
-        structure = (args, kwargs)
-        leaves = tf.nest.flatten(structure)
-        if any(isinstance(leaf, (tf.RaggedTensor, tf.SparseTensor)) for leaf in leaves):
-            return original(*args, **kwargs)  # (custom_gradient takes dense tensors)
-        positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, tf.Tensor)]
+        call = layer_calls.LayerCall(args, kwargs)
+        if not call.differentiable:
+            return original(*args, **kwargs)
         anchors = self._anchors_of(graph, replica)
-
-        def rebuild(tensors):
-            filled = list(leaves)
-            for position, tensor in zip(positions, tensors):
-                filled[position] = tensor
-            return tf.nest.pack_sequence_as(structure, filled)
 
         def in_step_graph(tensors):
             return [t for t in tensors if getattr(t, "graph", None) is graph]
 
         masks_of_result = []  # (the identity custom_gradient returns drops Keras' masks)
-
-        # (Keras' masks ride on the inputs as attributes, and a layer may take
-        # them off: MultiHeadAttention reads its inputs' padding masks and
-        # deletes them. The recomputed pass gets them as the first one did.)
-        input_masks = [keras_compiled.get_keras_mask(leaves[i]) for i in positions]
-        # (and the autocast scope Keras' __call__ opened: mixed precision
-        # casts the weights it reads to the layer's compute dtype)
-        autocast = keras_compiled.autocast_scope()
 
         @tf.custom_gradient
         def unit(*tensors):
@@ -164,7 +148,7 @@ class GatherUnits:
             with tf.GradientTape(watch_accessed_variables=True) as forward_tape:
                 forward_tape.watch(tensors)
                 with _InScope(GatherScope(after)):
-                    call_args, call_kwargs = rebuild(tensors)
+                    call_args, call_kwargs = call.arguments(tensors)
                     result = original(*call_args, **call_kwargs)
             written = writes.found()
             masks_of_result.append(keras_compiled.keras_masks(result))
@@ -178,31 +162,29 @@ class GatherUnits:
                         tf.nest.flatten(result), sources, output_gradients=list(upstream),
                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 else:
-                    with keras_compiled.in_autocast_scope(autocast):
-                        grads = self._recompute(original, rebuild, tensors, input_masks,
-                                                variables, upstream, anchors, in_step_graph)
-                grads = [None if not t.dtype.is_floating else g
-                         for t, g in zip(tensors, grads[:len(tensors)])] + grads[len(tensors):]
-                return grads[:len(tensors)], grads[len(tensors):]
+                    with keras_compiled.in_autocast_scope(call.autocast):
+                        grads = self._recompute(original, call, tensors, variables, upstream,
+                                                anchors, in_step_graph)
+                return (layer_calls.input_gradients(tensors, grads[:len(tensors)]),
+                        grads[len(tensors):])
 
             return result, gradient
 
-        outputs = unit(*[leaves[i] for i in positions])
+        outputs = unit(*call.tensors)
         return keras_compiled.with_keras_masks(outputs, masks_of_result.pop())
 
-    def _recompute(self, original, rebuild, tensors, masks, variables, upstream, anchors,
+    def _recompute(self, original, call, tensors, variables, upstream, anchors,
                    in_step_graph):
         own = in_step_graph(upstream)
         after = own if not self._prefetch or anchors.backward is None else anchors.backward
         anchors.backward = own
         with tf.control_dependencies(own):
-            inputs = [keras_compiled.with_keras_masks(tf.identity(t), mask)
-                      for t, mask in zip(tensors, masks)]
+            inputs = [tf.identity(t) for t in tensors]
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(inputs)
             tape.watch(variables)
             with _InScope(GatherScope(after)):
-                call_args, call_kwargs = rebuild(inputs)
+                call_args, call_kwargs = call.arguments(inputs, with_masks=True)
                 result = original(*call_args, **call_kwargs)
         return tape.gradient(tf.nest.flatten(result), inputs + variables,
                              output_gradients=list(upstream),

@@ -24,7 +24,12 @@ slot by slot), so the optimizer's checkpoint children
 shard variable's place (`OrdinaryLayout`).
 
 A save therefore holds the whole state once, on every worker, while it is
-written (as an ordinary save does); training holds only the shards.
+written (as an ordinary save does); training holds only the shards. A
+background save across workers holds only each worker's own slices on its
+host instead: `Shards.worker_pieces` cuts them into the rectangles the
+checkpoint format stores slices in, each worker writes its own, and the
+chief merges them into one checkpoint of the same ordinary form
+(`tfdist.checkpoint.slice_writes`).
 
 >>> import tempfile, keras, numpy as np, tensorflow as tf, tfdist
 >>> strategy = tfdist.make_strategy("mirrored", num_replicas=2)
@@ -42,12 +47,12 @@ written (as an ordinary save does); training holds only the shards.
 """
 
 import dataclasses
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.python.trackable import data_structures
 
-from tfdist._internal import collectives, host_copies
+from tfdist._internal import collectives, flat_pieces, host_copies
 from tfdist._internal.keras import optimizer as keras_optimizer
 
 _VALUE = "VARIABLE_VALUE"  # the name a variable's value is saved under
@@ -79,6 +84,26 @@ class BuildRecord:
         return list(self.made)
 
 
+@dataclasses.dataclass
+class WorkerPieces:
+    """What one worker holds of one value stored in slices: the whole
+    value when its replicas' slices cover every element, else the
+    rectangles they cover (none when they hold only padding).
+
+    Attributes:
+      whole: the value, when this worker holds all of it.
+      pieces: each rectangle (`tfdist._internal.flat_pieces.Piece`) with
+        its values, in the rectangle's shape.
+      replicas: the indices of this worker's replicas.
+      all_replicas: N, the replicas the slices are spread over.
+    """
+
+    whole: Optional[tf.Tensor]
+    pieces: List[Tuple[flat_pieces.Piece, tf.Tensor]]
+    replicas: Tuple[int, ...]
+    all_replicas: int
+
+
 class Shards:
     """The sharded state variables' values on this worker, and how to read
     and write one of them whole."""
@@ -105,6 +130,37 @@ class Shards:
         else:
             slices = self._gather(state)()
         return layout.whole(weight, slices)
+
+    def worker_pieces(self, state, weight: int) -> WorkerPieces:
+        """This worker's slices of ``state`` as rectangles of the weight's
+        shape, read without any collective (a background save's host copy,
+        `tfdist.checkpoint.slice_writes`)."""
+        layout, replicas = self._layout, tuple(sorted(self._replicas))
+        shape, size = layout.shapes[weight], layout.sizes[weight]
+        length = layout.slice_sizes[weight]
+        by_replica = dict(zip(self._replicas, self._components(state)))
+        if len(replicas) == layout.replicas:
+            return WorkerPieces(self.whole(state, weight), [], replicas, layout.replicas)
+        runs = []  # [start, stop, [values]]: this worker's runs of flat elements
+        for replica in replicas:
+            start, stop = min(replica * length, size), min((replica + 1) * length, size)
+            if stop > start:
+                values = by_replica[replica][:stop - start]
+                if runs and runs[-1][1] == start:
+                    runs[-1][1] = stop
+                    runs[-1][2].append(values)
+                else:
+                    runs.append([start, stop, [values]])
+        if len(runs) == 1 and runs[0][:2] == [0, size]:
+            return WorkerPieces(tf.reshape(tf.concat(runs[0][2], 0), shape), [], replicas,
+                                layout.replicas)
+        cut = []
+        for start, stop, values in runs:
+            flat = tf.concat(values, 0)
+            cut += [(piece, tf.reshape(flat[piece.start - start:piece.stop - start],
+                                       piece.lengths))
+                    for piece in flat_pieces.pieces(shape, start, stop)]
+        return WorkerPieces(None, cut, replicas, layout.replicas)
 
     def _gather(self, state):
         """A traced all-gather of every replica's slice of ``state`` (one
@@ -151,8 +207,15 @@ class WholeSlot(tf.__internal__.tracking.Trackable):
         self._shards.assign_whole(self._state, self._weight, restored_tensors[_VALUE])
 
     def _copy_trackable_to_cpu(self, object_map):
-        """A background save's host copy: a variable of the whole value."""
-        host_copies.keep_host_copy(object_map, self, self._shards.whole(self._state, self._weight))
+        """A background save's host copy: a variable of the whole value, or
+        of this worker's pieces of it (`tfdist._internal.host_copies`)."""
+        host_copies.keep_host_copy(object_map, self,
+                                   lambda: self._shards.whole(self._state, self._weight),
+                                   self.worker_pieces)
+
+    def worker_pieces(self) -> WorkerPieces:
+        """This worker's slices, as `Shards.worker_pieces`."""
+        return self._shards.worker_pieces(self._state, self._weight)
 
     def numpy(self):
         return self._shards.whole(self._state, self._weight).numpy()

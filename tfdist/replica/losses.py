@@ -262,17 +262,18 @@ def counts_follow_from_examples(terms: LossTerms) -> bool:
     return not terms.masked and "mean_with_sample_weight" not in terms.reductions
 
 
-def example_count_denominators(terms: LossTerms, global_examples) -> tf.Tensor:
+def example_count_denominators(terms: LossTerms, global_examples, *,
+                               refusal: Optional[str] = None) -> tf.Tensor:
     """Global denominators derived from the global example count alone.
 
-    Exact when `counts_follow_from_examples`; raises otherwise.
+    Exact when `counts_follow_from_examples`; raises otherwise, with
+    ``refusal`` (default: why XLA needs them).
     """
     if not counts_follow_from_examples(terms):
-        raise ConfigurationError(
+        raise ConfigurationError(refusal or (
             "jit_compile=True supports losses without Keras masks and with "
             "reduction 'sum_over_batch_size', 'mean' or 'sum'; use "
-            "jit_compile=False for this model."
-        )
+            "jit_compile=False for this model."))
     counts = [
         tf.cast(global_examples, tf.float32) * per_example
         for per_example, denominator in zip(

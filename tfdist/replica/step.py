@@ -73,7 +73,7 @@ def _replica_loss(model, terms, denominators, local_examples, global_examples):
 
 @tf.autograph.experimental.do_not_convert
 def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
-                     count_only: bool = False) -> ForwardBackward:
+                     count_only: bool = False, micro_batch: bool = False) -> ForwardBackward:
     """Forward + backward of one replica's batch, its loss scaled by the
     GLOBAL counts: from ``global_examples`` (the batch's carried count, or
     None) when the loss's denominators follow from it, else all-reduced with
@@ -84,14 +84,20 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
     alone, with no collective: what XLA compiles (collectives cannot run
     inside XLA on CPU/GPU mirrored strategies), the static-shape / TPU path
     and `tfdist.tpu.preflight`'s check of it.
+
+    ``micro_batch=True``: ``x`` is one micro-batch of the replica's batch
+    (its real rows) and ``global_examples`` the global batch's count; the
+    denominators come from it alone, as with ``count_only``
+    (`tfdist.parallel.pipeline`).
     """
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask,
                                           padded_rows=count_only)
         local_examples = Batch(x, mask=mask).real_examples()
-        if count_only:
-            denominators = losses.example_count_denominators(terms, global_examples)
+        if count_only or micro_batch:
+            denominators = losses.example_count_denominators(
+                terms, global_examples, refusal=_MICRO_BATCH_REFUSAL if micro_batch else None)
         else:
             denominators, global_examples = _global_denominators(
                 terms, local_examples, global_examples)
@@ -99,6 +105,13 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
         scaled = model.optimizer.scale_loss(loss)
     gradients = sharded.gradients(tape, scaled, model.trainable_variables)
     return ForwardBackward(gradients, parts, global_examples, y_pred)
+
+
+_MICRO_BATCH_REFUSAL = (
+    "A Pipeline (tfdist.parallel.Pipeline) supports losses without Keras masks at the "
+    "output and with reduction 'sum_over_batch_size', 'mean' or 'sum': each micro-batch's "
+    "loss is divided by the batch's example count before the other micro-batches run. "
+    "Drop the Pipeline for this model.")
 
 
 def _with_masks(outputs):
@@ -120,6 +133,8 @@ class ReplicaSteps:
         self._jit_compile = jit_compile
         # `tfdist.replica.accumulation`: set by `use_accumulator` once the model is built.
         self.accumulator = None
+        # `tfdist.parallel.Pipeline`: set by `use_pipeline`.
+        self.pipeline = None
         self._xla_forward_backward = tf.function(
             self._forward_backward, jit_compile=True, reduce_retracing=True
         )
@@ -157,7 +172,13 @@ class ReplicaSteps:
         x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
         local_examples = batch.real_examples()
         global_examples = batch.carried_global_examples()
-        if self._jit_compile:
+        if self.pipeline is not None:
+            if global_examples is None:  # (every micro-batch's loss needs the batch's count)
+                global_examples = collectives.all_reduce_sum(local_examples)
+            gradients, parts, y_pred = self.pipeline.forward_backward(
+                model, batch, global_examples, forward_backward)
+            result = ForwardBackward(gradients, parts, global_examples, y_pred)
+        elif self._jit_compile:
             if global_examples is None:  # (no collective inside XLA: count first)
                 global_examples = collectives.all_reduce_sum(local_examples)
             result = self._xla_forward_backward(x, y, sample_weight, mask, global_examples)
@@ -171,6 +192,11 @@ class ReplicaSteps:
         self._metrics.update(MetricUpdate(
             result.loss, result.global_examples, local_examples,
             *without_padding(mask, y, result.y_pred, sample_weight)))
+
+    def use_pipeline(self, pipeline) -> None:
+        """Each batch runs as ``pipeline``'s micro-batches through its stages
+        (a `tfdist.parallel.Pipeline`, attached to the model; None: whole)."""
+        self.pipeline = pipeline
 
     def use_accumulator(self, accumulator) -> None:
         """Gradients go to ``accumulator`` (`tfdist.replica.accumulation`;

@@ -144,14 +144,14 @@ def _check_strategy(model, strategy) -> None:
 
 @refuse_moved_keywords("tfdist.attach")
 def attach(model, strategy=None, *, checkpointing=None, input_pipeline=None, reporting=None,
-           static_shapes=None, communication=None):
+           static_shapes=None, communication=None, parallel=None):
     """Routes ``model.fit`` / ``evaluate`` / ``predict`` through tfdist.
 
     Args:
       model: a Keras model built under ``strategy.scope()``.
       strategy: the strategy it was built under (default: that one).
-      checkpointing, input_pipeline, reporting, static_shapes, communication:
-        `tfdist.Trainer`'s options, checked now (``input_pipeline``'s
+      checkpointing, input_pipeline, reporting, static_shapes, communication,
+        parallel: `tfdist.Trainer`'s options, checked now (``input_pipeline``'s
         `tfdist.DataOptions` ``seed`` seeds ``shuffle=True`` orders).
         ``steps_per_execution`` and ``jit_compile`` are read from
         ``model.compile``, where Keras takes them.
@@ -184,7 +184,7 @@ def attach(model, strategy=None, *, checkpointing=None, input_pipeline=None, rep
     check_records(checkpointing=checkpointing, input_pipeline=input_pipeline, reporting=reporting)
     trainer_options = {"checkpointing": checkpointing, "input_pipeline": input_pipeline,
                        "reporting": reporting, "static_shapes": static_shapes,
-                       "communication": communication}
+                       "communication": communication, "parallel": parallel}
     detach(model)
     attachment = Attachment(model, strategy, trainer_options)
     object.__setattr__(model, _ATTACHMENT, attachment)

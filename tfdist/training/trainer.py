@@ -28,6 +28,7 @@ from tfdist.loops import runners
 from tfdist.loops.cadence import Cadence, ExecutionPlan
 from tfdist.loops.runners.base import ignore_steps
 from tfdist.loops.preemption import free_iterators_or_exit, Preempted, PreemptionWatcher
+from tfdist.parallel import pipeline as pipelines
 from tfdist.replica import accumulation, keras_steps, static_shapes as static_shapes_lib
 from tfdist.training.epoch_loop import BatchReporting, EpochLoop, TrainerActions
 from tfdist.training import compile_settings
@@ -73,6 +74,8 @@ class Trainer:
         when to use which): None: on for a TPUStrategy only; True rehearses it.
       communication: `Compression`, `LocalSGD` or `ShardedOptimizerState`
         (`tfdist.communication`), or a tuple.
+      parallel: a `tfdist.parallel.Pipeline`: the model cut into stages on
+        several devices, each batch run as micro-batches through them.
 
     What ``model.compile`` owns is read from it: ``steps_per_execution``
     (steps run per host call in a device-side loop) and ``jit_compile``
@@ -88,6 +91,7 @@ class Trainer:
         reporting: Optional[ReportingOptions] = None,
         static_shapes: Optional[bool] = None,
         communication=None,
+        parallel=None,
     ):
         validation.check_compiled(model)
         validation.check_created_in_scope(model, strategy)
@@ -99,9 +103,14 @@ class Trainer:
         reporting = reporting or ReportingOptions()
         options = static_shapes_lib.resolve(
             strategy, static_shapes=static_shapes, partial_batch=data.partial_batch,
-            jit_compile=Communication.jit_compile(communication, compiled.jit_compile),
+            jit_compile=pipelines.jit_compile(parallel, Communication.jit_compile(
+                communication, compiled.jit_compile)),
         )
+        pipelines.check(parallel, communication=communication,
+                        static_shapes=options.static_shapes)
         self._communication = Communication.attach(communication, model, strategy)
+        if parallel is not None:
+            parallel.attach_to(model, strategy)
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = compiled.steps_per_execution
@@ -116,6 +125,8 @@ class Trainer:
         self._metrics, steps = keras_steps.steps_for(
             model, strategy, jit_compile=options.jit_compile, static_shapes=options.static_shapes)
         self._steps = steps
+        if parallel is not None:
+            pipelines.use_in(steps, parallel)
         # A model with its own step may take data without y (as Keras allows).
         self._data_needs_y = not keras_steps.overridden(model)
         self._runner = runners.make_runner(

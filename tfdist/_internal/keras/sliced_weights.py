@@ -53,12 +53,17 @@ class SlicedReads:
         outside one (then `whole` is used).
       whole: the whole weight from every replica's slice (a tensor).
       assign_whole: stores a whole value as each replica's slice.
+      worker_pieces: this worker's slices, cut into the rectangles a
+        checkpoint stores slices in (a background save across workers,
+        `tfdist._internal.host_copies`).
     """
 
-    def __init__(self, read_in_replica: Callable, whole: Callable, assign_whole: Callable):
+    def __init__(self, read_in_replica: Callable, whole: Callable, assign_whole: Callable,
+                 worker_pieces: Callable):
         self.read_in_replica = read_in_replica
         self.whole = whole
         self.assign_whole = assign_whole
+        self.worker_pieces = worker_pieces
 
     def read(self):
         value = self.read_in_replica()
@@ -93,7 +98,11 @@ def _sliced_class(base: type) -> type:
         getattr(self, _READS).assign_whole(restored_tensors[_VALUE])
 
     def copy_trackable_to_cpu(self, object_map):
-        host_copies.keep_host_copy(object_map, self, getattr(self, _READS).whole())
+        reads = getattr(self, _READS)
+        host_copies.keep_host_copy(object_map, self, reads.whole, reads.worker_pieces)
+
+    def worker_pieces(self):
+        return getattr(self, _READS).worker_pieces()
 
     def operator(name):
         return lambda self, *args: getattr(tf.convert_to_tensor(_whole(self)), name)(*args)
@@ -102,7 +111,7 @@ def _sliced_class(base: type) -> type:
         "__tf_tensor__": tf_tensor, "numpy": numpy, "__array__": array,
         "_direct_assign": direct_assign, "_serialize_to_tensors": serialize_to_tensors,
         "_restore_from_tensors": restore_from_tensors,
-        "_copy_trackable_to_cpu": copy_trackable_to_cpu,
+        "_copy_trackable_to_cpu": copy_trackable_to_cpu, "worker_pieces": worker_pieces,
         "__hash__": base.__hash__,  # (as unhashable as Keras' own: it defines __eq__)
     }
     methods.update({name: operator(name) for name in _OPERATORS})

@@ -1,0 +1,224 @@
+"""`tfdist.parallel.Pipeline` against one-device Keras: a model cut into
+2-4 stages on logical CPUs, batches run as micro-batches in the GPipe and
+1F1B schedules, end at one device's weights, history, evaluation and
+predictions; each stage's weights, optimizer state and ops are on its
+device; and what it cannot do yet is refused, naming it."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.support import reference as ref
+from tfdist.errors import ConfigurationError
+from tfdist.parallel import schedules
+
+EXAMPLES = 38  # batches of 8: the last has 6 rows (not a multiple of m = 4 or 8)
+
+
+def _model(skip: bool = False) -> keras.Model:
+    """A functional MLP with 4 weighted layers (L2 on the first); ``skip``:
+    the first layer's output also feeds the third's (across cuts)."""
+    keras.utils.set_random_seed(3)
+    inputs = keras.Input((ref.NUM_FEATURES,))
+    h1 = keras.layers.Dense(8, "relu", name="h1",
+                            kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
+    h2 = keras.layers.Dense(8, "tanh", name="h2")(h1)
+    h3 = keras.layers.Dense(8, "relu", name="h3")(h2)
+    if skip:
+        h3 = keras.layers.Add(name="skip")([h3, h1])
+    outputs = keras.layers.Dense(ref.NUM_CLASSES, "softmax", name="out")(h3)
+    return ref.compile_model(keras.Model(inputs, outputs), "adam")
+
+
+def _fit(model, batch_size=8, epochs=2):
+    x, y, w = ref.classification_arrays(EXAMPLES)
+    history = model.fit(x, y, sample_weight=w, batch_size=batch_size, epochs=epochs,
+                        shuffle=False, verbose=0).history
+    return (model.get_weights(), history, model.evaluate(x, y, batch_size=batch_size, verbose=0),
+            model.predict(x, batch_size=batch_size, verbose=0))
+
+
+def _assert_equal_to(expected, actual):
+    weights, history, evaluation, predictions = expected
+    ref.assert_weight_lists_close(weights, actual[0])
+    ref.assert_logs_close(history, actual[1])
+    np.testing.assert_allclose(actual[2], evaluation, rtol=1e-5)
+    np.testing.assert_allclose(actual[3], predictions, atol=1e-6, rtol=0)
+
+
+CASES = [  # (cuts, micro-batches, batch size)
+    (["h2"], 4, 8),               # 2 stages; the last batch of 6: micro-batches of 2, 2, 2, 0
+    (["h1", "h3"], 4, 8),         # 3 stages
+    (["h1", "h2", "h3"], 8, 8),   # 4 stages; last batch: 6 micro-batches of 1, 2 empty
+    (["h2"], 1, 8),               # one micro-batch: the stages alone
+    (["h1", "h2", "h3"], 3, 5),   # 3 does not divide 5: 2, 2, 1
+]
+
+
+@pytest.mark.parametrize("schedule", schedules.SCHEDULES)
+@pytest.mark.parametrize("cuts,micro_batches,batch_size", CASES,
+                         ids=[f"{len(c) + 1}stages-m{m}-b{b}" for c, m, b in CASES])
+def test_a_pipeline_equals_one_device(schedule, cuts, micro_batches, batch_size):
+    expected = _fit(_model(), batch_size)
+    pipeline = tfdist.parallel.Pipeline(cuts=cuts, micro_batches=micro_batches,
+                                        schedule=schedule)
+    _assert_equal_to(expected, _fit(tfdist.attach(_model(), parallel=pipeline), batch_size))
+    # Each stage's passes were ordered: a stage runs one pass at a time.
+    assert pipeline.ordering_edges >= len(cuts) + 1
+
+
+def test_a_skip_connection_across_cuts_equals_one_device():
+    """The first stage's output feeds the second and the third: its gradient
+    is the sum of both, added on its own device."""
+    expected = _fit(_model(skip=True))
+    pipeline = tfdist.parallel.Pipeline(cuts=["h1", "h2"], micro_batches=4)
+    _assert_equal_to(expected, _fit(tfdist.attach(_model(skip=True), parallel=pipeline)))
+
+
+def test_each_stages_weights_state_and_ops_are_on_its_device():
+    pipeline = tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=2)
+    model = tfdist.attach(_model(), parallel=pipeline)
+    _fit(model, epochs=1)
+    stage_of_layer = {"h1": 0, "h2": 1, "h3": 1, "out": 2}
+    placed = {}
+    for layer in model.layers:
+        for weight in layer.weights:
+            placed[weight.path] = tf.DeviceSpec.from_string(weight.value.device).device_index
+            assert placed[weight.path] == stage_of_layer[layer.name], weight.path
+    # Adam's moments live with their weights (Keras makes them beside each value).
+    checked = 0
+    for variable in model.optimizer.variables:
+        layer = variable.path.split("/")[-1].split("_")[0]
+        if layer in stage_of_layer:
+            index = tf.DeviceSpec.from_string(variable.value.device).device_index
+            assert index == stage_of_layer[layer], (variable.path, variable.value.device)
+            checked += 1
+    assert checked == 2 * len(model.trainable_weights), [v.path for v in model.optimizer.variables]
+    # Every matrix product of the step (forward, and both of each backward) runs on
+    # its stage's device: per micro-batch, 3 per Dense layer.
+    graph = _traced_step_graph(pipeline, model)
+    products = [op.device for op in graph.get_operations() if op.type == "MatMul"]
+    by_stage = [sum(tf.DeviceSpec.from_string(d).device_index == s for d in products)
+                for s in range(3)]
+    assert by_stage == [3 * 1 * 2, 3 * 2 * 2, 3 * 1 * 2], products
+
+
+def _traced_step_graph(pipeline, model):
+    from tfdist.replica.step import forward_backward  # pylint: disable=import-outside-toplevel
+
+    x, y, w = ref.classification_arrays(8)
+
+    @tf.function
+    def step():
+        batch = tfdist.Batch(tf.constant(x), tf.constant(y), tf.constant(w))
+        gradients, _, _ = pipeline.forward_backward(model, batch, tf.constant(8.0),
+                                                    forward_backward)
+        return gradients
+
+    return step.get_concrete_function().graph
+
+
+def test_batch_normalization_is_named_as_seeing_micro_batches():
+    keras.utils.set_random_seed(1)
+    model = ref.compile_model(ref.build_mlp(batch_norm=True), "sgd")
+    pipeline = tfdist.parallel.Pipeline(cuts=[model.layers[0].name], micro_batches=2)
+    with pytest.warns(UserWarning, match=r"normalize each micro-batch by its own statistics"):
+        tfdist.attach(model, parallel=pipeline).fit(
+            *ref.classification_arrays(8)[:2], batch_size=8, verbose=0)
+
+
+def test_what_a_pipeline_cannot_do_yet_is_refused_naming_it(make_strategy):
+    x, y, _ = ref.classification_arrays(8)
+    with pytest.raises(ConfigurationError, match=r"no top-level layer named \['h9'\]"):
+        tfdist.attach(_model(), parallel=tfdist.parallel.Pipeline(cuts=["h9"], micro_batches=2)
+                      ).fit(x, y, verbose=0)
+    with pytest.raises(ConfigurationError, match="not its last layer"):
+        tfdist.attach(_model(), parallel=tfdist.parallel.Pipeline(cuts=["out"], micro_batches=2)
+                      ).fit(x, y, verbose=0)
+    with pytest.raises(ConfigurationError, match="must be a positive integer"):
+        tfdist.parallel.Pipeline(cuts=["h1"], micro_batches=0)
+    strategy = make_strategy(2)
+    with strategy.scope():
+        replicated = _model()
+    with pytest.raises(ConfigurationError, match="data parallelism across pipelines"):
+        tfdist.attach(replicated, strategy,
+                      parallel=tfdist.parallel.Pipeline(cuts=["h1"], micro_batches=2)
+                      ).fit(x, y, verbose=0)
+    with pytest.raises(ConfigurationError, match="with communication=.* is not built yet"):
+        tfdist.Trainer(_model(), tf.distribute.get_strategy(),
+                       communication=tfdist.communication.Compression("bf16"),
+                       parallel=tfdist.parallel.Pipeline(cuts=["h1"], micro_batches=2))
+
+
+def test_a_loss_whose_denominator_depends_on_the_data_is_refused():
+    """A Keras mask at the output: each micro-batch's loss would need the
+    batch's count of unmasked time steps before the others ran."""
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,), dtype="int32")
+    embedded = keras.layers.Embedding(10, 4, mask_zero=True, name="embed")(inputs)
+    outputs = keras.layers.Dense(2, name="tag")(embedded)  # (the mask reaches the output)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True))
+    ids = np.array([[1, 2, 0, 0], [3, 0, 0, 0]], "int32")
+    with pytest.raises(ConfigurationError, match="Pipeline .* supports losses without Keras masks"):
+        tfdist.attach(model, parallel=tfdist.parallel.Pipeline(cuts=["embed"], micro_batches=2)
+                      ).fit(ids, np.zeros((2, 4), "int64"), verbose=0)
+
+
+def test_jit_compile_runs_without_xla_and_says_so():
+    model = _model()
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tfdist.attach(model, parallel=tfdist.parallel.Pipeline(cuts=["h2"], micro_batches=2)
+                      ).fit(*ref.classification_arrays(8)[:2], verbose=0)
+    assert any("cannot span" in str(w.message) for w in caught)
+
+
+class _PositionEmbedding(keras.layers.Layer):
+    """Adds a learnt embedding of each position (looked up with
+    ``ops.arange``: every micro-batch looks up the same ids)."""
+
+    def __init__(self, length, width, **kwargs):
+        super().__init__(**kwargs)
+        self.positions = keras.layers.Embedding(length, width)
+
+    def call(self, x):
+        return x + self.positions(keras.ops.arange(keras.ops.shape(x)[1]))
+
+
+def _text_model():
+    keras.utils.set_random_seed(5)
+    inputs = keras.Input((6,), dtype="int32")
+    tokens = keras.layers.Embedding(20, 8, name="tokens")(inputs)
+    placed = _PositionEmbedding(6, 8, name="positions")(tokens)
+    pooled = keras.layers.GlobalAveragePooling1D(name="pool")(placed)
+    outputs = keras.layers.Dense(ref.NUM_CLASSES, "softmax", name="out")(pooled)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer=keras.optimizers.Adam(0.05), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def test_embeddings_sparse_gradients_keep_one_devices_form_under_adam():
+    """Adam squares a sparse gradient's entries before duplicate ids are
+    summed, so one device's result depends on the gradient's form: token
+    lookups' entries are concatenated over the micro-batches, the position
+    lookup every micro-batch makes whole is summed (as over replicas)."""
+    rng = np.random.default_rng(0)
+    ids, labels = rng.integers(1, 20, (30, 6)).astype("int32"), rng.integers(0, 3, 30)
+
+    def fit(model):
+        history = model.fit(ids, labels, batch_size=10, epochs=2, shuffle=False, verbose=0)
+        return model.get_weights(), history.history
+
+    weights, history = fit(_text_model())
+    pipeline = tfdist.parallel.Pipeline(cuts=["positions"], micro_batches=3)
+    got_weights, got_history = fit(tfdist.attach(_text_model(), parallel=pipeline))
+    ref.assert_weight_lists_close(weights, got_weights)
+    ref.assert_logs_close(history, got_history)

@@ -1,0 +1,18 @@
+"""Model parallelism: a model split over several devices.
+
+`Pipeline` cuts a model into stages after named layers, one stage per
+device, and runs each batch as micro-batches flowing through them, in the
+GPipe or 1F1B schedule (`tfdist.parallel.pipeline`,
+`tfdist.parallel.schedules`). Pass it as ``parallel=`` to `tfdist.attach`
+or `tfdist.Trainer`.
+
+>>> import tfdist
+>>> tfdist.parallel.Pipeline(cuts=["encoder"], micro_batches=4)
+Pipeline(cuts=['encoder'], micro_batches=4, schedule='1f1b')
+"""
+
+from tfdist._internal import lazy
+
+_NAMES = {"Pipeline": "tfdist.parallel.pipeline"}
+__all__ = sorted(_NAMES)
+__getattr__ = lazy.attributes(__name__, _NAMES)

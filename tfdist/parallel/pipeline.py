@@ -1,0 +1,286 @@
+"""Pipeline parallelism: a model cut into stages on several devices, a
+batch cut into micro-batches that flow through them (GPipe; 1F1B).
+
+>>> import keras, numpy as np, tfdist
+>>> devices = tfdist.strategies.configure_logical_cpus(2)  # (before other TensorFlow work)
+>>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="first"),
+...                           keras.layers.Dense(1, name="second")])
+>>> model.compile(optimizer="adam", loss="mse")
+>>> pipeline = tfdist.parallel.Pipeline(cuts=["first"], micro_batches=4)
+>>> model = tfdist.attach(model, parallel=pipeline)
+>>> history = model.fit(np.ones((10, 4)), np.ones((10, 1)), batch_size=10, verbose=0)
+>>> [w.value.device.endswith(d) for w, d in zip(model.weights, ["CPU:0"] * 2 + ["CPU:1"] * 2)]
+[True, True, True, True]
+
+``cuts`` names the layers after which a new stage starts (top-level layers
+of the model, in order): here ``first`` on the first device, ``second`` on
+the second. Each stage's weights (and so its optimizer state) live on its
+device, and its layers run there, forward and backward
+(`tfdist.parallel.stage_units`).
+
+**Exact.** Each micro-batch's loss is its examples' share of the global
+batch's loss (divided by the global batch's example count, not the
+micro-batch's), so the micro-batches' gradients sum to the batch's and
+one update follows: p stages and m micro-batches give one device's weights,
+losses and metrics on the same batches, whatever m is, with a batch that
+does not divide into m micro-batches, and with micro-batches left empty
+(a batch of fewer than m rows). Losses whose denominators depend on the
+data (a Keras mask at the output, ``mean_with_sample_weight``) are
+refused: each micro-batch's loss must be scaled before the others run.
+A ``BatchNormalization`` layer normalizes each micro-batch by its own
+statistics (a warning names it), as under replicas.
+
+**Schedules** (`tfdist.parallel.schedules`): ``"1f1b"`` (default) holds
+at most S - s micro-batches' activations on stage s; ``"gpipe"`` all m.
+The order is enforced in the traced step; it never changes a value.
+
+Not built yet, refused with a clear error: several replicas (data
+parallelism across pipelines), stages on other workers, a model with its
+own ``train_step``, ``jit_compile=True`` (XLA cannot span devices: the step
+runs without it, with a warning).
+"""
+
+import warnings
+from typing import List, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+from tfdist._internal import sparse_gradients
+from tfdist._internal.keras import placed_weights
+from tfdist.errors import ConfigurationError
+from tfdist.parallel import schedules
+from tfdist.parallel.stage_units import StageUnits, StepTrace
+
+
+class Pipeline:
+    """A model cut into stages after the layers named in ``cuts``, each
+    batch cut into ``micro_batches`` (module doc). Pass it as ``parallel=``
+    to `tfdist.attach` or `tfdist.Trainer`.
+
+    Args:
+      cuts: names of top-level layers, in the model's order; a stage ends
+        after each. S = len(cuts) + 1 stages.
+      micro_batches: m, the micro-batches each batch is cut into (the
+        first ones one row longer when m does not divide it).
+      schedule: ``"1f1b"`` or ``"gpipe"``.
+      devices: one device per stage (default: S GPUs when there are, else
+        S logical CPUs, `tfdist.strategies.configure_logical_cpus`).
+    """
+
+    def __init__(self, cuts: Sequence[str], *, micro_batches: int, schedule: str = "1f1b",
+                 devices: Optional[Sequence[str]] = None):
+        if isinstance(cuts, str) or not all(isinstance(c, str) for c in cuts):
+            raise ConfigurationError(
+                f"Pipeline: `cuts` ({cuts!r}) must be a list of layer names.")
+        if not isinstance(micro_batches, int) or micro_batches < 1:
+            raise ConfigurationError(
+                f"Pipeline: `micro_batches` ({micro_batches!r}) must be a positive integer.")
+        if schedule not in schedules.SCHEDULES:
+            raise ConfigurationError(
+                f"Pipeline: `schedule` ({schedule!r}) must be one of {schedules.SCHEDULES}.")
+        if devices is not None and len(devices) != len(cuts) + 1:
+            raise ConfigurationError(
+                f"Pipeline: {len(cuts) + 1} stages need {len(cuts) + 1} devices; "
+                f"got {list(devices)}.")
+        self.cuts = list(cuts)
+        self.micro_batches = micro_batches
+        self.schedule = schedule
+        self.devices = None if devices is None else list(devices)
+        self._orders = schedules.stage_orders(schedule, stages=self.stages,
+                                              micro_batches=micro_batches)
+        schedules.simulate(self._orders)  # (an order that would wait forever: an error now)
+        self._units: Optional[StageUnits] = None
+        self.ordering_edges = 0  # added in the last traced step (`StepTrace.order`)
+
+    @property
+    def stages(self) -> int:
+        return len(self.cuts) + 1
+
+    def __repr__(self) -> str:
+        return (f"Pipeline(cuts={self.cuts!r}, micro_batches={self.micro_batches}, "
+                f"schedule={self.schedule!r})")
+
+    # -- attaching -------------------------------------------------------
+
+    def attach_to(self, model: keras.Model, strategy: tf.distribute.Strategy) -> None:
+        """Places each stage's weights on its device and wraps its layers."""
+        if self._units is not None:
+            return
+        if strategy.num_replicas_in_sync != 1:
+            raise ConfigurationError(
+                f"{self!r} runs one pipeline; data parallelism across pipelines "
+                f"({strategy.num_replicas_in_sync} replicas) is not built yet. Use one "
+                "replica (tfdist.make_strategy('one_device')).")
+        if not model.built:
+            raise ConfigurationError(
+                f"{self!r} places the model's weights on the stages' devices, so the model "
+                "must be built first: give it an Input (or call it once on a batch).")
+        stage_of = self._stage_of(model)
+        devices = self.devices or _default_devices(self.stages)
+        for layer in model.layers:
+            for weight in layer.weights:
+                placed_weights.place(weight, devices[stage_of[layer.name]])
+        _warn_batch_statistics(model)
+        self.devices = devices
+        self._units = StageUnits(devices, stage_of)
+        self._units.wrap(model)
+
+    def _stage_of(self, model) -> dict:
+        names = [layer.name for layer in model.layers]
+        missing = [cut for cut in self.cuts if cut not in names]
+        if missing:
+            raise ConfigurationError(
+                f"{self!r}: no top-level layer named {missing}; the model's layers are "
+                f"{names}.")
+        positions = [names.index(cut) for cut in self.cuts]
+        if positions != sorted(set(positions)) or positions[-1] == len(names) - 1:
+            raise ConfigurationError(
+                f"{self!r}: the cuts must name different layers in the model's order, not "
+                f"its last layer ({names[-1]!r}: the last stage would be empty).")
+        return {name: sum(position < index for position in positions)
+                for index, name in enumerate(names)}
+
+    # -- the step --------------------------------------------------------
+
+    def forward_backward(self, model, batch, global_examples, forward_backward):
+        """The batch's gradients, loss parts and outputs from its
+        micro-batches (replica context, traced): ``forward_backward`` is
+        `tfdist.replica.step.forward_backward`. Returns the summed
+        gradients, the summed `tfdist.replica.losses.LossParts` and the
+        outputs of every row in order."""
+        rows = batch.size()
+        length = (rows + self.micro_batches - 1) // self.micro_batches
+        trace = StepTrace()
+        results, sizes = [], []
+        for index in range(self.micro_batches):
+            start = tf.minimum(index * length, rows)
+            stop = tf.minimum(start + length, rows)
+            part = tf.nest.map_structure(lambda t, a=start, b=stop: t[a:b], batch.to_structure())
+            with tf.device(self.devices[-1]), self._units.micro_batch(trace, index):
+                results.append(forward_backward(
+                    model, part["x"], part.get("y"), part.get("sample_weight"),
+                    part.get("mask"), global_examples, micro_batch=True))
+            sizes.append(type(batch).from_structure(part).real_examples())
+        self.ordering_edges = trace.order(self._orders)
+        return (_summed_gradients([r.gradients for r in results]),
+                _summed_loss([r.loss for r in results], sizes),
+                _concatenated_outputs([r.y_pred for r in results]))
+
+
+def _default_devices(stages: int) -> List[str]:
+    from tfdist.strategies import local_devices  # pylint: disable=import-outside-toplevel
+
+    gpus = tf.config.list_logical_devices("GPU")
+    if len(gpus) >= stages:
+        return [device.name for device in gpus[:stages]]
+    return local_devices.configure_logical_cpus(stages)
+
+
+def _warn_batch_statistics(model) -> None:
+    named = [layer.name for layer in _all_layers(model)
+             if isinstance(layer, keras.layers.BatchNormalization)]
+    if named:
+        warnings.warn(
+            f"Pipeline: {named} normalize each micro-batch by its own statistics (and update "
+            "their moving statistics once per micro-batch), not the batch's as on one "
+            "device; results differ from one device's. Use LayerNormalization, or one "
+            "micro-batch.", stacklevel=3)
+
+
+def _all_layers(model) -> list:
+    found = []
+    for layer in model.layers:
+        found.append(layer)
+        if hasattr(layer, "layers"):
+            found.extend(_all_layers(layer))
+    return found
+
+
+def _summed_gradients(per_micro_batch: List[list]) -> list:
+    summed = []
+    for grads in zip(*per_micro_batch):
+        present = [g for g in grads if g is not None]
+        if not present:
+            summed.append(None)
+        elif isinstance(present[0], tf.IndexedSlices):
+            summed.append(sparse_gradients.combine_micro_batches(present))
+        else:
+            summed.append(tf.add_n([tf.convert_to_tensor(g) for g in present]))
+    return summed
+
+
+def _summed_loss(parts: list, sizes: list):
+    """The batch's `LossParts` from its micro-batches': shares add up; the
+    regularization is each micro-batch's weighted by its rows (the same
+    for weight regularizers; an activity regularizer's differs)."""
+    rows = tf.add_n(sizes)
+    regularization = tf.math.divide_no_nan(
+        tf.add_n([p.regularization * size for p, size in zip(parts, sizes)]), rows)
+    return parts[0]._replace(
+        data_share=tf.add_n([p.data_share for p in parts]),
+        output_shares=[tf.add_n(list(shares))
+                       for shares in zip(*[p.output_shares for p in parts])],
+        regularization=regularization)
+
+
+def _concatenated_outputs(outputs: list):
+    from tfdist._internal.keras import compiled as keras_compiled  # pylint: disable=import-outside-toplevel
+
+    masks = [keras_compiled.keras_masks(output) for output in outputs]
+    joined = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *outputs)
+
+    def joined_mask(*parts):
+        return None if any(m is None for m in parts) else tf.concat(parts, 0)
+
+    return keras_compiled.with_keras_masks(
+        joined, tf.nest.map_structure(joined_mask, *masks))
+
+
+
+# -- what a Trainer asks ------------------------------------------------------
+
+
+def _pipelines(parallel) -> List[Pipeline]:
+    if parallel is None:
+        return []
+    if not isinstance(parallel, Pipeline):
+        raise ConfigurationError(
+            f"`parallel` ({parallel!r}) must be a tfdist.parallel.Pipeline or None.")
+    return [parallel]
+
+
+def jit_compile(parallel, compiled: bool) -> bool:
+    """Whether the step runs under XLA: ``compiled``, except with a
+    pipeline, whose stages run on several devices, which one XLA program
+    cannot span: then without XLA, with a warning (the same numbers)."""
+    if compiled and _pipelines(parallel):
+        warnings.warn(
+            f"model.jit_compile is True, but parallel={parallel!r} runs the stages on "
+            "several devices, which one XLA program cannot span: tfdist runs the step "
+            "without XLA (the same numbers).", stacklevel=4)
+        return False
+    return compiled
+
+
+def check(parallel, *, communication, static_shapes: bool) -> None:
+    """Refuses what a pipeline does not combine with yet, naming it."""
+    if not _pipelines(parallel):
+        return
+    if communication is not None:
+        raise ConfigurationError(
+            f"parallel={parallel!r} with communication={communication!r} is not built yet: "
+            "a pipeline runs on one replica. Drop one of them.")
+    if static_shapes:
+        raise ConfigurationError(
+            f"parallel={parallel!r} is not built for static shapes (TPUStrategy, "
+            "static_shapes=True) yet: its micro-batches have the sizes the batch gives.")
+
+
+def use_in(steps, parallel: Pipeline) -> None:
+    """Makes ``steps`` (a Trainer's replica steps) run ``parallel``."""
+    if not hasattr(steps, "use_pipeline"):
+        raise ConfigurationError(
+            f"parallel={parallel!r} runs tfdist's training step; this model has its own "
+            "train_step (or compute_loss), which a pipeline cannot cut into micro-batches yet.")
+    steps.use_pipeline(parallel)

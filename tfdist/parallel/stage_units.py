@@ -1,0 +1,165 @@
+"""A model's top-level layers as pipeline stages: each layer runs on its
+stage's device, forward and backward, and each stage's passes of a step's
+micro-batches run in the schedule's order (`tfdist.parallel.pipeline`).
+
+Every top-level layer's ``call`` is wrapped. Wherever it runs, its ops are
+placed on its stage's device (``tf.device``). Inside a pipelined training
+step (`StageUnits.micro_batch`) the call also runs as one
+``tf.custom_gradient`` whose gradient is computed under the same device:
+TensorFlow places a gradient op where ``GradientTape.gradient`` is called,
+not with its forward op (tensorflow/tensorflow#33688), so without this a
+stage's backward pass would run on the last stage's device.
+
+Each call records where its pass starts and ends: an identity of its
+inputs (the start; every op of the layer that reads data waits for it)
+and its outputs (the end), per (stage, micro-batch) and direction. Once a
+step's micro-batches are traced, `StepTrace.order` makes each stage's
+passes run one after the other in the schedule's order
+(`tfdist._internal.graph_order.run_after`): the dataflow executor would
+otherwise run every forward pass as soon as its input arrives (GPipe's
+memory, whatever the schedule). The order never changes a value.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import threading
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from tfdist._internal import graph_order
+from tfdist._internal.keras import compiled as keras_compiled, layer_calls
+from tfdist.errors import ConfigurationError
+from tfdist.parallel import schedules
+
+_THREAD = threading.local()
+
+
+@dataclasses.dataclass
+class _Pass:
+    """Where one stage's forward or backward pass of one micro-batch
+    starts (tensors made by its first ops) and ends (its results)."""
+
+    starts: List[tf.Tensor] = dataclasses.field(default_factory=list)
+    ends: List[tf.Tensor] = dataclasses.field(default_factory=list)
+
+
+class StepTrace:
+    """The passes of one traced training step, by (stage, action)."""
+
+    def __init__(self):
+        self.passes: Dict[Tuple[int, schedules.Action], _Pass] = {}
+
+    def of(self, stage: int, kind: str, micro_batch: int) -> _Pass:
+        return self.passes.setdefault((stage, schedules.Action(kind, micro_batch)), _Pass())
+
+    def order(self, orders: Sequence[Sequence[schedules.Action]]) -> int:
+        """Makes each stage run its passes in ``orders`` (one list per
+        stage): each pass starts after the stage's previous pass ended.
+        Returns the ordering edges added.
+
+        An edge that would close a cycle, or that TensorFlow's order of
+        stateful ops would contradict (`tfdist._internal.graph_order`), is
+        left out: the values are the same, the stage may then run two
+        passes at once.
+        """
+        added = 0
+        for stage, order in enumerate(orders):
+            previous = None
+            for action in order:
+                current = self.passes.get((stage, action))
+                if current is None or not current.ends:
+                    continue  # (a stage without weights or ops in this direction)
+                if previous is not None:
+                    with tf.control_dependencies(None):
+                        ended = tf.group(*previous.ends)
+                    for start in current.starts:
+                        if graph_order.run_after(start, ended, exact=True):
+                            added += 1
+                previous = current
+        return added
+
+
+class StageUnits:
+    """Wraps the ``call`` of each of ``model``'s top-level layers to run on
+    ``devices[stage_of[layer name]]`` (module doc)."""
+
+    def __init__(self, devices: Sequence[str], stage_of: Dict[str, int]):
+        self.devices = list(devices)
+        self.stage_of = dict(stage_of)
+
+    def wrap(self, model) -> None:
+        for layer in model.layers:
+            if layer.name in self.stage_of and not getattr(layer, "_tfdist_stage", None):
+                self._wrap_layer(layer, self.stage_of[layer.name])
+
+    @staticmethod
+    @contextlib.contextmanager
+    def micro_batch(trace: StepTrace, index: int):
+        """Within this block, the layers' calls are micro-batch ``index``'s
+        passes of a pipelined training step traced into ``trace``."""
+        outer = getattr(_THREAD, "site", None)
+        _THREAD.site = (trace, index)
+        try:
+            yield
+        finally:
+            _THREAD.site = outer
+
+    def _wrap_layer(self, layer, stage: int) -> None:
+        original = layer.call
+        device = self.devices[stage]
+
+        @functools.wraps(original)
+        def call(*args, **kwargs):
+            site = getattr(_THREAD, "site", None)
+            with tf.device(device):
+                if site is None or tf.executing_eagerly():
+                    return original(*args, **kwargs)
+                return _run_stage_pass(original, args, kwargs, stage, device, *site)
+
+        layer.call = call
+        object.__setattr__(layer, "_tfdist_stage", stage + 1)  # (0 would read as unset)
+
+
+def _run_stage_pass(original, args, kwargs, stage: int, device: str, trace: StepTrace,
+                    micro_batch: int):
+    """One layer's call as part of stage ``stage``'s forward pass of
+    ``micro_batch``, its gradient part of the backward pass (module doc)."""
+    call = layer_calls.LayerCall(args, kwargs)
+    if not call.differentiable:
+        raise ConfigurationError(
+            "Pipeline: a layer called with a sparse or ragged tensor cannot be placed in a "
+            "stage; make its input dense (e.g. tf.sparse.to_dense) before the model.")
+    forward = trace.of(stage, schedules.FORWARD, micro_batch)
+    backward = trace.of(stage, schedules.BACKWARD, micro_batch)
+    masks_of_result = []
+
+    @tf.custom_gradient
+    def unit(*tensors):
+        starts = [tf.identity(t) for t in tensors]
+        forward.starts += starts
+        with tf.GradientTape(watch_accessed_variables=True) as tape:
+            tape.watch(starts)
+            call_args, call_kwargs = call.arguments(starts, with_masks=True)
+            result = original(*call_args, **call_kwargs)
+        forward.ends += tf.nest.flatten(result)
+        masks_of_result.append(keras_compiled.keras_masks(result))
+
+        def gradient(*upstream, variables=None):
+            variables = list(variables or [])
+            with tf.device(device):
+                arrived = [tf.identity(u) for u in upstream]
+                backward.starts += arrived
+                grads = tape.gradient(tf.nest.flatten(result), starts + variables,
+                                      output_gradients=arrived,
+                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                backward.ends += [g.values if isinstance(g, tf.IndexedSlices) else g
+                                  for g in grads if g is not None]
+            return (layer_calls.input_gradients(tensors, grads[:len(tensors)]),
+                    grads[len(tensors):])
+
+        return result, gradient
+
+    outputs = unit(*call.tensors)
+    return keras_compiled.with_keras_masks(outputs, masks_of_result.pop())
