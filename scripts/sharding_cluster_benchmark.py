@@ -24,7 +24,7 @@ of the sharding benchmark (``--width`` units in ``--layers`` hidden layers:
   itself takes.
 - **Background saves** (part ``saves``). For each N and form, a cluster
   of N workers trains ``--memory_steps`` steps with a background save
-  (``CheckpointOptions(async_write=True)``) every 2 steps. Each worker
+  (``CheckpointOptions(async_write=True)``) after every step. Each worker
   reports the bytes its saves copy to its host (the most seen after any
   step: `tfdist.checkpoint.TrainingCheckpoint.background_host_bytes`) and
   its peak resident memory. Plain and sharded state copy the whole
@@ -123,7 +123,7 @@ def _worker() -> None:
                   "tensor_peak_mb": measure.tensor_mb(tf, "peak")}
     elif FLAGS.part == "saves":
         model, trainer = build(FLAGS.form, tfdist.CheckpointOptions(
-            os.path.join(FLAGS.worker_output, "checkpoints"), every_steps=2, async_write=True))
+            os.path.join(FLAGS.worker_output, "checkpoints"), every_steps=1, async_write=True))
         checkpoint = trainer._checkpoint  # pylint: disable=protected-access
         copied = [0]
 
