@@ -47,7 +47,7 @@ import keras
 import tensorflow as tf
 
 from tfdist._internal import sparse_gradients
-from tfdist._internal.keras import placed_weights
+from tfdist._internal.keras import model_state as keras_model_state, placed_weights
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import schedules
 from tfdist.parallel.stage_units import StageUnits, StepTrace
@@ -178,7 +178,7 @@ def _default_devices(stages: int) -> List[str]:
 
 
 def _warn_batch_statistics(model) -> None:
-    named = [layer.name for layer in _all_layers(model)
+    named = [layer.name for layer in keras_model_state.all_layers(model)
              if isinstance(layer, keras.layers.BatchNormalization)]
     if named:
         warnings.warn(
@@ -186,15 +186,6 @@ def _warn_batch_statistics(model) -> None:
             "their moving statistics once per micro-batch), not the batch's as on one "
             "device; results differ from one device's. Use LayerNormalization, or one "
             "micro-batch.", stacklevel=3)
-
-
-def _all_layers(model) -> list:
-    found = []
-    for layer in model.layers:
-        found.append(layer)
-        if hasattr(layer, "layers"):
-            found.extend(_all_layers(layer))
-    return found
 
 
 def _summed_gradients(per_micro_batch: List[list]) -> list:
