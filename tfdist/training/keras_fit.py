@@ -150,11 +150,11 @@ def attach(model, strategy=None, *, checkpointing=None, input_pipeline=None, rep
     Args:
       model: a Keras model built under ``strategy.scope()``.
       strategy: the strategy it was built under (default: that one).
-      checkpointing, input_pipeline, reporting, static_shapes, communication,
-        parallel: `tfdist.Trainer`'s options, checked now (``input_pipeline``'s
-        `tfdist.DataOptions` ``seed`` seeds ``shuffle=True`` orders).
-        ``steps_per_execution`` and ``jit_compile`` are read from
-        ``model.compile``, where Keras takes them.
+      checkpointing: `tfdist.Trainer`'s option of that name, checked now;
+        likewise ``input_pipeline`` (its `tfdist.DataOptions` ``seed`` seeds
+        ``shuffle=True`` orders), ``reporting``, ``static_shapes``,
+        ``communication`` and ``parallel``. ``steps_per_execution`` and
+        ``jit_compile`` are read from ``model.compile``, where Keras takes them.
 
     Returns the model. Raises `ConfigurationError` for a model built outside
     the strategy's scope or under another strategy.
