@@ -169,8 +169,13 @@ def two_targets(examples: int, batch: int) -> tf.data.Dataset:
 def _loss_case(name, loss, build=zoo.mlp(), dataset=zoo.features, axis="loss",
                **compile_options):
     def compile_model(model):
-        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss,
-                      **compile_options)
+        # Metric objects made per compile (``metrics=lambda: [...]``), inside the
+        # strategy's scope as users write it: one made at import would carry its
+        # state from model to model (Keras 3 keeps it in the object), and
+        # across workers it is refused.
+        options = {key: value() if key.endswith("metrics") and callable(value) else value
+                   for key, value in compile_options.items()}
+        model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=loss, **options)
     return Case(f"{axis}-{name}", zoo._seeded(build), compile_model, dataset)
 
 
@@ -195,11 +200,11 @@ LOSS_FORMS = (
 METRIC_FORMS = (
     _loss_case("mask_at_output", "sparse_categorical_crossentropy", tagging_model,
                tagged_sequences, axis="metric",
-               metrics=["sparse_categorical_accuracy",
-                        keras.metrics.SparseTopKCategoricalAccuracy(2, name="top2")]),
+               metrics=lambda: ["sparse_categorical_accuracy",
+                                keras.metrics.SparseTopKCategoricalAccuracy(2, name="top2")]),
     _loss_case("sample_weight", "sparse_categorical_crossentropy",
                dataset=zoo.weighted_features, axis="metric", metrics=["accuracy"],
-               weighted_metrics=["accuracy", keras.metrics.SparseCategoricalCrossentropy(
+               weighted_metrics=lambda: ["accuracy", keras.metrics.SparseCategoricalCrossentropy(
                    name="weighted_ce")]),
     Case("metric-own_trackers", zoo._seeded(zoo.own_metrics_model),
          lambda m: m.compile(optimizer=keras.optimizers.SGD(0.05)), zoo.regression,

@@ -124,10 +124,13 @@ def _model_under(case, strategy, initial):
 
 def run_attached(case, strategy, examples: int, initial, attach_options=None,
                  **fit_options) -> Result:
-    """``tfdist.attach`` (with ``attach_options``) + the user's unchanged fit /
-    evaluate / predict (``fit_options``: added to the case's own)."""
-    model = tfdist.attach(_model_under(case, strategy, initial), strategy,
-                          **(attach_options or {}))
+    """``tfdist.attach`` (with ``attach_options``: a dict, or a function of
+    the model that returns one) + the user's unchanged fit / evaluate /
+    predict (``fit_options``: added to the case's own)."""
+    model = _model_under(case, strategy, initial)
+    if callable(attach_options):
+        attach_options = attach_options(model)
+    model = tfdist.attach(model, strategy, **(attach_options or {}))
     dataset = case.dataset(examples, GLOBAL_BATCH)
     history = model.fit(dataset, epochs=case.epochs, verbose=0,
                         **dict(case.fit_options, **fit_options))

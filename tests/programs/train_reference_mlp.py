@@ -196,6 +196,9 @@ def main():
     parser.add_argument("--fully_sharded", action="store_true",
                         help="Trainer(communication=FullySharded()): the weights and Adam's "
                              "state in one slice per replica")
+    parser.add_argument("--metric_made_outside_scope", action="store_true",
+                        help="compile with a metric object made before strategy.scope() "
+                             "(refused across workers)")
     args = parser.parse_args()
     broken = _broken_host(args)
 
@@ -212,6 +215,7 @@ def main():
             time.sleep(args.step_delay)
 
     communication = None
+    made_outside = keras.metrics.SparseTopKCategoricalAccuracy(2, name="top2")
     with strategy.scope():
         if args.local_sgd:
             from tests.communication import test_local_sgd as local  # pylint: disable=import-outside-toplevel
@@ -225,6 +229,9 @@ def main():
                 communication = tfdist.communication.ShardedOptimizerState()
             if args.fully_sharded:
                 communication = tfdist.communication.FullySharded()
+            if args.metric_made_outside_scope:
+                model.compile(optimizer="adam", loss="sparse_categorical_crossentropy",
+                              metrics=[made_outside])
     if args.keras_fit:
         _keras_fit(args, model, strategy, ref)
         return

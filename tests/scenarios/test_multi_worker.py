@@ -223,6 +223,18 @@ def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path
         ref.assert_logs_close(union_history, result["accumulated"]["history"])
 
 
+def test_a_metric_made_outside_the_scope_is_refused_across_workers(tmp_path):
+    """Its state would be each worker's own (Keras 3 metrics make their
+    variables when constructed), so each worker would report its own
+    examples' result: refused, naming the metric, before training."""
+    args = [f"--output_dir={tmp_path / 'out'}", "--metric_made_outside_scope"]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) != 0
+    assert "The metric 'top2' given to" in run.output, run.output[-4000:]
+    assert "created outside strategy.scope()" in run.output
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.json"))
+
+
 def _slow_run_args(tmp_path):
     return [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
             "--checkpoint_every_steps=2", "--step_delay=0.4"]

@@ -2,7 +2,9 @@
 names the argument, the value received and the fix."""
 
 import keras
+import tensorflow as tf
 
+from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.errors import ConfigurationError
 
 
@@ -50,6 +52,34 @@ def check_created_in_scope(model, strategy) -> None:
                 "model inside `with strategy.scope():` so its variables are "
                 "placed on every replica."
             )
+    if _spans_workers(strategy):
+        _check_metrics_created_in_scope(model, strategy)
+
+
+def _spans_workers(strategy) -> bool:
+    """Whether ``strategy``'s replicas run in more than one process."""
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return False
+    spec = strategy.cluster_resolver.cluster_spec().as_dict()
+    return len(spec.get("chief", [])) + len(spec.get("worker", [])) > 1
+
+
+def _check_metrics_created_in_scope(model, strategy) -> None:
+    """A metric object made before the scope (at import, say) keeps its
+    state in plain variables: Keras 3 metrics make them in ``__init__``.
+    Across workers each process would then count its own examples only and
+    report that, silently. (In one process the replicas add into the one
+    copy, which is exact, so it is allowed there.)"""
+    for metric in keras_compiled.metric_objects_given(model):
+        for variable in metric.variables:
+            if not strategy.extended.variable_created_in_scope(getattr(variable, "value",
+                                                                       variable)):
+                raise ConfigurationError(
+                    f"The metric {metric.name!r} given to {model.name!r}.compile was "
+                    "created outside strategy.scope(): its state would be each worker's "
+                    "own, and each worker would report its own examples' result. Create "
+                    "the metric inside `with strategy.scope():` (in the compile call "
+                    "there).")
 
 
 def check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq) -> None:

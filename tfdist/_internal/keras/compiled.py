@@ -64,6 +64,17 @@ def compile_metrics(model: keras.Model):
     return model._compile_metrics
 
 
+def metric_objects_given(model: keras.Model) -> list:
+    """The ``keras.metrics.Metric`` objects the user passed to ``compile``
+    (``metrics`` and ``weighted_metrics``; names such as ``"accuracy"``
+    become objects only when Keras builds them, inside the model's scope)."""
+    container = model._compile_metrics
+    if container is None:
+        return []
+    given = keras.tree.flatten([container._user_metrics, container._user_weighted_metrics])
+    return [metric for metric in given if isinstance(metric, keras.metrics.Metric)]
+
+
 def flat_losses(model: keras.Model):
     """``[(path, loss_fn, loss_weight, name), ...]`` of the compiled loss.
 
