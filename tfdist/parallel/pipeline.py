@@ -24,7 +24,7 @@ micro-batch's), so the micro-batches' gradients sum to the batch's and
 one update follows: p stages and m micro-batches give one device's weights,
 losses and metrics on the same batches, whatever m is, with a batch that
 does not divide into m micro-batches, and with micro-batches left empty
-(a batch of fewer than m rows). Losses whose denominators depend on the
+(a batch of fewer than m rows: `tfdist.parallel.micro_batches`). Losses whose denominators depend on the
 data (a Keras mask at the output, ``mean_with_sample_weight``) are
 refused: each micro-batch's loss must be scaled before the others run.
 A ``BatchNormalization`` layer normalizes each micro-batch by its own
@@ -35,8 +35,8 @@ at most S - s micro-batches' activations on stage s; ``"gpipe"`` all m.
 The order is enforced in the traced step; it never changes a value.
 
 Not built yet, refused with a clear error: several replicas (data
-parallelism across pipelines), stages on other workers, a model with its
-own ``train_step``, ``jit_compile=True`` (XLA cannot span devices: the step
+parallelism across pipelines), stages on other workers, a model that
+overrides a step method (``train_step``, ``compute_loss``, ...), ``jit_compile=True`` (XLA cannot span devices: the step
 runs without it, with a warning).
 """
 
@@ -47,9 +47,10 @@ import keras
 import tensorflow as tf
 
 from tfdist._internal import sparse_gradients
+from tfdist._internal.keras import batch_statistics as keras_statistics
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import schedules
+from tfdist.parallel import micro_batches, schedules
 from tfdist.parallel.stage_units import StageUnits, StepTrace
 
 
@@ -149,19 +150,17 @@ class Pipeline:
         `tfdist.replica.step.forward_backward`. Returns the summed
         gradients, the summed `tfdist.replica.losses.LossParts` and the
         outputs of every row in order."""
-        rows = batch.size()
-        length = (rows + self.micro_batches - 1) // self.micro_batches
         trace = StepTrace()
         results, sizes = [], []
-        for index in range(self.micro_batches):
-            start = tf.minimum(index * length, rows)
-            stop = tf.minimum(start + length, rows)
-            part = tf.nest.map_structure(lambda t, a=start, b=stop: t[a:b], batch.to_structure())
-            with tf.device(self.devices[-1]), self._units.micro_batch(trace, index):
-                results.append(forward_backward(
-                    model, part["x"], part.get("y"), part.get("sample_weight"),
-                    part.get("mask"), global_examples, micro_batch=True))
-            sizes.append(type(batch).from_structure(part).real_examples())
+        for index, part in enumerate(micro_batches.cut(batch, self.micro_batches)):
+            inputs = part.structure
+            with tf.device(self.devices[-1]), self._units.micro_batch(trace, index), \
+                    keras_statistics.statistics_over_real_rows(inputs["mask"]):
+                result = forward_backward(
+                    model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
+                    inputs["mask"], global_examples, micro_batch=True)
+            results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
+            sizes.append(part.batch().real_examples())
         self.ordering_edges = trace.order(self._orders)
         return (_summed_gradients([r.gradients for r in results]),
                 _summed_loss([r.loss for r in results], sizes),
@@ -215,6 +214,17 @@ def _summed_loss(parts: list, sizes: list):
         regularization=regularization)
 
 
+def _real_rows(part, outputs):
+    """``outputs`` of micro-batch ``part`` without the masked row an empty
+    one ran on, their Keras masks alike."""
+    from tfdist._internal.keras import compiled as keras_compiled  # pylint: disable=import-outside-toplevel
+
+    masks = keras_compiled.keras_masks(outputs)
+    return keras_compiled.with_keras_masks(
+        part.real_outputs(outputs),
+        tf.nest.map_structure(lambda m: None if m is None else m[:part.rows], masks))
+
+
 def _concatenated_outputs(outputs: list):
     from tfdist._internal.keras import compiled as keras_compiled  # pylint: disable=import-outside-toplevel
 
@@ -254,10 +264,18 @@ def jit_compile(parallel, compiled: bool) -> bool:
     return compiled
 
 
-def check(parallel, *, communication, static_shapes: bool) -> None:
-    """Refuses what a pipeline does not combine with yet, naming it."""
+def check(parallel, *, communication, static_shapes: bool, own_steps=()) -> None:
+    """Refuses what a pipeline does not combine with yet, naming it
+    (``own_steps``: the step methods the model's class overrides,
+    `tfdist.replica.keras_steps.overridden`)."""
     if not _pipelines(parallel):
         return
+    if own_steps:
+        raise ConfigurationError(
+            f"parallel={parallel!r}: this model overrides {', '.join(own_steps)}; a "
+            "pipeline runs tfdist's training step, which cuts each batch into "
+            "micro-batches, and cannot cut a model's own step into them yet. Drop the "
+            "Pipeline for this model.")
     if communication is not None:
         raise ConfigurationError(
             f"parallel={parallel!r} with communication={communication!r} is not built yet: "

@@ -107,7 +107,8 @@ class Trainer:
                 communication, compiled.jit_compile)),
         )
         pipelines.check(parallel, communication=communication,
-                        static_shapes=options.static_shapes)
+                        static_shapes=options.static_shapes,
+                        own_steps=keras_steps.overridden(model))
         self._communication = Communication.attach(communication, model, strategy)
         if parallel is not None:
             parallel.attach_to(model, strategy)

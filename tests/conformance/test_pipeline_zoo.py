@@ -1,0 +1,137 @@
+"""The conformance zoo through a `tfdist.parallel.Pipeline`: every model
+family cut into 2 and 3 stages on logical CPUs, each batch run as 3 or 5
+micro-batches in both schedules, on every batch shape, against
+single-device Keras on the same data and order (`harness.run_keras`).
+
+Where the cut goes: evenly over the model's top-level layers (its
+``model.layers``, inputs left out), so a functional model's skip
+connections (the transformer's residuals, the dict model's shared hidden
+layer) cross stages. The global batch is 24: 5 micro-batches of 5, 5, 5,
+5, 4 rows; the partial last batch (11 rows) ends with an empty
+micro-batch; the last batch of one row leaves 2 of 3 (4 of 5) empty.
+
+Families a pipeline cannot equal one device on are not skipped: each
+one's refusal (a clear error naming what it cannot cut) or warning is
+asserted (`EXPECTED`).
+
+CI runs one layout per family (`in_short_form`); ``--conformance=full``
+runs every family x layout x batch shape.
+"""
+
+import functools
+
+import keras
+import pytest
+import tensorflow as tf
+
+import tfdist
+from conformance import harness, zoo
+from tfdist.errors import ConfigurationError
+
+pytestmark = pytest.mark.conformance
+
+# (stages, micro-batches, schedule)
+LAYOUTS = ((2, 3, "1f1b"), (2, 5, "gpipe"), (3, 5, "1f1b"), (3, 3, "gpipe"))
+
+# What a pipeline does instead of equalling one device, by family: the
+# error (a regular expression) or the warning it gives.
+_OWN_STEP = (ConfigurationError, r"this model overrides .*cannot cut a model's own step")
+_BATCH_STATISTICS = (UserWarning, r"normalize each micro-batch by its own statistics")
+EXPECTED = {
+    "own_train_step": _OWN_STEP,
+    "own_compute_loss": _OWN_STEP,
+    "own_test_step": _OWN_STEP,
+    "keras_io_gan": _OWN_STEP,
+    "own_metrics_property": _OWN_STEP,
+    "cnn_batch_norm": _BATCH_STATISTICS,
+    "cnn_sync_batch_norm": _BATCH_STATISTICS,
+}
+
+
+def cuts_for(model: keras.Model, stages: int) -> list:
+    """Names of the top-level layers after which each of ``stages`` stages
+    ends, evenly spaced over the layers (inputs left out, never the last);
+    a model of fewer layers gets one stage per layer."""
+    layers = [layer.name for layer in model.layers
+              if not isinstance(layer, keras.layers.InputLayer)]
+    stages = min(stages, len(layers))
+    return [layers[round(len(layers) * k / stages) - 1] for k in range(1, stages)]
+
+
+def in_short_form(case_name: str, layout: tuple, shape: str) -> bool:
+    """CI runs each family once: layouts and batch shapes in turn (the
+    families in zoo order), so every layout and shape runs with some."""
+    turn = [c.name for c in zoo.CASES].index(case_name)
+    return (layout, shape) == (LAYOUTS[turn % len(LAYOUTS)],
+                               tuple(harness.BATCH_SHAPES)[turn % len(harness.BATCH_SHAPES)])
+
+
+def _matrix():
+    for case in zoo.CASES:
+        for layout in LAYOUTS:
+            for shape in harness.BATCH_SHAPES:
+                stages, micro_batches, schedule = layout
+                marks = [] if in_short_form(case.name, layout, shape) else [
+                    pytest.mark.conformance_full]
+                yield pytest.param(case.name, layout, shape, marks=marks,
+                                   id=f"{case.name}-{stages}stages-m{micro_batches}-"
+                                      f"{schedule}-{shape}")
+
+
+@functools.lru_cache(maxsize=None)
+def _reference(case_name: str, examples: int):
+    return harness.run_keras(zoo.BY_NAME[case_name], examples)
+
+
+def _options(layout):
+    """`tfdist.attach`'s options for ``layout``, from the model (its layers'
+    names are Keras' automatic ones, different in every build)."""
+    stages, micro_batches, schedule = layout
+    return lambda model: {"parallel": tfdist.parallel.Pipeline(
+        cuts=cuts_for(model, stages), micro_batches=micro_batches, schedule=schedule)}
+
+
+@pytest.mark.parametrize("case_name,layout,shape", list(_matrix()))
+def test_a_pipeline_equals_one_device(case_name, layout, shape):
+    case = zoo.BY_NAME[case_name]
+    stages, micro_batches, schedule = layout
+    row = dict(case=case_name, strategy=f"pipeline_{stages}x{micro_batches}_{schedule}",
+               shape=shape, entry="attach")
+    examples = harness.BATCH_SHAPES[shape]
+    initial, reference = _reference(case_name, examples)
+    strategy = tf.distribute.get_strategy()
+    options = _options(layout)
+    if case_name in EXPECTED:
+        kind, message = EXPECTED[case_name]
+        if kind is UserWarning:
+            with pytest.warns(UserWarning, match=message):
+                harness.run_attached(case, strategy, examples, initial,
+                                     attach_options=options)
+            harness.record(dict(row, outcome="warned"))
+            pytest.skip(f"not exact by design, warned: {message}")
+        with pytest.raises(kind, match=message):
+            harness.run_attached(case, strategy, examples, initial,
+                                 attach_options=options)
+        harness.record(dict(row, outcome="refused"))
+        pytest.skip(f"refused, naming why: {message}")
+    tolerance = harness.tolerance(case, examples, reference)
+    try:
+        result = harness.run_attached(case, strategy, examples, initial,
+                                      attach_options=options)
+        harness.assert_matches(reference, result, tolerance)
+    except BaseException as error:
+        harness.record(dict(row, outcome="failed", error=f"{type(error).__name__}: {error}"[:300]))
+        raise
+    harness.record(dict(row, outcome="passed", difference=harness.largest_difference(
+        reference, result), tolerance=tolerance))
+
+
+def test_every_family_is_cut_into_two_stages_or_more():
+    """(The matrix's cut rule: distinct cuts, never the last layer.)"""
+    for case in zoo.CASES:
+        model = case.build()
+        names = [layer.name for layer in model.layers]
+        for stages in (2, 3):
+            cuts = cuts_for(model, stages)
+            assert 1 <= len(set(cuts)) == len(cuts) <= stages - 1, (case.name, cuts)
+            assert names[-1] not in cuts, (case.name, cuts)
