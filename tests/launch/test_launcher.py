@@ -66,6 +66,22 @@ def test_parameter_server_layout_runs_the_command_as_chief_and_servers_elsewhere
     assert command == ["python", "train.py"]
 
 
+def test_workers_serve_layout_runs_the_command_as_chief_and_stage_servers(tmp_path):
+    config, _ = launch.cli.parse_args(["--num_workers=2", "--workers_serve", "--", "python",
+                                       "pipeline.py"])
+    assert config.num_tasks == 3
+    tasks = launch.launcher.make_tasks(config, [7001, 7002, 7003], str(tmp_path))
+    assert [t.name for t in tasks] == ["chief-0", "worker-0", "worker-1"]
+    assert tasks[0].command is None and not tasks[0].server
+    for worker in tasks[1:]:
+        assert worker.command == (PY, "-m", "tfdist.server") and worker.server
+        assert worker.max_respawns == 0  # a stage's server holds its weights: a group restart
+    assert json.loads(tasks[2].env["TF_CONFIG"])["cluster"] == {
+        "chief": ["127.0.0.1:7001"], "worker": ["127.0.0.1:7002", "127.0.0.1:7003"]}
+    with pytest.raises(ConfigurationError, match="`workers_serve` .* does not combine with ps"):
+        launch.cli.parse_args(["--num_workers=2", "--workers_serve", "--num_ps=1", "--", "x"])
+
+
 def test_tasks_get_tf_config_prefixed_output_and_log_files(tmp_path):
     output = io.StringIO()
     config = launch.LaunchConfig(num_workers=2, log_dir=str(tmp_path), start_timeout=0)

@@ -4,6 +4,7 @@ Usage:
 
     tfdist-run --num_workers=2 -- python strategies/multi_worker_mirrored.py --epochs=3
     tfdist-run --num_workers=2 --num_ps=1 -- python strategies/parameter_server.py
+    tfdist-run --num_workers=2 --workers_serve -- python pipeline_on_three_tasks.py
     python -m tfdist.launch --num_workers=2 --max_restarts=1 --log_dir=/tmp/logs -- CMD...
 
 Without --num_ps, every worker runs CMD (MultiWorkerMirroredStrategy). With
@@ -37,6 +38,9 @@ programs that do not use tfdist.
 Options:
   --num_workers N       worker tasks (required)
   --num_ps N            parameter-server tasks (default 0: no ps)
+  --workers_serve       CMD runs once, as a chief, and the N workers run
+                        TensorFlow servers that hold a pipeline's stages
+                        (tfdist.parallel.cluster_stages); no ps tasks
   --data_service_workers K
                         also run a tf.data service dispatcher and K service
                         workers (tasks data-dispatcher, data-worker-0..); every
@@ -132,6 +136,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
     parser = argparse.ArgumentParser(prog="tfdist-run", description=__doc__.split("\n")[0])
     parser.add_argument("--num_workers", type=int, required=True)
     parser.add_argument("--num_ps", type=int, default=0)
+    parser.add_argument("--workers_serve", action="store_true")
     parser.add_argument("--data_service_workers", type=int, default=0)
     parser.add_argument("--bandwidth", default=None)
     parser.add_argument("--max_restarts", type=int, default=0)
@@ -151,7 +156,8 @@ def parse_args(argv: Sequence[str]) -> Tuple[LaunchConfig, List[str]]:
         os.environ[tf_logs.SWITCH] = "1"
     ports = tuple(int(p) for p in args.ports.split(",")) if args.ports else None
     config = LaunchConfig(
-        num_workers=args.num_workers, num_ps=args.num_ps, max_restarts=args.max_restarts,
+        num_workers=args.num_workers, num_ps=args.num_ps, workers_serve=args.workers_serve,
+        max_restarts=args.max_restarts,
         min_workers=args.min_workers, data_service_workers=args.data_service_workers,
         evaluator=args.evaluator, evaluator_timeout=args.evaluator_timeout,
         host_discovery=args.host_discovery, discovery_interval=args.discovery_interval,

@@ -16,6 +16,11 @@ class LaunchConfig:
         (MultiWorkerMirroredStrategy); with them, each runs a server.
       num_ps: parameter-server tasks (servers); when set, the command runs
         once, as the chief (the coordinator).
+      workers_serve: the command runs once, as a chief, and the worker
+        tasks run servers the chief places work on (no ps tasks): a
+        pipeline's stages, one per task (`tfdist.parallel.cluster_stages`).
+        A stage's server holds its weights, so one that exits fails the
+        group (no respawn); ``max_restarts`` resumes from the checkpoint.
       data_service_workers: tf.data service workers to run beside the
         training tasks, with a dispatcher (0: none). Every training task gets
         the dispatcher's address in ``TFDIST_DATA_SERVICE``
@@ -71,6 +76,7 @@ class LaunchConfig:
 
     num_workers: int
     num_ps: int = 0
+    workers_serve: bool = False
     data_service_workers: int = 0
     evaluator: bool = False
     evaluator_timeout: float = 120.0
@@ -104,6 +110,13 @@ class LaunchConfig:
                 f"`max_restarts` ({self.max_restarts!r}) must be 0 or more."
             )
         self._check_min_workers()
+        if self.workers_serve and (self.num_ps or self.min_workers is not None
+                                   or self.host_discovery is not None):
+            raise ConfigurationError(
+                "`workers_serve` runs a chief and worker servers that hold a pipeline's "
+                "stages; it does not combine with ps tasks (they serve already) or with "
+                "elastic sizes (a stage cannot be dropped). Drop --num_ps, --min_workers "
+                "and --host_discovery.")
         if self.bandwidth is not None:
             bits_per_second(self.bandwidth)  # a clear error for a bad rate
         if self.host_discovery is not None and self.num_ps:
@@ -148,6 +161,11 @@ class LaunchConfig:
             )
 
     @property
+    def has_chief(self) -> bool:
+        """Whether the command runs once, as a chief, and the workers serve."""
+        return bool(self.num_ps) or self.workers_serve
+
+    @property
     def fewest_workers(self) -> int:
         """The size the group may shrink to (``num_workers`` if not elastic)."""
         return self.num_workers if self.min_workers is None else self.min_workers
@@ -157,4 +175,5 @@ class LaunchConfig:
         """Workers, plus a chief and the ps tasks in parameter-server mode,
         plus a dispatcher and the tf.data service workers."""
         return (self.num_workers + (1 + self.num_ps if self.num_ps else 0)
+                + (1 if self.workers_serve else 0)
                 + (1 + self.data_service_workers if self.data_service_workers else 0))

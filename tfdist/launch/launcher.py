@@ -27,13 +27,13 @@ SERVER_COMMAND = (sys.executable, "-m", "tfdist.server")
 
 def _cluster_layout(config: LaunchConfig, ports: Sequence[int]):
     addresses = iter(f"{config.host}:{port}" for port in ports)
-    if not config.num_ps:
+    if not config.has_chief:
         return {"worker": [next(addresses) for _ in range(config.num_workers)]}
-    return {
-        "chief": [next(addresses)],
-        "worker": [next(addresses) for _ in range(config.num_workers)],
-        "ps": [next(addresses) for _ in range(config.num_ps)],
-    }
+    layout = {"chief": [next(addresses)],
+              "worker": [next(addresses) for _ in range(config.num_workers)]}
+    if config.num_ps:
+        layout["ps"] = [next(addresses) for _ in range(config.num_ps)]
+    return layout
 
 
 def _data_service_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
@@ -67,8 +67,9 @@ def _data_service_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: s
 def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
     """One `TaskSpec` per task, with its TF_CONFIG and ready file.
 
-    Without ps tasks every worker runs the command. With them the command
-    runs as the chief, and workers and ps tasks run `tfdist.server`. With
+    Without ps tasks every worker runs the command. With them (or with
+    ``workers_serve``) the command runs as the chief, and workers and ps
+    tasks run `tfdist.server`. With
     ``data_service_workers`` a dispatcher and its workers come last, and
     every training task learns the dispatcher's address. With ``evaluator``
     an ``evaluator-0`` task runs the command beside the cluster.
@@ -81,7 +82,7 @@ def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
             tf_config = cluster.build_tf_config(layout, job, index)
             name = f"{job}-{index}"
             ready = os.path.join(ready_dir, f"{name}.ready")
-            server = bool(config.num_ps) and job in ("worker", "ps")
+            server = config.has_chief and job in ("worker", "ps")
             tasks.append(TaskSpec(
                 name=name,
                 env={"TF_CONFIG": tf_config.to_json(), cluster.READY_FILE_ENV: ready, **data_env},
@@ -90,8 +91,10 @@ def make_tasks(config: LaunchConfig, ports: Sequence[int], ready_dir: str):
                 server=server,
                 # With one worker a respawn would re-run its steps from a fresh
                 # iterator (inexact); a group restart resumes from the checkpoint.
+                # A pipeline stage's server holds its weights: a group restart.
                 max_respawns=(config.max_worker_respawns
-                              if job == "worker" and server and config.num_workers > 1 else 0),
+                              if job == "worker" and server and config.num_workers > 1
+                              and not config.workers_serve else 0),
             ))
     tasks += data_tasks
     if config.evaluator:  # beside the cluster, not in it: no port, no join; last

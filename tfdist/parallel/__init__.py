@@ -4,7 +4,8 @@
 device, and runs each batch as micro-batches flowing through them, in the
 GPipe or 1F1B schedule (`tfdist.parallel.pipeline`,
 `tfdist.parallel.schedules`). Pass it as ``parallel=`` to `tfdist.attach`
-or `tfdist.Trainer`.
+or `tfdist.Trainer`. The devices are this process's (logical CPUs, GPUs)
+or one per task of a cluster (`tfdist.parallel.cluster_stages`).
 
 >>> import tfdist
 >>> tfdist.parallel.Pipeline(cuts=["encoder"], micro_batches=4)

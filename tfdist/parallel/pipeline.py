@@ -34,10 +34,13 @@ statistics (a warning names it), as under replicas.
 at most S - s micro-batches' activations on stage s; ``"gpipe"`` all m.
 The order is enforced in the traced step; it never changes a value.
 
+``devices`` may be this process's (logical CPUs, GPUs) or one per task
+of a cluster (`tfdist.parallel.cluster_stages`).
+
 Not built yet, refused with a clear error: several replicas (data
-parallelism across pipelines), stages on other workers, a model that
-overrides a step method (``train_step``, ``compute_loss``, ...), ``jit_compile=True`` (XLA cannot span devices: the step
-runs without it, with a warning).
+parallelism across pipelines), a model that overrides a step method
+(``train_step``, ``compute_loss``, ...). With ``jit_compile=True`` the
+step runs without XLA, with a warning (XLA cannot span devices).
 """
 
 import warnings

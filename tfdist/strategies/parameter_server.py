@@ -50,7 +50,7 @@ def wait_for_servers(config: cluster.TFConfig, timeout_seconds: float) -> None:
         if pending and time.monotonic() > deadline:
             unreachable = ", ".join(f"{task} ({address})" for task, address in pending.items())
             raise ConfigurationError(
-                f"Parameter-server cluster not reachable after {timeout_seconds:g} s: "
+                f"TensorFlow servers of the cluster not reachable after {timeout_seconds:g} s: "
                 f"{unreachable}. Start those tasks (`python -m tfdist.server` with "
                 "their TF_CONFIG) or fix their addresses in TF_CONFIG."
             )

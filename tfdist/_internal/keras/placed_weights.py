@@ -16,8 +16,13 @@ from tensorflow.python.framework import device as tf_device
 
 
 def _same_device(a: str, b: str) -> bool:
+    """Whether ``a`` (a variable's full device) is ``b`` (a device that may
+    leave out its job and task: this process's then)."""
     spec_a, spec_b = tf_device.DeviceSpec.from_string(a), tf_device.DeviceSpec.from_string(b)
-    return (spec_a.device_type, spec_a.device_index) == (spec_b.device_type, spec_b.device_index)
+    if (spec_a.device_type, spec_a.device_index) != (spec_b.device_type, spec_b.device_index):
+        return False
+    return all(getattr(spec_b, part) is None or getattr(spec_b, part) == getattr(spec_a, part)
+               for part in ("job", "replica", "task"))
 
 
 def place(variable, device: str) -> None:
