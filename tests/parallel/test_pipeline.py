@@ -71,6 +71,39 @@ def test_a_pipeline_equals_one_device(schedule, cuts, micro_batches, batch_size)
     assert pipeline.ordering_edges >= len(cuts) + 1
 
 
+REPLICATED = [  # (cuts, micro-batches, batch size): 2 pipelines on 4 devices
+    (["h2"], 3, 8),   # 4 rows per pipeline (last batch: 3 + 3): micro-batches 2, 1, 1 / 1, 1, 1
+    (["h2"], 4, 5),   # 3 + 2 rows: empty micro-batches in both pipelines
+    (["h2"], 2, 1),   # batches of 1 row: the second pipeline has none
+]
+
+
+@pytest.mark.parametrize("schedule", schedules.SCHEDULES)
+@pytest.mark.parametrize("cuts,micro_batches,batch_size", REPLICATED,
+                         ids=[f"2x{len(c) + 1}-m{m}-b{b}" for c, m, b in REPLICATED])
+def test_two_pipelines_equal_one_device(schedule, cuts, micro_batches, batch_size):
+    """Data parallelism across pipelines: each pipeline's stages on their
+    own devices, every gradient summed on its weight's device."""
+    expected = _fit(_model(), batch_size)
+    pipeline = tfdist.parallel.Pipeline(cuts=cuts, micro_batches=micro_batches,
+                                        schedule=schedule, replicas=2)
+    model = tfdist.attach(_model(), parallel=pipeline)
+    _assert_equal_to(expected, _fit(model, batch_size))
+    assert pipeline.ordering_edges >= 2 * (len(cuts) + 1)
+    graph = _traced_step_graph(pipeline, model)
+    # Every matrix product runs on its pipeline's stage device: pipeline r,
+    # stage s on device 2r + s; each pipeline runs its own micro-batches.
+    products = [tf.DeviceSpec.from_string(op.device).device_index
+                for op in graph.get_operations() if op.type == "MatMul"]
+    per_device = [products.count(index) for index in range(4)]
+    assert per_device == [2 * 3 * micro_batches] * 4, per_device  # 2 Dense layers per stage
+    # Each weight's gradient is summed on the weight's own device (no detour).
+    sums = {op.name: tf.DeviceSpec.from_string(op.device).device_index
+            for op in graph.get_operations() if op.type == "AddN"
+            and len(op.inputs) == 2 * micro_batches and op.outputs[0].shape.rank}
+    assert sorted(sums.values()) == [0, 0, 0, 0, 1, 1, 1, 1], sums
+
+
 def test_a_skip_connection_across_cuts_equals_one_device():
     """The first stage's output feeds the second and the third: its gradient
     is the sum of both, added on its own device."""
@@ -144,7 +177,8 @@ def test_what_a_pipeline_cannot_do_yet_is_refused_naming_it(make_strategy):
     strategy = make_strategy(2)
     with strategy.scope():
         replicated = _model()
-    with pytest.raises(ConfigurationError, match="data parallelism across pipelines"):
+    with pytest.raises(ConfigurationError, match=r"for data parallelism across pipelines .*"
+                                                 r"give Pipeline\(\.\.\., replicas=d\)"):
         tfdist.attach(replicated, strategy,
                       parallel=tfdist.parallel.Pipeline(cuts=["h1"], micro_batches=2)
                       ).fit(x, y, verbose=0)
@@ -222,3 +256,100 @@ def test_embeddings_sparse_gradients_keep_one_devices_form_under_adam():
     got_weights, got_history = fit(tfdist.attach(_text_model(), parallel=pipeline))
     ref.assert_weight_lists_close(weights, got_weights)
     ref.assert_logs_close(history, got_history)
+
+
+class _Recorder(keras.layers.Layer):
+    """Keeps the rows of each call in training (one slot per call, in the
+    order the step runs them: a pipeline's micro-batches)."""
+
+    def __init__(self, calls, rows, **kwargs):
+        super().__init__(**kwargs)
+        self.slots = (calls, rows)
+
+    def build(self, input_shape):
+        self.seen = tf.Variable(tf.zeros(self.slots + (input_shape[-1],)), trainable=False)
+        self.calls = tf.Variable(0, trainable=False)
+
+    def call(self, inputs, training=False):
+        if training:
+            self.seen.scatter_nd_update([[self.calls % self.slots[0]]], inputs[None])
+            self.calls.assign_add(1)
+        return inputs
+
+
+def _dropout_model(recorded: bool = False):
+    """Dense, Dropout, (a `_Recorder` of 2 calls of 2 rows,) Dense."""
+    keras.utils.set_random_seed(2)
+    recorder = [_Recorder(2, 2, name="seen")] if recorded else []
+    model = keras.Sequential([
+        keras.Input((6,)), keras.layers.Dense(16, "relu", name="first"),
+        keras.layers.Dropout(0.5, seed=7, name="drop"), *recorder,
+        keras.layers.Dense(ref.NUM_CLASSES, "softmax", name="out")])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    return model
+
+
+def test_each_micro_batch_draws_its_own_random_values():
+    """Dropout in a later stage: two micro-batches of the same rows get
+    different masks (the seed generator moves on at every call), and the
+    same run draws the same values again."""
+    x, y = np.ones((4, 6), "float32"), np.zeros((4,), "int64")
+    seen = []
+    for _ in range(2):
+        model = tfdist.attach(_dropout_model(recorded=True), parallel=tfdist.parallel.Pipeline(
+            cuts=["first"], micro_batches=2))
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+        seen.append(model.get_layer("seen").seen.numpy())
+    first, second = seen[0]  # (each: the 2 rows of one micro-batch, the same inputs)
+    assert np.any((first == 0) != (second == 0)), "two micro-batches drew the same mask"
+    np.testing.assert_array_equal(seen[0], seen[1])
+
+
+def test_a_resumed_pipeline_draws_what_the_uninterrupted_one_draws(tmp_path):
+    rng = np.random.RandomState(0)
+    x = rng.randn(40, 6).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+
+    def run(directory, first_epochs, seed_offset=0):
+        for epochs in (first_epochs, 3):
+            model = _dropout_model()
+            if seed_offset:
+                model.get_layer("drop").seed_generator.state.assign([seed_offset, 0])
+            tfdist.Trainer(model, tf.distribute.get_strategy(),
+                           checkpointing=tfdist.CheckpointOptions(str(directory)),
+                           parallel=tfdist.parallel.Pipeline(cuts=["first"], micro_batches=3)
+                           ).fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8),
+                                 epochs=epochs, verbose=0)
+        return model.get_weights()
+
+    uninterrupted = run(tmp_path / "whole", 3)
+    ref.assert_weight_lists_close(uninterrupted, run(tmp_path / "resumed", 1))
+    other = run(tmp_path / "other", 3, seed_offset=99)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(uninterrupted, other)) > 1e-3
+
+
+@pytest.mark.parametrize("first,then", [("pipeline", "none"), ("none", "pipeline"),
+                                        ("pipeline", "pipeline_2x2")])
+def test_a_checkpoint_resumes_under_any_layout_and_saves_for_plain_keras(tmp_path, first, then):
+    """A run checkpointed under one layout (a pipeline of 3 stages, none,
+    2 pipelines of 2) and finished under another ends at one device's
+    weights after the same epochs; ``model.save`` of the pipelined model
+    loads with plain ``keras.models.load_model`` and predicts the same."""
+    x, y, w = ref.classification_arrays(EXAMPLES)
+    data = tf.data.Dataset.from_tensor_slices((x, y, w)).batch(8)
+    expected = _model()
+    expected.fit(data, epochs=3, verbose=0)
+    layouts = {"none": None,
+               "pipeline": tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=3),
+               "pipeline_2x2": tfdist.parallel.Pipeline(cuts=["h2"], micro_batches=2,
+                                                        replicas=2)}
+    for layout, epochs in ((first, 1), (then, 3)):
+        model = _model()
+        tfdist.Trainer(model, tf.distribute.get_strategy(), parallel=layouts[layout],
+                       checkpointing=tfdist.CheckpointOptions(str(tmp_path / "ckpt"))).fit(
+            data, epochs=epochs, verbose=0)
+    ref.assert_weight_lists_close(expected.get_weights(), model.get_weights())
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), expected.predict(x, verbose=0),
+                               atol=1e-5, rtol=0)

@@ -5,31 +5,40 @@ every stage on its task. Compared with one-device Keras on the same data
 (`tests.parallel.test_pipeline`), never with tfdist itself."""
 
 import json
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
 
 from tests.parallel import test_pipeline as in_process
 from tests.programs import pipeline_on_tasks
+from tests.support import reference as ref
 from tests.support.launcher_harness import LauncherRun
 
 PROGRAM = ["python", "tests/programs/pipeline_on_tasks.py"]
 
 
-@pytest.mark.parametrize("workers,schedule,micro_batches", [(1, "1f1b", 4), (2, "gpipe", 3)],
-                         ids=["2tasks-1f1b-m4", "3tasks-gpipe-m3"])
-def test_stages_on_other_processes_equal_one_device(tmp_path, workers, schedule, micro_batches):
+@pytest.mark.parametrize("workers,schedule,micro_batches,replicas", [
+    pytest.param(1, "1f1b", 4, 1, id="2tasks-1f1b-m4", marks=pytest.mark.full_form),
+    pytest.param(2, "gpipe", 3, 1, id="3tasks-gpipe-m3"),
+    pytest.param(3, "1f1b", 3, 2, id="2x2tasks-1f1b-m3")])  # (CI: the last two; --full: all)
+def test_stages_on_other_processes_equal_one_device(tmp_path, workers, schedule, micro_batches,
+                                                    replicas):
+    """(The last: 2 pipelines of 2 stages on 4 processes, data parallel.)"""
     expected = in_process._fit(in_process._model())  # pylint: disable=protected-access
     args = [f"--output_dir={tmp_path / 'out'}", f"--schedule={schedule}",
-            f"--micro_batches={micro_batches}"]
+            f"--micro_batches={micro_batches}", f"--replicas={replicas}"]
     with LauncherRun([f"--num_workers={workers}", "--workers_serve"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     result = json.loads((tmp_path / "out" / "chief-0.json").read_text())
     in_process._assert_equal_to(expected, (  # pylint: disable=protected-access
         [np.asarray(w, np.float32) for w in result["weights"]], result["history"],
         result["evaluation"], np.asarray(result["predictions"], np.float32)))
-    # Each stage's weights live on its own task: the chief's, then each worker's.
-    stages = workers + 1
+    # Each stage's weights live on its own task (the first pipeline's): the
+    # chief's, then each worker's.
+    stages = (workers + 1) // replicas
     cuts = pipeline_on_tasks.CUTS[stages]
     layers = ["h1", "h2", "h3", "out"]
     stage_of = {name: sum(layers.index(cut) < index for cut in cuts)
@@ -40,3 +49,30 @@ def test_stages_on_other_processes_equal_one_device(tmp_path, workers, schedule,
     for path, device in result["devices"].items():
         wanted = result["stage_devices"][stage_of[path.split("/")[0]]]
         assert device == wanted, (path, device, wanted)
+
+
+def test_a_killed_stage_restarts_from_the_checkpoint_and_ends_equal_to_one_device(tmp_path):
+    """SIGKILL of the worker holding the second stage mid-epoch: its weights
+    and Adam state die with it. tfdist-run names it, ends the chief and
+    starts the group again; the chief restores every stage from the last
+    checkpoint (written by the chief, with the values read from each task)
+    and ends where one uninterrupted device ends."""
+    expected = in_process._fit(in_process._model(), epochs=3)  # pylint: disable=protected-access
+    args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+            "--checkpoint_every_steps=2", "--step_delay=0.3", "--epochs=3"]
+    launcher = ["--num_workers=1", "--workers_serve", "--max_restarts=1", "--grace_period=5"]
+    with LauncherRun(launcher, PROGRAM + args) as run:
+        run.wait_for(r"\[chief-0\] epoch step 3 done", timeout=240)
+        os.kill(run.pids()["worker-0"], signal.SIGKILL)
+        killed = time.monotonic()
+        run.wait_for(r"restart 1/1", timeout=90)
+        assert time.monotonic() - killed < 60
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    assert "worker-0: exited (exit code 137)" in run.output
+    result = json.loads((tmp_path / "out" / "chief-0.json").read_text())
+    weights, history, _, _ = expected
+    ref.assert_weight_lists_close(
+        weights, [np.asarray(w, np.float32) for w in result["weights"]])
+    # (The history after a restart holds the epochs the restarted run trained.)
+    np.testing.assert_allclose(result["history"]["loss"], history["loss"][-len(
+        result["history"]["loss"]):], rtol=1e-5)

@@ -11,6 +11,7 @@ import argparse
 import json
 import pathlib
 import sys
+import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
@@ -26,7 +27,12 @@ def main():
     parser.add_argument("--schedule", default="1f1b")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="pipelines the tasks are split into (data parallelism)")
     parser.add_argument("--checkpoint_dir", default=None)
+    parser.add_argument("--checkpoint_every_steps", type=int, default=None)
+    parser.add_argument("--step_delay", type=float, default=0.0,
+                        help="seconds to sleep after each step (fault tests)")
     args = parser.parse_args()
 
     devices = tfdist.parallel.cluster_stages.task_devices(timeout_seconds=60)
@@ -34,13 +40,22 @@ def main():
     from tests.support import reference as ref  # pylint: disable=import-outside-toplevel
 
     model = test_pipeline._model()  # pylint: disable=protected-access
-    pipeline = tfdist.parallel.Pipeline(cuts=CUTS[len(devices)], micro_batches=args.micro_batches,
-                                        schedule=args.schedule, devices=devices)
-    model = tfdist.attach(model, parallel=pipeline,
-                          checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir))
+    pipeline = tfdist.parallel.Pipeline(
+        cuts=CUTS[len(devices) // args.replicas], micro_batches=args.micro_batches,
+        schedule=args.schedule, devices=devices, replicas=args.replicas)
+    model = tfdist.attach(model, parallel=pipeline, checkpointing=tfdist.CheckpointOptions(
+        args.checkpoint_dir, every_steps=args.checkpoint_every_steps))
+    import keras  # pylint: disable=import-outside-toplevel
+
+    def after_step(batch, logs):
+        print(f"epoch step {batch + 1} done", flush=True)
+        time.sleep(args.step_delay)
+
     x, y, w = ref.classification_arrays(test_pipeline.EXAMPLES)
     history = model.fit(x, y, sample_weight=w, batch_size=args.batch_size, epochs=args.epochs,
-                        shuffle=False, verbose=0).history
+                        shuffle=False, verbose=0,
+                        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=after_step)]
+                        ).history
     result = {
         "history": history,
         "evaluation": model.evaluate(x, y, batch_size=args.batch_size, verbose=0),

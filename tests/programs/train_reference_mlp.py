@@ -124,6 +124,20 @@ def _keras_fit(args, model, strategy, ref):
     _write(args, results)
 
 
+def _accumulate_fully_sharded(args, strategy, ref):
+    """``gradient_accumulation_steps=2`` under ``FullySharded()``, through
+    tfdist.attach and model.fit: its weights and history."""
+    with strategy.scope():
+        model = ref.compile_model(ref.build_mlp(), "adam")
+        model.optimizer.gradient_accumulation_steps = 2
+    tfdist.attach(model, strategy, communication=tfdist.communication.FullySharded())
+    x, y, _ = ref.classification_arrays(args.examples)
+    history = model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, shuffle=False,
+                        verbose=0)
+    _write(args, {"history": history.history,
+                  "weights": [w.tolist() for w in model.get_weights()]})
+
+
 def _own_step(args, strategy, ref):
     """A model's own step (keras.io's patterns), after tfdist.attach."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -196,6 +210,9 @@ def main():
     parser.add_argument("--fully_sharded", action="store_true",
                         help="Trainer(communication=FullySharded()): the weights and Adam's "
                              "state in one slice per replica")
+    parser.add_argument("--accumulate_fully_sharded", action="store_true",
+                        help="attach + fit with gradient_accumulation_steps=2 and "
+                             "FullySharded() (only that)")
     parser.add_argument("--metric_made_outside_scope", action="store_true",
                         help="compile with a metric object made before strategy.scope() "
                              "(refused across workers)")
@@ -234,6 +251,9 @@ def main():
                               metrics=[made_outside])
     if args.keras_fit:
         _keras_fit(args, model, strategy, ref)
+        return
+    if args.accumulate_fully_sharded:
+        _accumulate_fully_sharded(args, strategy, ref)
         return
     if args.own_step:
         _own_step(args, strategy, ref)

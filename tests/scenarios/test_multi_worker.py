@@ -223,6 +223,24 @@ def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path
         ref.assert_logs_close(union_history, result["accumulated"]["history"])
 
 
+def test_fully_sharded_accumulation_on_two_workers_of_two_replicas_equals_one_device(tmp_path):
+    """``gradient_accumulation_steps=2`` under ``FullySharded()`` on 4
+    replicas in 2 processes: each replica's slice of the summed gradients
+    is kept between the micro-steps, and every second step is one device's
+    step on the union of the two batches."""
+    x, y, _ = ref.classification_arrays(EXAMPLES)
+    expected = ref.compile_model(ref.build_mlp(), "adam")
+    history = expected.fit(x, y, batch_size=2 * BATCH, epochs=EPOCHS, shuffle=False,
+                           verbose=0).history
+    args = [f"--output_dir={tmp_path / 'out'}", "--replicas_per_worker=2",
+            "--accumulate_fully_sharded"]
+    with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for result in _results(tmp_path / "out"):
+        ref.assert_weight_lists_close(expected.get_weights(), result["weights"])
+        ref.assert_logs_close(history, result["history"])
+
+
 def test_a_metric_made_outside_the_scope_is_refused_across_workers(tmp_path):
     """Its state would be each worker's own (Keras 3 metrics make their
     variables when constructed), so each worker would report its own

@@ -44,9 +44,12 @@ class MicroBatch:
         return tf.nest.map_structure(lambda t: t[:self.rows], outputs)
 
 
-def cut(batch: Batch, count: int) -> List[MicroBatch]:
-    """``batch`` (at least one row) as ``count`` micro-batches, in order (module doc)."""
-    rows = batch.size()
+def cut(batch: Batch, count: int, rows=None) -> List[MicroBatch]:
+    """``batch`` (at least one row) as ``count`` micro-batches, in order
+    (module doc); ``rows``: how many of its leading rows to cut (default
+    all; 0 for a part that is itself one masked row, whose micro-batches
+    are then all empty)."""
+    rows = batch.size() if rows is None else rows
     length = (rows + count - 1) // count
     mask = (tf.ones([rows], tf.float32) if batch.mask is None
             else tf.cast(batch.mask, tf.float32))
@@ -57,7 +60,7 @@ def cut(batch: Batch, count: int) -> List[MicroBatch]:
         stop = tf.minimum(start + length, rows)
         empty = stop <= start
         first = tf.where(empty, 0, start)
-        last = tf.where(empty, tf.minimum(rows, 1), stop)
+        last = tf.where(empty, 1, stop)
         structure = tf.nest.map_structure(lambda t, a=first, b=last: t[a:b], fields)
         structure["mask"] = mask[first:last] * (1.0 - tf.cast(empty, tf.float32))
         parts.append(MicroBatch(structure, stop - start))

@@ -37,8 +37,13 @@ The order is enforced in the traced step; it never changes a value.
 ``devices`` may be this process's (logical CPUs, GPUs) or one per task
 of a cluster (`tfdist.parallel.cluster_stages`).
 
-Not built yet, refused with a clear error: several replicas (data
-parallelism across pipelines), a model that overrides a step method
+**Data parallelism across pipelines** (``replicas=d``): the batch is split
+into d parts (as over replicas), each run as m micro-batches through its
+own pipeline of S devices, and all their gradients are summed on each
+stage's weights' device before one update: exact as one pipeline is.
+
+Not built yet, refused with a clear error: several tf.distribute replicas
+(use ``replicas=``), a model that overrides a step method
 (``train_step``, ``compute_loss``, ...). With ``jit_compile=True`` the
 step runs without XLA, with a warning (XLA cannot span devices).
 """
@@ -69,11 +74,20 @@ class Pipeline:
         first ones one row longer when m does not divide it).
       schedule: ``"1f1b"`` or ``"gpipe"``.
       devices: one device per stage (default: S GPUs when there are, else
-        S logical CPUs, `tfdist.strategies.configure_logical_cpus`).
+        S logical CPUs, `tfdist.strategies.configure_logical_cpus`); with
+        ``replicas``, S per pipeline, the first pipeline's first.
+      replicas: d, the pipelines the batch is split over (data parallelism
+        across pipelines, d x S devices): each pipeline runs its rows'
+        micro-batches on its own devices. A stage's weights and optimizer
+        state live on the first pipeline's device for that stage; the other
+        pipelines read them from there, and every pipeline's gradients are
+        summed there (a reduce to the owner and a broadcast of the new
+        values, which is what an all-reduce between the stage replicas and
+        d identical updates compute).
     """
 
     def __init__(self, cuts: Sequence[str], *, micro_batches: int, schedule: str = "1f1b",
-                 devices: Optional[Sequence[str]] = None):
+                 devices: Optional[Sequence[str]] = None, replicas: int = 1):
         if isinstance(cuts, str) or not all(isinstance(c, str) for c in cuts):
             raise ConfigurationError(
                 f"Pipeline: `cuts` ({cuts!r}) must be a list of layer names.")
@@ -83,12 +97,16 @@ class Pipeline:
         if schedule not in schedules.SCHEDULES:
             raise ConfigurationError(
                 f"Pipeline: `schedule` ({schedule!r}) must be one of {schedules.SCHEDULES}.")
-        if devices is not None and len(devices) != len(cuts) + 1:
+        if not isinstance(replicas, int) or replicas < 1:
             raise ConfigurationError(
-                f"Pipeline: {len(cuts) + 1} stages need {len(cuts) + 1} devices; "
-                f"got {list(devices)}.")
+                f"Pipeline: `replicas` ({replicas!r}) must be a positive integer.")
+        if devices is not None and len(devices) != (len(cuts) + 1) * replicas:
+            raise ConfigurationError(
+                f"Pipeline: {replicas} pipeline(s) of {len(cuts) + 1} stages need "
+                f"{(len(cuts) + 1) * replicas} devices; got {list(devices)}.")
         self.cuts = list(cuts)
         self.micro_batches = micro_batches
+        self.replicas = replicas
         self.schedule = schedule
         self.devices = None if devices is None else list(devices)
         self._orders = schedules.stage_orders(schedule, stages=self.stages,
@@ -102,8 +120,9 @@ class Pipeline:
         return len(self.cuts) + 1
 
     def __repr__(self) -> str:
+        replicas = f", replicas={self.replicas}" if self.replicas > 1 else ""
         return (f"Pipeline(cuts={self.cuts!r}, micro_batches={self.micro_batches}, "
-                f"schedule={self.schedule!r})")
+                f"schedule={self.schedule!r}{replicas})")
 
     # -- attaching -------------------------------------------------------
 
@@ -113,21 +132,24 @@ class Pipeline:
             return
         if strategy.num_replicas_in_sync != 1:
             raise ConfigurationError(
-                f"{self!r} runs one pipeline; data parallelism across pipelines "
-                f"({strategy.num_replicas_in_sync} replicas) is not built yet. Use one "
-                "replica (tfdist.make_strategy('one_device')).")
+                f"{self!r} runs in one tf.distribute replica; for data parallelism across "
+                f"pipelines (here {strategy.num_replicas_in_sync} replicas) give "
+                "Pipeline(..., replicas=d) and one replica (tfdist.make_strategy("
+                "'one_device') or no strategy).")
         if not model.built:
             raise ConfigurationError(
                 f"{self!r} places the model's weights on the stages' devices, so the model "
                 "must be built first: give it an Input (or call it once on a batch).")
         stage_of = self._stage_of(model)
-        devices = self.devices or _default_devices(self.stages)
+        devices = self.devices or _default_devices(self.stages * self.replicas)
         for layer in model.layers:
             for weight in layer.weights:
                 placed_weights.place(weight, devices[stage_of[layer.name]])
         _warn_batch_statistics(model)
         self.devices = devices
-        self._units = StageUnits(devices, stage_of)
+        self._units = StageUnits(
+            [devices[r * self.stages:(r + 1) * self.stages] for r in range(self.replicas)],
+            stage_of)
         self._units.wrap(model)
 
     def _stage_of(self, model) -> dict:
@@ -155,17 +177,20 @@ class Pipeline:
         outputs of every row in order."""
         trace = StepTrace()
         results, sizes = [], []
-        for index, part in enumerate(micro_batches.cut(batch, self.micro_batches)):
-            inputs = part.structure
-            with tf.device(self.devices[-1]), self._units.micro_batch(trace, index), \
-                    keras_statistics.statistics_over_real_rows(inputs["mask"]):
-                result = forward_backward(
-                    model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
-                    inputs["mask"], global_examples, micro_batch=True)
-            results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
-            sizes.append(part.batch().real_examples())
-        self.ordering_edges = trace.order(self._orders)
-        return (_summed_gradients([r.gradients for r in results]),
+        for replica, rows in enumerate(micro_batches.cut(batch, self.replicas)):
+            last_stage = self._units.devices[replica][-1]
+            parts = micro_batches.cut(rows.batch(), self.micro_batches, rows=rows.rows)
+            for index, part in enumerate(parts):
+                inputs = part.structure
+                with tf.device(last_stage), self._units.micro_batch(trace, index, replica), \
+                        keras_statistics.statistics_over_real_rows(inputs["mask"]):
+                    result = forward_backward(
+                        model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
+                        inputs["mask"], global_examples, micro_batch=True)
+                results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
+                sizes.append(part.batch().real_examples())
+        self.ordering_edges = trace.order(self._orders, pipelines=self.replicas)
+        return (_summed_gradients([r.gradients for r in results], model.trainable_variables),
                 _summed_loss([r.loss for r in results], sizes),
                 _concatenated_outputs([r.y_pred for r in results]))
 
@@ -190,16 +215,21 @@ def _warn_batch_statistics(model) -> None:
             "micro-batch.", stacklevel=3)
 
 
-def _summed_gradients(per_micro_batch: List[list]) -> list:
+def _summed_gradients(per_micro_batch: List[list], variables) -> list:
+    """Each variable's gradient summed over the micro-batches on the
+    variable's own device (its stage's): unplaced, the sums would run on
+    the step's default device, and a stage's gradients would travel there
+    and back (to the chief and back, with stages on other tasks)."""
     summed = []
-    for grads in zip(*per_micro_batch):
+    for grads, variable in zip(zip(*per_micro_batch), variables):
         present = [g for g in grads if g is not None]
-        if not present:
-            summed.append(None)
-        elif isinstance(present[0], tf.IndexedSlices):
-            summed.append(sparse_gradients.combine_micro_batches(present))
-        else:
-            summed.append(tf.add_n([tf.convert_to_tensor(g) for g in present]))
+        with tf.device(getattr(variable, "value", variable).device):
+            if not present:
+                summed.append(None)
+            elif isinstance(present[0], tf.IndexedSlices):
+                summed.append(sparse_gradients.combine_micro_batches(present))
+            else:
+                summed.append(tf.add_n([tf.convert_to_tensor(g) for g in present]))
     return summed
 
 

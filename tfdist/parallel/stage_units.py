@@ -23,6 +23,7 @@ memory, whatever the schedule). The order never changes a value.
 import contextlib
 import dataclasses
 import functools
+import itertools
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -46,18 +47,19 @@ class _Pass:
 
 
 class StepTrace:
-    """The passes of one traced training step, by (stage, action)."""
+    """The passes of one traced training step, by (pipeline, stage, action)."""
 
     def __init__(self):
-        self.passes: Dict[Tuple[int, schedules.Action], _Pass] = {}
+        self.passes: Dict[Tuple[int, int, schedules.Action], _Pass] = {}
 
-    def of(self, stage: int, kind: str, micro_batch: int) -> _Pass:
-        return self.passes.setdefault((stage, schedules.Action(kind, micro_batch)), _Pass())
+    def of(self, pipeline: int, stage: int, kind: str, micro_batch: int) -> _Pass:
+        return self.passes.setdefault(
+            (pipeline, stage, schedules.Action(kind, micro_batch)), _Pass())
 
-    def order(self, orders: Sequence[Sequence[schedules.Action]]) -> int:
-        """Makes each stage run its passes in ``orders`` (one list per
-        stage): each pass starts after the stage's previous pass ended.
-        Returns the ordering edges added.
+    def order(self, orders: Sequence[Sequence[schedules.Action]], pipelines: int = 1) -> int:
+        """Makes each stage of each of ``pipelines`` run its passes in
+        ``orders`` (one list per stage): each pass starts after the
+        stage's previous pass ended. Returns the ordering edges added.
 
         An edge that would close a cycle, or that TensorFlow's order of
         stateful ops would contradict (`tfdist._internal.graph_order`), is
@@ -65,10 +67,10 @@ class StepTrace:
         passes at once.
         """
         added = 0
-        for stage, order in enumerate(orders):
+        for pipeline, (stage, order) in itertools.product(range(pipelines), enumerate(orders)):
             previous = None
             for action in order:
-                current = self.passes.get((stage, action))
+                current = self.passes.get((pipeline, stage, action))
                 if current is None or not current.ends:
                     continue  # (a stage without weights or ops in this direction)
                 if previous is not None:
@@ -83,10 +85,12 @@ class StepTrace:
 
 class StageUnits:
     """Wraps the ``call`` of each of ``model``'s top-level layers to run on
-    ``devices[stage_of[layer name]]`` (module doc)."""
+    ``devices[pipeline][stage_of[layer name]]`` (module doc): ``devices``
+    has one list of stage devices per pipeline; outside a pipelined
+    training step (evaluation, prediction) the first pipeline's run."""
 
-    def __init__(self, devices: Sequence[str], stage_of: Dict[str, int]):
-        self.devices = list(devices)
+    def __init__(self, devices: Sequence[Sequence[str]], stage_of: Dict[str, int]):
+        self.devices = [list(stages) for stages in devices]
         self.stage_of = dict(stage_of)
 
     def wrap(self, model) -> None:
@@ -96,11 +100,12 @@ class StageUnits:
 
     @staticmethod
     @contextlib.contextmanager
-    def micro_batch(trace: StepTrace, index: int):
+    def micro_batch(trace: StepTrace, index: int, pipeline: int = 0):
         """Within this block, the layers' calls are micro-batch ``index``'s
-        passes of a pipelined training step traced into ``trace``."""
+        passes of ``pipeline`` in a pipelined training step traced into
+        ``trace``."""
         outer = getattr(_THREAD, "site", None)
-        _THREAD.site = (trace, index)
+        _THREAD.site = (trace, index, pipeline)
         try:
             yield
         finally:
@@ -108,11 +113,12 @@ class StageUnits:
 
     def _wrap_layer(self, layer, stage: int) -> None:
         original = layer.call
-        device = self.devices[stage]
 
         @functools.wraps(original)
         def call(*args, **kwargs):
             site = getattr(_THREAD, "site", None)
+            pipeline = 0 if site is None else site[2]
+            device = self.devices[pipeline][stage]
             with tf.device(device):
                 if site is None or tf.executing_eagerly():
                     return original(*args, **kwargs)
@@ -123,16 +129,17 @@ class StageUnits:
 
 
 def _run_stage_pass(original, args, kwargs, stage: int, device: str, trace: StepTrace,
-                    micro_batch: int):
+                    micro_batch: int, pipeline: int):
     """One layer's call as part of stage ``stage``'s forward pass of
-    ``micro_batch``, its gradient part of the backward pass (module doc)."""
+    ``micro_batch`` in ``pipeline``, its gradient part of the backward pass
+    (module doc)."""
     call = layer_calls.LayerCall(args, kwargs)
     if not call.differentiable:
         raise ConfigurationError(
             "Pipeline: a layer called with a sparse or ragged tensor cannot be placed in a "
             "stage; make its input dense (e.g. tf.sparse.to_dense) before the model.")
-    forward = trace.of(stage, schedules.FORWARD, micro_batch)
-    backward = trace.of(stage, schedules.BACKWARD, micro_batch)
+    forward = trace.of(pipeline, stage, schedules.FORWARD, micro_batch)
+    backward = trace.of(pipeline, stage, schedules.BACKWARD, micro_batch)
     masks_of_result = []
 
     @tf.custom_gradient
