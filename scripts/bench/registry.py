@@ -39,6 +39,9 @@ TOOLS: Dict[str, Tool] = {
     "memory_budget": Tool("memory_budget_benchmark.py", "benchmark",
                           "a model 1.5x one worker's memory budget: plain runs out of memory, "
                           "fully sharded weights train"),
+    "pipeline": Tool("pipeline_benchmark.py", "benchmark",
+                     "pipeline stages: weights and state per stage, the live-tensor peak "
+                     "of GPipe and 1F1B as the micro-batches grow"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

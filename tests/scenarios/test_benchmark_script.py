@@ -128,6 +128,22 @@ def test_checkpoint_benchmark_spare_core_gives_the_writer_a_cpu_of_its_own(tmp_p
 
 
 @pytest.mark.full_form
+def test_pipeline_benchmark_quick_measures_each_schedule_and_m(tmp_path):
+    """scripts/pipeline_benchmark.py --quick: each schedule and m in its own
+    process; each stage holds half of the weights and state (equal stages),
+    and the peak is measured (no figure asserted)."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "pipeline_benchmark.py")
+    rows = json.loads((tmp_path / "pipeline_benchmark.json").read_text())["rows"]
+    assert [(r["schedule"], r["micro_batches"]) for r in rows] == [
+        ("gpipe", 2), ("gpipe", 4), ("1f1b", 2), ("1f1b", 4)]
+    for row in rows:
+        first, second = row["held_mb_per_stage"]
+        assert first > 0 and abs(first - second) < 0.2 * first, row  # (projection, output)
+        assert row["peak_mb"] > 0
+    assert "| 1f1b | 4 |" in (tmp_path / "pipeline_benchmark.md").read_text()
+
+
+@pytest.mark.full_form
 def test_sharding_benchmark_quick_measures_both_forms(tmp_path):
     """scripts/sharding_benchmark.py --quick: each form in its own process;
     the sharded state per replica is the plain one over N (to a shard's

@@ -219,17 +219,27 @@ def _summed_gradients(per_micro_batch: List[list], variables) -> list:
     """Each variable's gradient summed over the micro-batches on the
     variable's own device (its stage's): unplaced, the sums would run on
     the step's default device, and a stage's gradients would travel there
-    and back (to the chief and back, with stages on other tasks)."""
+    and back (to the chief and back, with stages on other tasks).
+
+    A dense gradient is a running sum, in micro-batch order (the order
+    both schedules run the backward passes in): each micro-batch's
+    gradient is added as soon as it exists and then freed. One sum of all
+    m (``add_n``) would keep every micro-batch's gradient alive until the
+    last backward pass: m copies of the stage's weights."""
     summed = []
     for grads, variable in zip(zip(*per_micro_batch), variables):
         present = [g for g in grads if g is not None]
-        with tf.device(getattr(variable, "value", variable).device):
+        with tf.device(getattr(variable, "value", variable).device), \
+                tf.name_scope("micro_batch_gradient_sum"):
             if not present:
                 summed.append(None)
             elif isinstance(present[0], tf.IndexedSlices):
                 summed.append(sparse_gradients.combine_micro_batches(present))
             else:
-                summed.append(tf.add_n([tf.convert_to_tensor(g) for g in present]))
+                total = tf.convert_to_tensor(present[0])
+                for gradient in present[1:]:
+                    total = total + tf.convert_to_tensor(gradient)
+                summed.append(total)
     return summed
 
 
