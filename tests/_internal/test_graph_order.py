@@ -126,3 +126,22 @@ def test_no_edge_when_the_gradient_feeds_a_stateful_op_made_earlier():
 
     gradient, exchanged = step(tf.constant([1.0, 2.0]))
     assert traced["ordered"] is False and float(exchanged) == 9.0
+
+
+def test_a_running_sum_kept_as_written_is_marked_for_grappler_and_keeps_its_value():
+    """The mark that keeps Grappler from collapsing a running sum into one
+    AddN (every addend alive at once); eagerly nothing happens."""
+    traced = {}
+
+    @tf.function
+    def summed(parts):
+        total = parts[0]
+        for part in tf.unstack(parts)[1:]:
+            total = total + part
+            graph_order.keep_as_written(total)
+        traced["marked"] = total.op.get_attr("_grappler_do_not_remove")
+        return total
+
+    np.testing.assert_allclose(summed(tf.ones([4, 3])).numpy(), np.full(3, 4.0))
+    assert traced["marked"] is True
+    graph_order.keep_as_written(tf.constant(1.0))  # (eager: nothing to mark)

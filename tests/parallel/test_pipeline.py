@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tests.support import reference as ref
+from tests.support import reference as ref, short_form
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import schedules
 
@@ -78,7 +78,7 @@ REPLICATED = [  # (cuts, micro-batches, batch size): 2 pipelines on 4 devices
 ]
 
 
-@pytest.mark.parametrize("schedule", schedules.SCHEDULES)
+@pytest.mark.parametrize("schedule", short_form.only(schedules.SCHEDULES, in_ci=("1f1b",)))
 @pytest.mark.parametrize("cuts,micro_batches,batch_size", REPLICATED,
                          ids=[f"2x{len(c) + 1}-m{m}-b{b}" for c, m, b in REPLICATED])
 def test_two_pipelines_equal_one_device(schedule, cuts, micro_batches, batch_size):
@@ -330,8 +330,10 @@ def test_a_resumed_pipeline_draws_what_the_uninterrupted_one_draws(tmp_path):
     assert max(float(np.abs(a - b).max()) for a, b in zip(uninterrupted, other)) > 1e-3
 
 
-@pytest.mark.parametrize("first,then", [("pipeline", "none"), ("none", "pipeline"),
-                                        ("pipeline", "pipeline_2x2")])
+@pytest.mark.parametrize("first,then", [
+    pytest.param("pipeline", "none", marks=pytest.mark.full_form),
+    pytest.param("none", "pipeline", marks=pytest.mark.full_form),
+    ("pipeline", "pipeline_2x2")])  # (CI: the last; --full: all)
 def test_a_checkpoint_resumes_under_any_layout_and_saves_for_plain_keras(tmp_path, first, then):
     """A run checkpointed under one layout (a pipeline of 3 stages, none,
     2 pipelines of 2) and finished under another ends at one device's

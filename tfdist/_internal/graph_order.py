@@ -43,6 +43,7 @@ import weakref
 from typing import Set
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 # Per graph, the ops given an ordering edge (an edge against creation order).
 _REORDERED: "weakref.WeakKeyDictionary[object, Set[int]]" = weakref.WeakKeyDictionary()
@@ -129,3 +130,17 @@ def _depends_on(op, target) -> bool:
             seen.add(id(parent))
             stack.append(parent)
     return False
+
+
+def keep_as_written(tensor) -> None:
+    """Marks the op that makes ``tensor`` (in a traced function) so that
+    Grappler leaves it as written (``_grappler_do_not_remove``, which puts
+    it among the nodes every optimizer preserves). A running sum
+    ``((g0 + g1) + g2) + ...`` frees each addend once it is added;
+    Grappler's arithmetic optimizer would otherwise collapse the chain
+    into one ``AddN``, which keeps every addend alive until the last
+    exists. Eagerly (no graph) it does nothing."""
+    if tf.executing_eagerly() or not hasattr(tensor, "op"):
+        return
+    tensor.op._set_attr(  # pylint: disable=protected-access
+        "_grappler_do_not_remove", attr_value_pb2.AttrValue(b=True))

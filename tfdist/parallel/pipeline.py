@@ -54,7 +54,7 @@ from typing import List, Optional, Sequence
 import keras
 import tensorflow as tf
 
-from tfdist._internal import sparse_gradients
+from tfdist._internal import graph_order, sparse_gradients
 from tfdist._internal.keras import batch_statistics as keras_statistics
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
 from tfdist.errors import ConfigurationError
@@ -239,6 +239,7 @@ def _summed_gradients(per_micro_batch: List[list], variables) -> list:
                 total = tf.convert_to_tensor(present[0])
                 for gradient in present[1:]:
                     total = total + tf.convert_to_tensor(gradient)
+                    graph_order.keep_as_written(total)  # (not one AddN: graph_order)
                 summed.append(total)
     return summed
 
