@@ -30,14 +30,13 @@ Outputs in ``--output_dir``: pipeline_benchmark.json and .md.
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench import flags as bench_flags, outputs  # noqa: E402
+from bench import flags as bench_flags, measure, outputs  # noqa: E402
 
 bench_flags.define_common("pipeline_benchmark", quick="2 stages of 2 narrow layers, m = 2, 4.")
 flags.DEFINE_integer("width", 1024, "Units per hidden layer.")
@@ -106,9 +105,7 @@ def main(argv) -> int:
                        f"--quick={FLAGS.quick}", f"--width={FLAGS.width}",
                        f"--layers={FLAGS.layers}", f"--stages={FLAGS.stages}",
                        f"--micro_batch_rows={FLAGS.micro_batch_rows}"]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=1800,
-                                  check=True)
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rows.append(measure.row_in_fresh_process(command))
             print(rows[-1], flush=True)
     lines = ["| schedule | m | weights + state MB per stage | peak MB | peak in activations |",
              "|---|---|---|---|---|"]

@@ -23,7 +23,6 @@ Outputs in ``--output_dir``: sharding_benchmark.json and .md.
 import json
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
@@ -100,9 +99,7 @@ def main(argv) -> int:
             command = [sys.executable, __file__, f"--form_of={replicas}:{form}",
                        f"--quick={FLAGS.quick}", f"--width={FLAGS.width}",
                        f"--layers={FLAGS.layers}", f"--steps={FLAGS.steps}"]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=1800,
-                                  check=True)
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rows.append(measure.row_in_fresh_process(command))
             print(rows[-1], flush=True)
     lines = ["| replicas | form | weights | state MB per replica | RSS MB before fit | "
              "peak RSS MB | step s |", "|---|---|---|---|---|---|---|"]

@@ -1,7 +1,9 @@
 """One configuration measured: build each contender, calibrate, alternate."""
 
+import json
 import os
 import resource
+import subprocess
 import time
 from typing import Callable, Dict
 
@@ -95,3 +97,11 @@ def measure(builders: Dict[str, Callable], *, batch_size: int, steps_per_executi
                                              "keras_fit").items():
         results[name]["vs_keras"] = ratio
     return {"window_steps": steps, "results": results, "peak_rss_mb": peak_rss_mb()}
+
+
+def row_in_fresh_process(command, timeout: float = 1800) -> dict:
+    """Runs ``command`` (a measuring script's own one-run form) in a fresh
+    process, so no run inherits another's memory or TensorFlow state, and
+    returns the JSON row it prints last; a failed run raises."""
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])

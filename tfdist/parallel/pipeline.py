@@ -24,9 +24,10 @@ micro-batch's), so the micro-batches' gradients sum to the batch's and
 one update follows: p stages and m micro-batches give one device's weights,
 losses and metrics on the same batches, whatever m is, with a batch that
 does not divide into m micro-batches, and with micro-batches left empty
-(a batch of fewer than m rows: `tfdist.parallel.micro_batches`). Losses whose denominators depend on the
-data (a Keras mask at the output, ``mean_with_sample_weight``) are
-refused: each micro-batch's loss must be scaled before the others run.
+(a batch of fewer than m rows: `tfdist.parallel.micro_batches`). Losses
+whose denominators depend on the data (a Keras mask at the output,
+``mean_with_sample_weight``) are refused: each micro-batch's loss must be
+scaled before the others run.
 A ``BatchNormalization`` layer normalizes each micro-batch by its own
 statistics (a warning names it), as under replicas.
 
@@ -56,6 +57,7 @@ import tensorflow as tf
 
 from tfdist._internal import graph_order, sparse_gradients
 from tfdist._internal.keras import batch_statistics as keras_statistics
+from tfdist._internal.keras import compiled as keras_compiled
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import micro_batches, schedules
@@ -261,8 +263,6 @@ def _summed_loss(parts: list, sizes: list):
 def _real_rows(part, outputs):
     """``outputs`` of micro-batch ``part`` without the masked row an empty
     one ran on, their Keras masks alike."""
-    from tfdist._internal.keras import compiled as keras_compiled  # pylint: disable=import-outside-toplevel
-
     masks = keras_compiled.keras_masks(outputs)
     return keras_compiled.with_keras_masks(
         part.real_outputs(outputs),
@@ -270,8 +270,6 @@ def _real_rows(part, outputs):
 
 
 def _concatenated_outputs(outputs: list):
-    from tfdist._internal.keras import compiled as keras_compiled  # pylint: disable=import-outside-toplevel
-
     masks = [keras_compiled.keras_masks(output) for output in outputs]
     joined = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *outputs)
 
