@@ -71,15 +71,20 @@ def _check_metrics_created_in_scope(model, strategy) -> None:
     report that, silently. (In one process the replicas add into the one
     copy, which is exact, so it is allowed there.)"""
     for metric in keras_compiled.metric_objects_given(model):
-        for variable in metric.variables:
-            if not strategy.extended.variable_created_in_scope(getattr(variable, "value",
-                                                                       variable)):
-                raise ConfigurationError(
-                    f"The metric {metric.name!r} given to {model.name!r}.compile was "
-                    "created outside strategy.scope(): its state would be each worker's "
-                    "own, and each worker would report its own examples' result. Create "
-                    "the metric inside `with strategy.scope():` (in the compile call "
-                    "there).")
+        if not metric_made_in_scope(metric, strategy):
+            raise ConfigurationError(
+                f"The metric {metric.name!r} given to {model.name!r}.compile was "
+                "created outside strategy.scope(): its state would be each worker's "
+                "own, and each worker would report its own examples' result. Create "
+                "the metric inside `with strategy.scope():` (in the compile call "
+                "there).")
+
+
+def metric_made_in_scope(metric, strategy) -> bool:
+    """Whether Keras ``metric``'s state variables were made under
+    ``strategy``'s scope (a metric without variables yet: True)."""
+    return all(strategy.extended.variable_created_in_scope(getattr(v, "value", v))
+               for v in metric.variables)
 
 
 def check_fit_arguments(epochs, steps_per_epoch, initial_epoch, validation_freq) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 import keras
 import tensorflow as tf
 
-from tfdist._internal import collectives
+from tfdist._internal import collectives, validation
 from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.data.batch import require_batch
 from tfdist.errors import ConfigurationError
@@ -218,11 +218,9 @@ def state_variables(metrics) -> Dict[str, tf.Variable]:
 def _require_replica_local(metric, function: str) -> None:
     """A metric updated in ``strategy.run`` must be created in the scope:
     outside it its variables are single copies that every replica writes."""
-    if not tf.distribute.has_strategy() or not metric.variables:
+    if not tf.distribute.has_strategy():
         return  # no strategy: any metric works
-    variable = metric.variables[0]
-    extended = tf.distribute.get_strategy().extended
-    if not extended.variable_created_in_scope(getattr(variable, "value", variable)):
+    if not validation.metric_made_in_scope(metric, tf.distribute.get_strategy()):
         raise ConfigurationError(
             f"{function}: the metric {metric.name!r} was created outside "
             "`strategy.scope()`, so its state is not replica-local and the replicas' "
