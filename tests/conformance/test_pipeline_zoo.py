@@ -39,7 +39,6 @@ _OWN_STEP = (ConfigurationError, r"this model overrides .*cannot cut a model's o
 _BATCH_STATISTICS = (UserWarning, r"normalize each micro-batch by its own statistics")
 EXPECTED = {
     "own_train_step": _OWN_STEP,
-    "own_compute_loss": _OWN_STEP,
     "own_test_step": _OWN_STEP,
     "keras_io_gan": _OWN_STEP,
     "own_metrics_property": _OWN_STEP,

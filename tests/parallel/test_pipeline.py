@@ -206,6 +206,48 @@ def test_a_loss_whose_denominator_depends_on_the_data_is_refused():
                       ).fit(ids, np.zeros((2, 4), "int64"), verbose=0)
 
 
+class PenalizedModel(keras.Model):
+    """A compute_loss override adding a mean of its own (the zoo's
+    ``own_compute_loss`` trains it against one device)."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+        return loss + 0.1 * tf.reduce_mean(tf.square(tf.nest.flatten(y_pred)[0]))
+
+
+def _penalized(outputs_of, loss, *, dtype="float32"):
+    keras.utils.set_random_seed(1)
+    inputs = keras.Input((4,), dtype=dtype)
+    model = PenalizedModel(inputs, outputs_of(inputs))
+    model.compile(optimizer="sgd", loss=loss)
+    return model
+
+
+@pytest.mark.parametrize("outputs_of,loss,data,message", [
+    (lambda i: keras.layers.Dense(1, name="out")(keras.layers.Dense(3, name="cut")(i)),
+     keras.losses.MeanSquaredError(reduction="sum"), "features",
+     r"reduced by \['sum'\]"),
+    (lambda i: [keras.layers.Dense(1, name="a")(keras.layers.Dense(3, name="cut")(i)),
+                keras.layers.Dense(1, name="b")(i)],
+     ["mse", "mse"], "two_targets", r"2 compiled losses \(one per output\)"),
+    (lambda i: keras.layers.Dense(2, name="tag")(
+        keras.layers.Embedding(10, 4, mask_zero=True, name="cut")(i)),
+     keras.losses.SparseCategoricalCrossentropy(from_logits=True), "ids",
+     r"output carries a Keras mask"),
+], ids=["sum_reduction", "multi_output", "mask_at_output"])
+def test_an_own_compute_loss_that_micro_batches_cannot_add_up_is_refused(
+        outputs_of, loss, data, message):
+    x = np.ones((4, 4), "float32")
+    arrays = {"features": (x, np.ones((4, 1))),
+              "two_targets": (x, (np.ones((4, 1)), np.ones((4, 1)))),
+              "ids": (np.array([[1, 2, 0, 0]] * 4, "int32"), np.zeros((4, 4), "int64"))}[data]
+    model = _penalized(outputs_of, loss, dtype="int32" if data == "ids" else "float32")
+    pipeline = tfdist.parallel.Pipeline(cuts=["cut"], micro_batches=2)
+    with pytest.raises(ConfigurationError, match="cannot run this model's own compute_loss "
+                                                 f"on micro-batches: .*{message}"):
+        tfdist.attach(model, parallel=pipeline).fit(*arrays, batch_size=4, verbose=0)
+
+
 def test_jit_compile_runs_without_xla_and_says_so():
     model = _model()
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=True)

@@ -43,9 +43,14 @@ into d parts (as over replicas), each run as m micro-batches through its
 own pipeline of S devices, and all their gradients are summed on each
 stage's weights' device before one update: exact as one pipeline is.
 
+A model that overrides only ``compute_loss`` keeps it: tfdist's step
+calls it on each micro-batch and weights its value by the micro-batch's
+rows (`tfdist.replica.own_compute_loss`, which says when that is one
+device's loss and refuses what is not).
+
 Not built yet, refused with a clear error: several tf.distribute replicas
-(use ``replicas=``), a model that overrides a step method
-(``train_step``, ``compute_loss``, ...). With ``jit_compile=True`` the
+(use ``replicas=``), a model that overrides another step method
+(``train_step``, ``test_step``, ``compute_metrics``, ``metrics``). With ``jit_compile=True`` the
 step runs without XLA, with a warning (XLA cannot span devices).
 """
 
@@ -62,6 +67,7 @@ from tfdist._internal.keras import model_state as keras_model_state, placed_weig
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import micro_batches, schedules
 from tfdist.parallel.stage_units import StageUnits, StepTrace
+from tfdist.replica import keras_steps
 
 
 class Pipeline:
@@ -309,15 +315,17 @@ def jit_compile(parallel, compiled: bool) -> bool:
 def check(parallel, *, communication, static_shapes: bool, own_steps=()) -> None:
     """Refuses what a pipeline does not combine with yet, naming it
     (``own_steps``: the step methods the model's class overrides,
-    `tfdist.replica.keras_steps.overridden`)."""
+    `tfdist.replica.keras_steps.overridden`; ``compute_loss`` alone is
+    run on the micro-batches)."""
     if not _pipelines(parallel):
         return
-    if own_steps:
+    cannot_cut = [name for name in own_steps if name != "compute_loss"]
+    if cannot_cut:
         raise ConfigurationError(
             f"parallel={parallel!r}: this model overrides {', '.join(own_steps)}; a "
             "pipeline runs tfdist's training step, which cuts each batch into "
-            "micro-batches, and cannot cut a model's own step into them yet. Drop the "
-            "Pipeline for this model.")
+            "micro-batches, and cannot cut a model's own step into them yet (a model that "
+            "overrides only compute_loss can be). Drop the Pipeline for this model.")
     if communication is not None:
         raise ConfigurationError(
             f"parallel={parallel!r} with communication={communication!r} is not built yet: "
@@ -328,10 +336,18 @@ def check(parallel, *, communication, static_shapes: bool, own_steps=()) -> None
             "static_shapes=True) yet: its micro-batches have the sizes the batch gives.")
 
 
-def use_in(steps, parallel: Pipeline) -> None:
-    """Makes ``steps`` (a Trainer's replica steps) run ``parallel``."""
-    if not hasattr(steps, "use_pipeline"):
-        raise ConfigurationError(
-            f"parallel={parallel!r} runs tfdist's training step; this model has its own "
-            "train_step (or compute_loss), which a pipeline cannot cut into micro-batches yet.")
-    steps.use_pipeline(parallel)
+def steps_for(model, strategy, parallel, *, jit_compile: bool, static_shapes: bool):
+    """`tfdist.replica.keras_steps.steps_for` (metric state, replica steps),
+    the steps running ``parallel``'s micro-batches when it is a pipeline (a
+    model that overrides only ``compute_loss`` then runs tfdist's step,
+    which calls it per micro-batch)."""
+    metrics, steps = keras_steps.steps_for(
+        model, strategy, jit_compile=jit_compile, static_shapes=static_shapes,
+        pipelined=bool(_pipelines(parallel)))
+    if parallel is not None:
+        if not hasattr(steps, "use_pipeline"):  # (`check` refused these first)
+            raise ConfigurationError(
+                f"parallel={parallel!r} runs tfdist's training step; this model has its own "
+                "train_step, which a pipeline cannot cut into micro-batches yet.")
+        steps.use_pipeline(parallel)
+    return metrics, steps

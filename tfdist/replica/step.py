@@ -22,6 +22,7 @@ from the data, or all-reduced first. The ``"pad"`` policy keeps XLA shapes
 static.
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import keras
@@ -30,7 +31,8 @@ import tensorflow as tf
 from tfdist._internal import collectives, replica_random
 from tfdist._internal.keras import batch_statistics as keras_statistics, compiled as keras_compiled
 from tfdist.data.batch import Batch
-from tfdist.replica import gradients as gradients_lib, loss_scaling, losses
+from tfdist.errors import ConfigurationError
+from tfdist.replica import gradients as gradients_lib, loss_scaling, losses, own_compute_loss
 from tfdist.replica.losses import LossParts
 from tfdist.replica.metrics import MetricState, MetricUpdate, without_padding
 from tfdist.strategies import sharded
@@ -73,7 +75,8 @@ def _replica_loss(model, terms, denominators, local_examples, global_examples):
 
 @tf.autograph.experimental.do_not_convert
 def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
-                     count_only: bool = False, micro_batch: bool = False) -> ForwardBackward:
+                     count_only: bool = False, micro_batch: bool = False,
+                     own_loss: bool = False) -> ForwardBackward:
     """Forward + backward of one replica's batch, its loss scaled by the
     GLOBAL counts: from ``global_examples`` (the batch's carried count, or
     None) when the loss's denominators follow from it, else all-reduced with
@@ -89,19 +92,30 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
     (its real rows) and ``global_examples`` the global batch's count; the
     denominators come from it alone, as with ``count_only``
     (`tfdist.parallel.pipeline`).
+
+    ``own_loss=True`` (with ``micro_batch``): the loss is the model's own
+    ``compute_loss`` (`tfdist.replica.own_compute_loss`).
     """
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
-        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask,
-                                          padded_rows=count_only)
         local_examples = Batch(x, mask=mask).real_examples()
-        if count_only or micro_batch:
-            denominators = losses.example_count_denominators(
-                terms, global_examples, refusal=_MICRO_BATCH_REFUSAL if micro_batch else None)
+        if own_loss:
+            parts = own_compute_loss.loss_parts(
+                model, x, y, y_pred, sample_weight, rows=local_examples,
+                global_examples=global_examples, training=True)
+            loss = parts.data_share
         else:
-            denominators, global_examples = _global_denominators(
-                terms, local_examples, global_examples)
-        loss, parts = _replica_loss(model, terms, denominators, local_examples, global_examples)
+            terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask,
+                                              padded_rows=count_only)
+            if count_only or micro_batch:
+                denominators = losses.example_count_denominators(
+                    terms, global_examples,
+                    refusal=_MICRO_BATCH_REFUSAL if micro_batch else None)
+            else:
+                denominators, global_examples = _global_denominators(
+                    terms, local_examples, global_examples)
+            loss, parts = _replica_loss(model, terms, denominators, local_examples,
+                                        global_examples)
         scaled = model.optimizer.scale_loss(loss)
     gradients = sharded.gradients(tape, scaled, model.trainable_variables)
     return ForwardBackward(gradients, parts, global_examples, y_pred)
@@ -126,9 +140,12 @@ class ReplicaSteps:
     avoid_empty_replicas = True
 
     def __init__(
-        self, model: keras.Model, metrics: MetricState, *, jit_compile: bool
+        self, model: keras.Model, metrics: MetricState, *, jit_compile: bool,
+        own_compute_loss: bool = False,
     ):
         self._model = model
+        # The model's own compute_loss (under a pipeline only: `use_pipeline`).
+        self._own_compute_loss = own_compute_loss
         self._metrics = metrics
         self._jit_compile = jit_compile
         # `tfdist.replica.accumulation`: set by `use_accumulator` once the model is built.
@@ -172,11 +189,16 @@ class ReplicaSteps:
         x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
         local_examples = batch.real_examples()
         global_examples = batch.carried_global_examples()
+        if self._own_compute_loss and self.pipeline is None:  # (`steps_for` never builds it)
+            raise ConfigurationError(
+                "tfdist's step runs a model's own compute_loss on a pipeline's micro-batches "
+                "only; without a pipeline, the model's own step (KerasSteps) runs it.")
         if self.pipeline is not None:
             if global_examples is None:  # (every micro-batch's loss needs the batch's count)
                 global_examples = collectives.all_reduce_sum(local_examples)
             gradients, parts, y_pred = self.pipeline.forward_backward(
-                model, batch, global_examples, forward_backward)
+                model, batch, global_examples,
+                functools.partial(forward_backward, own_loss=self._own_compute_loss))
             result = ForwardBackward(gradients, parts, global_examples, y_pred)
         elif self._jit_compile:
             if global_examples is None:  # (no collective inside XLA: count first)
@@ -220,12 +242,21 @@ class ReplicaSteps:
             y_pred = keras_compiled.with_keras_masks(*self._xla_forward(x))
         else:
             y_pred = model(x, training=False)
-        terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask,
-                                          padded_rows=self._jit_compile)
-        denominators, global_examples = _global_denominators(
-            terms, local_examples, batch.carried_global_examples()
-        )
-        _, parts = _replica_loss(model, terms, denominators, local_examples, global_examples)
+        if self._own_compute_loss:
+            global_examples = batch.carried_global_examples()
+            if global_examples is None:
+                global_examples = collectives.all_reduce_sum(local_examples)
+            parts = own_compute_loss.loss_parts(
+                model, x, y, y_pred, sample_weight, rows=local_examples,
+                global_examples=global_examples, training=False)
+        else:
+            terms = losses.compute_loss_terms(model, y, y_pred, sample_weight, mask,
+                                              padded_rows=self._jit_compile)
+            denominators, global_examples = _global_denominators(
+                terms, local_examples, batch.carried_global_examples()
+            )
+            _, parts = _replica_loss(model, terms, denominators, local_examples,
+                                     global_examples)
         self._metrics.update(MetricUpdate(
             parts, global_examples, local_examples,
             *without_padding(mask, y, y_pred, sample_weight)))

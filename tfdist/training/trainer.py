@@ -123,11 +123,10 @@ class Trainer:
         self._built_spec = None  # the element spec the model's state was built for
         # Only the chief writes summaries and prints progress (all compute the history).
         self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
-        self._metrics, steps = keras_steps.steps_for(
-            model, strategy, jit_compile=options.jit_compile, static_shapes=options.static_shapes)
+        self._metrics, steps = pipelines.steps_for(
+            model, strategy, parallel, jit_compile=options.jit_compile,
+            static_shapes=options.static_shapes)
         self._steps = steps
-        if parallel is not None:
-            pipelines.use_in(steps, parallel)
         # A model with its own step may take data without y (as Keras allows).
         self._data_needs_y = not keras_steps.overridden(model)
         self._runner = runners.make_runner(
