@@ -231,7 +231,9 @@ def _network_rows() -> list:
         for form, windows in chief["windows"].items():
             medians[(bandwidth, form)] = {
                 key: statistics.median(w[key] for w in windows) for key in windows[0]}
-    rate = _bits_per_second(FLAGS.bandwidth)
+    from tfdist.launch import network  # pylint: disable=import-outside-toplevel
+
+    rate = network.bits_per_second(FLAGS.bandwidth)
     bound = 2 * (2 - 1) * chief["gradient_bytes"] * 8 / rate
     rows = []
     for form in FORMS:
@@ -244,14 +246,6 @@ def _network_rows() -> list:
                      "ring_bound_seconds": bound})
         print(rows[-1], flush=True)
     return rows
-
-
-def _bits_per_second(rate: str) -> float:
-    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
-    for unit, scale in units.items():
-        if rate.endswith(unit):
-            return float(rate[:-len(unit)]) * scale
-    raise SystemExit(f"--bandwidth ({rate!r}) must end in gbit, mbit or kbit")
 
 
 def main(argv) -> None:

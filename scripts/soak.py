@@ -3,6 +3,7 @@ threads, resident memory and open files are sampled from /proc.
 
     python scripts/soak.py --mode=mwms --minutes=10   # long form: 2 workers (MWMS)
     python scripts/soak.py --mode=ps --minutes=10     # long form: 1 worker + 1 ps
+    python scripts/soak.py --mode=pipeline --minutes=3   # a Pipeline, one stage per process
     python scripts/soak.py --mode=mwms --minutes=1 --epoch_steps=512   # short form (tests/scenarios/test_soak.py)
     python scripts/soak.py --mode=mwms --minutes=10 --epoch_steps=512  # epoch ends: iterators made and freed
     python scripts/soak.py --mode=mwms --minutes=10 --endless_data     # executions without an end check
@@ -89,9 +90,12 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
                  [f"--local_sgd={local_sgd}"] if local_sgd else []) + (
                  ["--sharded_state"] if sharded_state else []) + (
                  ["--fully_sharded"] if fully_sharded else []) + [f"--model={model}"]
-    cluster = ["--num_workers=2"] if mode == "mwms" else ["--num_workers=1", "--num_ps=1"]
+    cluster = {"mwms": ["--num_workers=2"], "ps": ["--num_workers=1", "--num_ps=1"],
+               "pipeline": ["--num_workers=1", "--workers_serve"]}[mode]
     if mode == "ps":
         train.append("--strategy=parameter_server")
+    if mode == "pipeline":  # the chief trains stage 1, a worker's server holds stage 2
+        train.append("--strategy=pipeline")
     if bandwidth:  # tfdist-run --bandwidth: every task on one limited loopback
         cluster.append(f"--bandwidth={bandwidth}")
     if data_service_workers:  # a dispatcher and service workers, sampled like the others
@@ -236,7 +240,9 @@ class Soak:
 def define_flags() -> None:
     """The soak's flags; defined when it runs as a program (the tests import
     this module for `judge` alongside other tools' flags)."""
-    flags.DEFINE_enum("mode", "mwms", ["mwms", "ps"], "The cluster: 2 workers, or 1 worker + 1 ps.")
+    flags.DEFINE_enum("mode", "mwms", ["mwms", "ps", "pipeline"],
+                      "The cluster: 2 workers, 1 worker + 1 ps, or a pipeline of 2 stages "
+                      "(the chief and a worker's server: tfdist-run --workers_serve).")
     flags.DEFINE_float("minutes", 1.0, "How long the cluster trains.")
     flags.DEFINE_float("interval", 2.0, "Seconds between samples of every task.")
     flags.DEFINE_integer("steps", 10_000_000, "Training steps (the run stops at --minutes first).")
@@ -249,7 +255,7 @@ def define_flags() -> None:
                       "Endless data: executions without an end-of-data check.")
     flags.DEFINE_integer("slack", 8, "Threads and open files a task may gain after the warm-up.")
     flags.DEFINE_float("max_rss_kb_per_step", None,
-                       "Default: 1 for mwms, 8 for ps (see the module docstring).")
+                       "Default: 1 for mwms and pipeline, 8 for ps (see the module docstring).")
     flags.DEFINE_float("max_stop_seconds", 15.0,
                        "SIGTERM to the launcher must end every task within this.")
     flags.DEFINE_string("bandwidth", "",
@@ -275,7 +281,7 @@ def main(argv) -> int:
     args = flags.FLAGS
     max_rss_kb_per_step = args.max_rss_kb_per_step
     if max_rss_kb_per_step is None:
-        max_rss_kb_per_step = {"mwms": 1.0, "ps": 8.0}[args.mode]
+        max_rss_kb_per_step = {"mwms": 1.0, "ps": 8.0, "pipeline": 1.0}[args.mode]
     with tempfile.TemporaryDirectory(prefix="tfdist-soak-") as workdir:
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
                     args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,

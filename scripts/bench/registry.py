@@ -42,6 +42,12 @@ TOOLS: Dict[str, Tool] = {
     "pipeline": Tool("pipeline_benchmark.py", "benchmark",
                      "pipeline stages: weights and state per stage, the live-tensor peak "
                      "of GPipe and 1F1B as the micro-batches grow"),
+    "pipeline_bubble": Tool("pipeline_bubble_benchmark.py", "benchmark",
+                            "a pipeline's bubble: each stage's busy and idle time per step "
+                            "from in-graph timestamps, against (S-1)/(m+S-1)"),
+    "pipeline_cluster": Tool("pipeline_cluster_benchmark.py", "benchmark",
+                             "one pipeline stage per process on a slow network and unlimited, "
+                             "against one process; activation bytes against the link's bound"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

@@ -4,8 +4,10 @@ with the benchmarks' `cluster_program.py`): fast steps for a long time.
 Trains a small MLP (6 inputs, 16 hidden, 3 classes) on generated data with
 global batch 8 and ``steps_per_execution=1``: the fastest steps this machine
 can run, so per-step costs (threads, memory, files) show up quickly. Runs
-under ``tfdist-run`` as every worker (MultiWorkerMirroredStrategy) or as the
-chief of a parameter-server cluster (``--strategy=parameter_server``), with a
+under ``tfdist-run`` as every worker (MultiWorkerMirroredStrategy), as the
+chief of a parameter-server cluster (``--strategy=parameter_server``) or as
+the chief of a pipeline whose second stage is a worker's server
+(``--strategy=pipeline``, under ``tfdist-run --workers_serve``), with a
 checkpoint every ``--checkpoint_every_steps`` steps, until ``--steps`` are
 done or it is stopped (SIGTERM: it saves and exits 143). With
 ``--epoch_steps=N`` it trains epochs of N steps, each a pass over finite data
@@ -19,7 +21,10 @@ import tfdist
 from absl import app, flags
 
 flags.DEFINE_enum("strategy", "multi_worker_mirrored",
-                  ["multi_worker_mirrored", "parameter_server"], "Every worker, or the chief.")
+                  ["multi_worker_mirrored", "parameter_server", "pipeline"],
+                  "Every worker, or the chief (parameter servers; pipeline: a "
+                  "tfdist.parallel.Pipeline of 2 stages, the chief's and a worker server's, "
+                  "2 micro-batches per batch).")
 flags.DEFINE_integer("steps", 1_000_000, "Training steps (SIGTERM stops it sooner).")
 flags.DEFINE_string("checkpoint_dir", None, "Where checkpoints go (required).")
 flags.DEFINE_integer("checkpoint_every_steps", 500, "Steps between checkpoints.")
@@ -62,10 +67,18 @@ def _as_padded_token_batches(data, tf):
 def main(argv) -> None:
     del argv  # every option is a flag
     args = FLAGS
-    strategy = tfdist.make_strategy(args.strategy)
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    parallel = None
+    if args.strategy == "pipeline":
+        parallel = tfdist.parallel.Pipeline(
+            cuts=["first"], micro_batches=2,
+            devices=tfdist.parallel.cluster_stages.task_devices(timeout_seconds=60))
+        strategy = tf.distribute.get_strategy()  # (one replica: the pipeline's stages)
+    else:
+        strategy = tfdist.make_strategy(args.strategy)
     import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     rng = np.random.RandomState(0)
     x = rng.randn(4096, 6).astype("float32")
@@ -88,12 +101,12 @@ def main(argv) -> None:
         if args.model == "embedding":
             model = keras.Sequential([
                 keras.Input((None,), dtype="int32"),
-                keras.layers.Embedding(50, 8, mask_zero=True),
+                keras.layers.Embedding(50, 8, mask_zero=True, name="first"),
                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3, activation="softmax"),
             ])
         else:
             model = keras.Sequential([
-                keras.Input((6,)), keras.layers.Dense(16, activation="relu"),
+                keras.Input((6,)), keras.layers.Dense(16, activation="relu", name="first"),
                 keras.layers.Dense(3, activation="softmax"),
             ])
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
@@ -106,7 +119,7 @@ def main(argv) -> None:
         communication = tfdist.communication.ShardedOptimizerState()
     elif args.fully_sharded:
         communication = tfdist.communication.FullySharded()
-    trainer = tfdist.Trainer(model, strategy, communication=communication,
+    trainer = tfdist.Trainer(model, strategy, communication=communication, parallel=parallel,
         checkpointing=tfdist.CheckpointOptions(
             args.checkpoint_dir, max_to_keep=2, every_steps=args.checkpoint_every_steps,
             async_write=args.async_checkpoint),

@@ -99,11 +99,13 @@ def test_two_pipelines_equal_one_device(schedule, cuts, micro_batches, batch_siz
     assert per_device == [2 * 3 * micro_batches] * 4, per_device  # 2 Dense layers per stage
     # Each weight's gradient is a running sum over the 2m micro-batches on
     # the weight's own device (no detour; no op holds all m at once): 2m - 1
-    # additions for each of the 4 weights of each stage.
+    # additions for each of the 4 weights of each stage, and on the first
+    # stage one more: h1's kernel regularizer's gradient, added once.
     additions = [tf.DeviceSpec.from_string(op.device).device_index
                  for op in graph.get_operations()
                  if "micro_batch_gradient_sum" in op.name and op.type == "AddV2"]
-    assert [additions.count(d) for d in range(4)] == [4 * (2 * micro_batches - 1)] * 2 + [0, 0]
+    per_stage = 4 * (2 * micro_batches - 1)
+    assert [additions.count(d) for d in range(4)] == [per_stage + 1, per_stage, 0, 0]
 
 
 def test_a_skip_connection_across_cuts_equals_one_device():
@@ -140,6 +142,44 @@ def test_each_stages_weights_state_and_ops_are_on_its_device():
     by_stage = [sum(tf.DeviceSpec.from_string(d).device_index == s for d in products)
                 for s in range(3)]
     assert by_stage == [3 * 1 * 2, 3 * 2 * 2, 3 * 1 * 2], products
+
+
+def _stage_crossings(graph) -> list:
+    """The tensors a step sends from one stage's device to another's:
+    (tensor, destination device index) for each input an op on one device
+    reads from an op on another (the Send / Recv pairs TensorFlow inserts
+    when it partitions the graph: one per tensor and destination)."""
+    def index(device):
+        return tf.DeviceSpec.from_string(device).device_index if device else None
+
+    crossings = {}
+    for op in graph.get_operations():
+        for tensor in op.inputs:
+            source, destination = index(tensor.op.device), index(op.device)
+            if None not in (source, destination) and source != destination:
+                crossings[(tensor.name, destination)] = tensor
+    return list(crossings.values())
+
+
+def test_only_each_cuts_activations_and_their_gradients_cross_stages():
+    """The step's traffic between stages: each micro-batch's activations
+    at each cut, forward, and their gradient, backward (a tensor of the
+    cut's width per row), and per-row or scalar pieces of the loss; never
+    a weight or a weight-sized gradient. (It found one: the first stage's
+    kernel regularizer was computed, and its gradient added to the
+    kernel's, on the last stage, once per micro-batch:
+    `tfdist._internal.keras.weight_regularizers`.)"""
+    micro_batches, rows, width = 2, 4, 8  # (the traced batch: 8 rows)
+    pipeline = tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=micro_batches)
+    model = tfdist.attach(_model(), parallel=pipeline)  # (h1 has an L2 kernel regularizer)
+    _fit(model, epochs=1)
+    crossings = _stage_crossings(_traced_step_graph(pipeline, model))
+    shapes = [(t.name, t.shape.as_list()) for t in crossings]
+    assert all(len(shape) == 0 or shape[0] == rows for _, shape in shapes), shapes
+    weight_shapes = [w.shape for w in model.weights if len(w.shape) > 0]
+    assert rows not in {shape[0] for shape in weight_shapes}  # (the test could tell them apart)
+    # 2 cuts x m micro-batches x (activations forward + their gradient backward).
+    assert sum(shape == [rows, width] for _, shape in shapes) == 2 * micro_batches * 2, shapes
 
 
 def _traced_step_graph(pipeline, model):
@@ -270,10 +310,12 @@ class _PositionEmbedding(keras.layers.Layer):
         return x + self.positions(keras.ops.arange(keras.ops.shape(x)[1]))
 
 
-def _text_model():
+def _text_model(regularized: bool = False):
     keras.utils.set_random_seed(5)
     inputs = keras.Input((6,), dtype="int32")
-    tokens = keras.layers.Embedding(20, 8, name="tokens")(inputs)
+    tokens = keras.layers.Embedding(
+        20, 8, name="tokens",
+        embeddings_regularizer=keras.regularizers.L2(0.01) if regularized else None)(inputs)
     placed = _PositionEmbedding(6, 8, name="positions")(tokens)
     pooled = keras.layers.GlobalAveragePooling1D(name="pool")(placed)
     outputs = keras.layers.Dense(ref.NUM_CLASSES, "softmax", name="out")(pooled)
@@ -283,11 +325,15 @@ def _text_model():
     return model
 
 
-def test_embeddings_sparse_gradients_keep_one_devices_form_under_adam():
+@pytest.mark.parametrize("regularized", [False, True], ids=["plain", "regularized"])
+def test_embeddings_sparse_gradients_keep_one_devices_form_under_adam(regularized):
     """Adam squares a sparse gradient's entries before duplicate ids are
     summed, so one device's result depends on the gradient's form: token
     lookups' entries are concatenated over the micro-batches, the position
-    lookup every micro-batch makes whole is summed (as over replicas)."""
+    lookup every micro-batch makes whole is summed (as over replicas).
+    ``regularized``: the token table's L2 gradient is dense, and one
+    device's tape adds it to the lookups' to a dense gradient: so does
+    the pipeline, once per step on the table's device."""
     rng = np.random.default_rng(0)
     ids, labels = rng.integers(1, 20, (30, 6)).astype("int32"), rng.integers(0, 3, 30)
 
@@ -295,9 +341,9 @@ def test_embeddings_sparse_gradients_keep_one_devices_form_under_adam():
         history = model.fit(ids, labels, batch_size=10, epochs=2, shuffle=False, verbose=0)
         return model.get_weights(), history.history
 
-    weights, history = fit(_text_model())
+    weights, history = fit(_text_model(regularized))
     pipeline = tfdist.parallel.Pipeline(cuts=["positions"], micro_batches=3)
-    got_weights, got_history = fit(tfdist.attach(_text_model(), parallel=pipeline))
+    got_weights, got_history = fit(tfdist.attach(_text_model(regularized), parallel=pipeline))
     ref.assert_weight_lists_close(weights, got_weights)
     ref.assert_logs_close(history, got_history)
 

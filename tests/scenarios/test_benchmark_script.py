@@ -144,6 +144,35 @@ def test_pipeline_benchmark_quick_measures_each_schedule_and_m(tmp_path):
 
 
 @pytest.mark.full_form
+def test_pipeline_bubble_benchmark_quick_records_every_pass(tmp_path):
+    """scripts/pipeline_bubble_benchmark.py --quick: each schedule in its
+    own process; every step records each stage's forward and backward pass
+    of every micro-batch (the script refuses a step that does not), and the
+    idle fractions are fractions (no timing asserted)."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "pipeline_bubble_benchmark.py")
+    rows = json.loads((tmp_path / "pipeline_bubble_benchmark.json").read_text())["rows"]
+    assert [(r["stages"], r["micro_batches"], r["schedule"]) for r in rows] == [
+        (2, 2, "gpipe"), (2, 2, "1f1b")]
+    for row in rows:
+        assert row["steps"] == 1 and len(row["idle_per_stage"]) == 2, row
+        assert all(0 <= idle < 1 for idle in row["idle_per_stage"]), row
+        assert row["theory_idle"] == 1 / 3
+
+
+@pytest.mark.full_form
+@needs_namespaces
+def test_pipeline_cluster_benchmark_quick_runs_both_networks(tmp_path):
+    """scripts/pipeline_cluster_benchmark.py --quick: a chief and a worker
+    server on a limited network, then unlimited; the pipeline's link bytes
+    per step hold at least its activations (no timing asserted)."""
+    _run_benchmark(tmp_path, ["--quick"], 900, "pipeline_cluster_benchmark.py")
+    rows = json.loads((tmp_path / "pipeline_cluster_benchmark.json").read_text())["rows"]
+    assert [r["form"] for r in rows] == ["one_process", "pipeline"]
+    pipeline = rows[1]
+    assert pipeline["link_mb_per_step"] >= pipeline["activation_mb_per_step"] > 0, pipeline
+
+
+@pytest.mark.full_form
 def test_sharding_benchmark_quick_measures_both_forms(tmp_path):
     """scripts/sharding_benchmark.py --quick: each form in its own process;
     the sharded state per replica is the plain one over N (to a shard's

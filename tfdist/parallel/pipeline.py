@@ -54,6 +54,7 @@ Not built yet, refused with a clear error: several tf.distribute replicas
 step runs without XLA, with a warning (XLA cannot span devices).
 """
 
+import contextlib
 import warnings
 from typing import List, Optional, Sequence
 
@@ -64,6 +65,7 @@ from tfdist._internal import graph_order, sparse_gradients
 from tfdist._internal.keras import batch_statistics as keras_statistics
 from tfdist._internal.keras import compiled as keras_compiled
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
+from tfdist._internal.keras import weight_regularizers
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import micro_batches, schedules
 from tfdist.parallel.stage_units import StageUnits, StepTrace
@@ -177,29 +179,41 @@ class Pipeline:
 
     # -- the step --------------------------------------------------------
 
-    def forward_backward(self, model, batch, global_examples, forward_backward):
+    def forward_backward(self, model, batch, global_examples, forward_backward, *,
+                         regularizers_apart: bool = True):
         """The batch's gradients, loss parts and outputs from its
         micro-batches (replica context, traced): ``forward_backward`` is
         `tfdist.replica.step.forward_backward`. Returns the summed
         gradients, the summed `tfdist.replica.losses.LossParts` and the
-        outputs of every row in order."""
+        outputs of every row in order.
+
+        ``regularizers_apart``: the weights' regularization terms and their
+        gradients are computed once, on each weight's device
+        (`tfdist._internal.keras.weight_regularizers`), not in every
+        micro-batch's loss on the last stage (False: a model's own
+        ``compute_loss``, which decides itself whether it adds them)."""
         trace = StepTrace()
         results, sizes = [], []
-        for replica, rows in enumerate(micro_batches.cut(batch, self.replicas)):
-            last_stage = self._units.devices[replica][-1]
-            parts = micro_batches.cut(rows.batch(), self.micro_batches, rows=rows.rows)
-            for index, part in enumerate(parts):
-                inputs = part.structure
-                with tf.device(last_stage), self._units.micro_batch(trace, index, replica), \
-                        keras_statistics.statistics_over_real_rows(inputs["mask"]):
-                    result = forward_backward(
-                        model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
-                        inputs["mask"], global_examples, micro_batch=True)
-                results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
-                sizes.append(part.batch().real_examples())
+        with (weight_regularizers.set_apart(model) if regularizers_apart
+              else contextlib.nullcontext([])) as regularized:
+            for replica, rows in enumerate(micro_batches.cut(batch, self.replicas)):
+                last_stage = self._units.devices[replica][-1]
+                parts = micro_batches.cut(rows.batch(), self.micro_batches, rows=rows.rows)
+                for index, part in enumerate(parts):
+                    inputs = part.structure
+                    with tf.device(last_stage), self._units.micro_batch(trace, index, replica), \
+                            keras_statistics.statistics_over_real_rows(inputs["mask"]):
+                        result = forward_backward(
+                            model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
+                            inputs["mask"], global_examples, micro_batch=True)
+                    results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
+                    sizes.append(part.batch().real_examples())
         self.ordering_edges = trace.order(self._orders, pipelines=self.replicas)
-        return (_summed_gradients([r.gradients for r in results], model.trainable_variables),
-                _summed_loss([r.loss for r in results], sizes),
+        regularization = weight_regularizers.on_weight_devices(
+            regularized, model.optimizer.scale_loss)
+        return (_summed_gradients([r.gradients for r in results], model.trainable_variables,
+                                  regularization.gradients),
+                _summed_loss([r.loss for r in results], sizes, regularization.value),
                 _concatenated_outputs([r.y_pred for r in results]))
 
 
@@ -223,11 +237,13 @@ def _warn_batch_statistics(model) -> None:
             "micro-batch.", stacklevel=3)
 
 
-def _summed_gradients(per_micro_batch: List[list], variables) -> list:
+def _summed_gradients(per_micro_batch: List[list], variables, regularization: dict) -> list:
     """Each variable's gradient summed over the micro-batches on the
     variable's own device (its stage's): unplaced, the sums would run on
     the step's default device, and a stage's gradients would travel there
-    and back (to the chief and back, with stages on other tasks).
+    and back (to the chief and back, with stages on other tasks). Then
+    its regularization's gradient (``regularization``, by ``id``) is
+    added, once.
 
     A dense gradient is a running sum, in micro-batch order (the order
     both schedules run the backward passes in): each micro-batch's
@@ -237,25 +253,30 @@ def _summed_gradients(per_micro_batch: List[list], variables) -> list:
     summed = []
     for grads, variable in zip(zip(*per_micro_batch), variables):
         present = [g for g in grads if g is not None]
+        regularizing = regularization.get(id(variable))
         with tf.device(getattr(variable, "value", variable).device), \
                 tf.name_scope("micro_batch_gradient_sum"):
             if not present:
-                summed.append(None)
+                total = None
             elif isinstance(present[0], tf.IndexedSlices):
-                summed.append(sparse_gradients.combine_micro_batches(present))
+                total = sparse_gradients.combine_micro_batches(present)
             else:
                 total = tf.convert_to_tensor(present[0])
                 for gradient in present[1:]:
                     total = total + tf.convert_to_tensor(gradient)
                     graph_order.keep_as_written(total)  # (not one AddN: graph_order)
-                summed.append(total)
+            if regularizing is not None:  # (dense, as one device's tape adds the two)
+                total = regularizing if total is None else (
+                    tf.convert_to_tensor(total) + regularizing)
+            summed.append(total)
     return summed
 
 
-def _summed_loss(parts: list, sizes: list):
+def _summed_loss(parts: list, sizes: list, weight_regularization):
     """The batch's `LossParts` from its micro-batches': shares add up; the
-    regularization is each micro-batch's weighted by its rows (the same
-    for weight regularizers; an activity regularizer's differs)."""
+    regularization is each micro-batch's (activity terms, ``add_loss``)
+    weighted by its rows, plus the weights' (``weight_regularization``,
+    computed once)."""
     rows = tf.add_n(sizes)
     regularization = tf.math.divide_no_nan(
         tf.add_n([p.regularization * size for p, size in zip(parts, sizes)]), rows)
@@ -263,7 +284,7 @@ def _summed_loss(parts: list, sizes: list):
         data_share=tf.add_n([p.data_share for p in parts]),
         output_shares=[tf.add_n(list(shares))
                        for shares in zip(*[p.output_shares for p in parts])],
-        regularization=regularization)
+        regularization=regularization + weight_regularization)
 
 
 def _real_rows(part, outputs):

@@ -198,7 +198,8 @@ class ReplicaSteps:
                 global_examples = collectives.all_reduce_sum(local_examples)
             gradients, parts, y_pred = self.pipeline.forward_backward(
                 model, batch, global_examples,
-                functools.partial(forward_backward, own_loss=self._own_compute_loss))
+                functools.partial(forward_backward, own_loss=self._own_compute_loss),
+                regularizers_apart=not self._own_compute_loss)
             result = ForwardBackward(gradients, parts, global_examples, y_pred)
         elif self._jit_compile:
             if global_examples is None:  # (no collective inside XLA: count first)

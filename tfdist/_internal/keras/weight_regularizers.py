@@ -1,0 +1,60 @@
+"""A model's weight regularizers, set apart from its loss and computed on
+each weight's own device (`tfdist.parallel.pipeline`).
+
+Keras computes a weight's regularization (``kernel_regularizer=...``)
+whenever ``model.losses`` is read, under the device of whoever reads it:
+in a pipeline's step, the last stage's, which computes the loss. A first
+stage's kernel was then read by the last stage, its regularization's
+gradient computed there, added there to the kernel's gradient from the
+first stage, and the sum sent back: two weight-sized transfers per
+micro-batch. A weight's regularization does not depend on the batch, so
+its gradient is needed once per step, not once per micro-batch:
+`set_apart` takes the regularizers out of ``model.losses`` while the
+micro-batches are traced (``Variable.regularizer`` set to None, then
+back), and `on_weight_devices` computes each term and its gradient under
+its weight's device. Adding that gradient to the sum of the micro-batches'
+gradients is the batch's gradient (the micro-batches' shares of a
+regularization term sum to 1).
+"""
+
+import contextlib
+from typing import Callable, Iterator, List, NamedTuple, Tuple
+
+import tensorflow as tf
+
+
+class WeightRegularization(NamedTuple):
+    """The weight regularization terms' sum (a float32 scalar) and each
+    regularized weight's gradient of it, by weight (``id``)."""
+
+    value: tf.Tensor
+    gradients: dict
+
+
+@contextlib.contextmanager
+def set_apart(model) -> Iterator[List[Tuple[object, Callable]]]:
+    """Within the block, ``model.losses`` leaves out its weights'
+    regularizers; yields ``[(weight, regularizer), ...]``."""
+    pairs = [(weight, weight.regularizer) for weight in model.trainable_weights
+             if getattr(weight, "regularizer", None) is not None]
+    for weight, _ in pairs:
+        weight.regularizer = None
+    try:
+        yield pairs
+    finally:
+        for weight, regularizer in pairs:
+            weight.regularizer = regularizer
+
+
+def on_weight_devices(pairs, scale_loss: Callable) -> WeightRegularization:
+    """Each pair's term, and its gradient (of ``scale_loss(term)``, as the
+    optimizer's loss scaling wants), computed under its weight's device."""
+    values, gradients = [], {}
+    for weight, regularizer in pairs:
+        with tf.device(getattr(weight, "value", weight).device):
+            with tf.GradientTape() as tape:
+                value = tf.cast(regularizer(weight), tf.float32)
+                scaled = scale_loss(value)
+            gradients[id(weight)] = tape.gradient(scaled, weight)
+        values.append(value)
+    return WeightRegularization(tf.add_n(values) if values else tf.constant(0.0), gradients)
