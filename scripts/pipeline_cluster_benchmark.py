@@ -61,8 +61,8 @@ flags.DEFINE_integer("width", 1024, "Units per hidden layer.")
 flags.DEFINE_integer("layers", 2, "Hidden layers (a multiple of --stages).")
 flags.DEFINE_integer("micro_batches", 4, "Micro-batches per batch, m.")
 flags.DEFINE_integer("micro_batch_rows", 64, "Rows per micro-batch.")
-flags.DEFINE_integer("rounds", 3, "Timed rounds.")
-flags.DEFINE_integer("window_steps", 5, "Steps per timed window.")
+flags.DEFINE_integer("rounds", 5, "Timed rounds.")
+flags.DEFINE_integer("window_steps", 40, "Steps per timed window.")
 flags.DEFINE_string("worker_output", None, "(internal) run as the chief; results go here.")
 FLAGS = flags.FLAGS
 FEATURES = 8

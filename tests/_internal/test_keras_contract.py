@@ -178,6 +178,29 @@ def test_backend_update_step_is_the_update_apply_calls():
     assert [float(w.numpy().sum()) for w in weights] == [3.0, 4.0], message  # (not Keras')
 
 
+def test_apply_weight_decay_is_the_decay_apply_calls():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    message = _changed("TFOptimizer._apply_weight_decay", "patches.replace_weight_decay_of")
+    assert _parameters(TFOptimizer._apply_weight_decay) == ["self", "variables"], message
+    optimizer, weights = keras.optimizers.AdamW(0.5, weight_decay=0.1), _weights()
+    optimizer.build(weights)
+    decay = patches.weight_decay_of(optimizer)
+    calls = []
+
+    def recorded(variables):
+        calls.append(list(variables))
+        decay(variables)
+
+    patches.replace_weight_decay_of(optimizer, recorded)
+    before = [w.numpy().copy() for w in weights]
+    optimizer.apply([tf.zeros_like(w) for w in weights], weights)
+    assert [len(c) for c in calls] == [2], message
+    # Zero gradients: the decay alone moved the weights (1 - 0.5 * 0.1).
+    for weight, old in zip(weights, before):
+        np.testing.assert_allclose(weight.numpy(), old * 0.95, rtol=1e-6, err_msg=message)
+
+
 def test_clip_gradients_is_the_clipping_apply_calls_before_its_update():
     from keras.src.optimizers.base_optimizer import BaseOptimizer
 

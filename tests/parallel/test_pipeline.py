@@ -19,9 +19,10 @@ from tfdist.parallel import schedules
 EXAMPLES = 38  # batches of 8: the last has 6 rows (not a multiple of m = 4 or 8)
 
 
-def _model(skip: bool = False) -> keras.Model:
+def _model(skip: bool = False, optimizer=None) -> keras.Model:
     """A functional MLP with 4 weighted layers (L2 on the first); ``skip``:
-    the first layer's output also feeds the third's (across cuts)."""
+    the first layer's output also feeds the third's (across cuts);
+    ``optimizer``: a function making it (default: the tests' Adam)."""
     keras.utils.set_random_seed(3)
     inputs = keras.Input((ref.NUM_FEATURES,))
     h1 = keras.layers.Dense(8, "relu", name="h1",
@@ -31,7 +32,14 @@ def _model(skip: bool = False) -> keras.Model:
     if skip:
         h3 = keras.layers.Add(name="skip")([h3, h1])
     outputs = keras.layers.Dense(ref.NUM_CLASSES, "softmax", name="out")(h3)
-    return ref.compile_model(keras.Model(inputs, outputs), "adam")
+    model = ref.compile_model(keras.Model(inputs, outputs), "adam")
+    if optimizer is not None:
+        model.compile(optimizer=optimizer(), loss=model.loss, metrics=["accuracy"])
+    return model
+
+
+def _adamw():
+    return keras.optimizers.AdamW(learning_rate=0.02, weight_decay=0.1)
 
 
 def _fit(model, batch_size=8, epochs=2):
@@ -108,6 +116,14 @@ def test_two_pipelines_equal_one_device(schedule, cuts, micro_batches, batch_siz
     assert [additions.count(d) for d in range(4)] == [per_stage + 1, per_stage, 0, 0]
 
 
+def test_adamw_decays_and_updates_each_stage_as_one_device():
+    """AdamW's weight decay and update run per stage, on its device
+    (`tfdist.parallel.stage_updates`): the same update as one device's."""
+    expected = _fit(_model(optimizer=_adamw))
+    pipeline = tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=3)
+    _assert_equal_to(expected, _fit(tfdist.attach(_model(optimizer=_adamw), parallel=pipeline)))
+
+
 def test_a_skip_connection_across_cuts_equals_one_device():
     """The first stage's output feeds the second and the third: its gradient
     is the sum of both, added on its own device."""
@@ -145,35 +161,52 @@ def test_each_stages_weights_state_and_ops_are_on_its_device():
 
 
 def _stage_crossings(graph) -> list:
-    """The tensors a step sends from one stage's device to another's:
-    (tensor, destination device index) for each input an op on one device
-    reads from an op on another (the Send / Recv pairs TensorFlow inserts
-    when it partitions the graph: one per tensor and destination)."""
-    def index(device):
-        return tf.DeviceSpec.from_string(device).device_index if device else None
+    """The tensors a step sends from one stage's device to another's: each
+    tensor an op on one device reads from an op on another, once per
+    destination (the Send / Recv pairs TensorFlow inserts when it
+    partitions the graph). Where an op runs, as TensorFlow's placer
+    decides it: its device if it names one; else its resource's (a
+    variable's reads and updates run beside the variable); else the
+    step's default device, the first stage's."""
+    captured = {inner.name: outer.device for outer, inner in graph.captures}
+    placed = {}
+
+    def device_of(op):
+        if op.name not in placed:
+            resources = [t.op for t in op.inputs if t.dtype == tf.resource]
+            if not op.device and resources:
+                placed[op.name] = device_of(resources[0])
+            else:
+                device = op.device or captured.get(op.outputs[0].name if op.outputs else "", "")
+                placed[op.name] = tf.DeviceSpec.from_string(device).device_index or 0
+        return placed[op.name]
 
     crossings = {}
     for op in graph.get_operations():
         for tensor in op.inputs:
-            source, destination = index(tensor.op.device), index(op.device)
-            if None not in (source, destination) and source != destination:
+            destination = device_of(op)
+            if tensor.dtype != tf.resource and device_of(tensor.op) != destination:
                 crossings[(tensor.name, destination)] = tensor
     return list(crossings.values())
 
 
-def test_only_each_cuts_activations_and_their_gradients_cross_stages():
-    """The step's traffic between stages: each micro-batch's activations
-    at each cut, forward, and their gradient, backward (a tensor of the
-    cut's width per row), and per-row or scalar pieces of the loss; never
-    a weight or a weight-sized gradient. (It found one: the first stage's
+@pytest.mark.parametrize("optimizer", [None, _adamw], ids=["adam", "adamw"])
+def test_only_each_cuts_activations_and_their_gradients_cross_stages(optimizer):
+    """The step's traffic between stages, its update included: each
+    micro-batch's activations at each cut, forward, and their gradient,
+    backward (a tensor of the cut's width per row), per-row or scalar
+    pieces of the loss, and the optimizer's scalars; never a weight, its
+    state or a weight-sized gradient. It found two: the first stage's
     kernel regularizer was computed, and its gradient added to the
-    kernel's, on the last stage, once per micro-batch:
-    `tfdist._internal.keras.weight_regularizers`.)"""
+    kernel's, on the last stage, once per micro-batch
+    (`tfdist._internal.keras.weight_regularizers`); and Adam updated every
+    stage's weights on the first stage, as AdamW decayed them
+    (`tfdist.parallel.stage_updates`)."""
     micro_batches, rows, width = 2, 4, 8  # (the traced batch: 8 rows)
     pipeline = tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=micro_batches)
-    model = tfdist.attach(_model(), parallel=pipeline)  # (h1 has an L2 kernel regularizer)
+    model = tfdist.attach(_model(optimizer=optimizer), parallel=pipeline)  # (h1: L2)
     _fit(model, epochs=1)
-    crossings = _stage_crossings(_traced_step_graph(pipeline, model))
+    crossings = _stage_crossings(_traced_step_graph(pipeline, model, update=True))
     shapes = [(t.name, t.shape.as_list()) for t in crossings]
     assert all(len(shape) == 0 or shape[0] == rows for _, shape in shapes), shapes
     weight_shapes = [w.shape for w in model.weights if len(w.shape) > 0]
@@ -182,7 +215,9 @@ def test_only_each_cuts_activations_and_their_gradients_cross_stages():
     assert sum(shape == [rows, width] for _, shape in shapes) == 2 * micro_batches * 2, shapes
 
 
-def _traced_step_graph(pipeline, model):
+def _traced_step_graph(pipeline, model, update: bool = False):
+    """The graph of a pipelined step's forward and backward passes on 8
+    rows (traced, not run); ``update``: and the optimizer's update."""
     from tfdist.replica.step import forward_backward  # pylint: disable=import-outside-toplevel
 
     x, y, w = ref.classification_arrays(8)
@@ -192,7 +227,10 @@ def _traced_step_graph(pipeline, model):
         batch = tfdist.Batch(tf.constant(x), tf.constant(y), tf.constant(w))
         gradients, _, _ = pipeline.forward_backward(model, batch, tf.constant(8.0),
                                                     forward_backward)
-        return gradients
+        if not update:
+            return gradients
+        model.optimizer.apply(gradients, model.trainable_variables)
+        return None  # (returned, the gradients would go to the step's device)
 
     return step.get_concrete_function().graph
 

@@ -154,7 +154,7 @@ def test_pipeline_bubble_benchmark_quick_records_every_pass(tmp_path):
     assert [(r["stages"], r["micro_batches"], r["schedule"]) for r in rows] == [
         (2, 2, "gpipe"), (2, 2, "1f1b")]
     for row in rows:
-        assert row["steps"] == 1 and len(row["idle_per_stage"]) == 2, row
+        assert row["steps"] == 2 and len(row["idle_per_stage"]) == 2, row
         assert all(0 <= idle < 1 for idle in row["idle_per_stage"]), row
         assert row["theory_idle"] == 1 / 3
 

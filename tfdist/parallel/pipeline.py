@@ -67,7 +67,7 @@ from tfdist._internal.keras import compiled as keras_compiled
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
 from tfdist._internal.keras import weight_regularizers
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import micro_batches, schedules
+from tfdist.parallel import micro_batches, schedules, stage_updates
 from tfdist.parallel.stage_units import StageUnits, StepTrace
 from tfdist.replica import keras_steps
 
@@ -155,6 +155,7 @@ class Pipeline:
         for layer in model.layers:
             for weight in layer.weights:
                 placed_weights.place(weight, devices[stage_of[layer.name]])
+        stage_updates.run_on_weight_devices(model.optimizer)
         _warn_batch_statistics(model)
         self.devices = devices
         self._units = StageUnits(

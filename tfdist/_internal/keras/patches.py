@@ -27,6 +27,7 @@ GRADIENT_ALL_REDUCE = "_all_reduce_sum_gradients"  # a Keras TensorFlow optimize
 DISTRIBUTED_UPDATE = "_backend_update_step"  # its update of every weight, in a replica
 CHECKPOINT_CHILDREN = "_trackable_children"  # what tf.train.Checkpoint saves of an object
 GRADIENT_CLIP = "_clip_gradients"  # an optimizer's clipnorm / global_clipnorm / clipvalue
+WEIGHT_DECAY = "_apply_weight_decay"  # its decay of every weight, before the update
 
 
 def wrap_loss_scaling(wrap_scale: Callable, wrap_unscale: Callable) -> None:
@@ -75,6 +76,23 @@ def replace_update_of(optimizer, update: Callable) -> None:
     Keras' ``apply`` where Keras' own would be (``variables`` Keras
     variables or their TensorFlow variables)."""
     object.__setattr__(optimizer, DISTRIBUTED_UPDATE, update)
+
+
+def replace_weight_decay_of(optimizer, decay: Callable) -> None:
+    """One optimizer instance's weight decay (AdamW's ``weight_decay``):
+    ``decay(variables)``, called by Keras' ``apply`` before the update."""
+    object.__setattr__(optimizer, WEIGHT_DECAY, decay)
+
+
+def update_of(optimizer) -> Callable:
+    """``optimizer``'s distributed update as it is now (its replacement, if
+    it has one): ``update(grads, variables, learning_rate)``."""
+    return getattr(optimizer, DISTRIBUTED_UPDATE)
+
+
+def weight_decay_of(optimizer) -> Callable:
+    """``optimizer``'s weight decay as it is now: ``decay(variables)``."""
+    return getattr(optimizer, WEIGHT_DECAY)
 
 
 def replace_checkpoint_children_of(optimizer, wrap: Callable) -> None:
