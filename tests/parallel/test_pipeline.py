@@ -42,6 +42,17 @@ def _adamw():
     return keras.optimizers.AdamW(learning_rate=0.02, weight_decay=0.1)
 
 
+def _adam_global_clipnorm():
+    return keras.optimizers.Adam(learning_rate=0.02, global_clipnorm=0.05)
+
+
+def _sgd_clipnorm():
+    return keras.optimizers.SGD(learning_rate=0.1, momentum=0.9, clipnorm=0.05)
+
+
+UPDATE_FORMS = [_adamw, _adam_global_clipnorm, _sgd_clipnorm]
+
+
 def _fit(model, batch_size=8, epochs=2):
     x, y, w = ref.classification_arrays(EXAMPLES)
     history = model.fit(x, y, sample_weight=w, batch_size=batch_size, epochs=epochs,
@@ -116,12 +127,15 @@ def test_two_pipelines_equal_one_device(schedule, cuts, micro_batches, batch_siz
     assert [additions.count(d) for d in range(4)] == [per_stage + 1, per_stage, 0, 0]
 
 
-def test_adamw_decays_and_updates_each_stage_as_one_device():
-    """AdamW's weight decay and update run per stage, on its device
-    (`tfdist.parallel.stage_updates`): the same update as one device's."""
-    expected = _fit(_model(optimizer=_adamw))
+@pytest.mark.parametrize("optimizer", UPDATE_FORMS, ids=lambda f: f.__name__[1:])
+def test_decay_clipping_and_update_per_stage_equal_one_device(optimizer):
+    """AdamW's weight decay, a global norm's and each gradient's norm's
+    clipping, and the update run per stage, on its device
+    (`tfdist.parallel.stage_updates`): one device's update."""
+    expected = _fit(_model(optimizer=optimizer))
     pipeline = tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=3)
-    _assert_equal_to(expected, _fit(tfdist.attach(_model(optimizer=_adamw), parallel=pipeline)))
+    _assert_equal_to(expected, _fit(tfdist.attach(_model(optimizer=optimizer),
+                                                  parallel=pipeline)))
 
 
 def test_a_skip_connection_across_cuts_equals_one_device():
@@ -190,7 +204,8 @@ def _stage_crossings(graph) -> list:
     return list(crossings.values())
 
 
-@pytest.mark.parametrize("optimizer", [None, _adamw], ids=["adam", "adamw"])
+@pytest.mark.parametrize("optimizer", [None] + UPDATE_FORMS,
+                         ids=lambda f: "adam" if f is None else f.__name__[1:])
 def test_only_each_cuts_activations_and_their_gradients_cross_stages(optimizer):
     """The step's traffic between stages, its update included: each
     micro-batch's activations at each cut, forward, and their gradient,
@@ -200,8 +215,8 @@ def test_only_each_cuts_activations_and_their_gradients_cross_stages(optimizer):
     kernel regularizer was computed, and its gradient added to the
     kernel's, on the last stage, once per micro-batch
     (`tfdist._internal.keras.weight_regularizers`); and Adam updated every
-    stage's weights on the first stage, as AdamW decayed them
-    (`tfdist.parallel.stage_updates`)."""
+    stage's weights on the first stage, as AdamW decayed them and Keras
+    clipped their gradients (`tfdist.parallel.stage_updates`)."""
     micro_batches, rows, width = 2, 4, 8  # (the traced batch: 8 rows)
     pipeline = tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=micro_batches)
     model = tfdist.attach(_model(optimizer=optimizer), parallel=pipeline)  # (h1: L2)

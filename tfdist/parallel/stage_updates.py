@@ -10,7 +10,8 @@ cluster benchmark measured 8 MB on the link per step where the
 activations were 2). `run_on_weight_devices` makes the optimizer update
 each stage's weights, and decay them (AdamW), under the weights' device:
 its updates are per weight, so running them in groups by device is the
-same update.
+same update. Its clipping runs each gradient's part under the gradient's
+device (a global norm gathers one scalar per gradient).
 
 >>> import keras, tensorflow as tf, tfdist
 >>> devices = tfdist.strategies.configure_logical_cpus(2)  # (before other TensorFlow work)
@@ -33,7 +34,7 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from tfdist._internal.keras import patches
+from tfdist._internal.keras import optimizer as keras_optimizer, patches
 
 
 def run_on_weight_devices(optimizer) -> None:
@@ -57,14 +58,35 @@ def run_on_weight_devices(optimizer) -> None:
 
     patches.replace_update_of(inner, update_by_device)
     patches.replace_weight_decay_of(inner, decay_by_device)
+    patches.replace_clipping_of(inner, _clip_on_gradient_devices)
     object.__setattr__(inner, "_tfdist_updates_on_weight_devices", True)
+
+
+def _clip_on_gradient_devices(optimizer, gradients) -> list:
+    """Keras' clipping (``clipnorm``, ``global_clipnorm``, ``clipvalue``),
+    each gradient's part of it under the gradient's device: a global norm
+    gathers only each gradient's squared norm."""
+    gradients = list(gradients)
+    if (optimizer.clipnorm or 0) > 0 or (optimizer.global_clipnorm or 0) > 0:
+        return keras_optimizer.clip_slices(optimizer, gradients, lambda squares: squares,
+                                           placed=True)
+    clipped = list(gradients)  # (clipvalue, elementwise; or no clipping)
+    present = [index for index, g in enumerate(gradients) if g is not None]
+    for device, group in _by_device(present, lambda index: gradients[index]):
+        with tf.device(device):
+            for index, value in zip(group, keras_optimizer.clip_gradients(
+                    optimizer, [gradients[index] for index in group])):
+                clipped[index] = value
+    return clipped
 
 
 def _by_device(items: list, variable_of: Callable):
     """``items`` grouped by their variable's device, in first-seen order."""
     def device(item):
-        variable = variable_of(item)  # (a Keras variable, or its tf.Variable)
-        return (variable.value if isinstance(variable, keras.Variable) else variable).device
+        variable = variable_of(item)  # (a Keras variable, its tf.Variable, or a gradient)
+        if isinstance(variable, keras.Variable):
+            return variable.value.device
+        return keras_optimizer.tensor_device(variable)
 
     order = {}
     for item in items:

@@ -26,7 +26,8 @@ def clip_gradients(optimizer, gradients: list) -> list:
     return list(getattr(type(optimizer), patches.GRADIENT_CLIP)(optimizer, gradients))
 
 
-def clip_slices(optimizer, gradients: list, sum_over_slices: Callable) -> list:
+def clip_slices(optimizer, gradients: list, sum_over_slices: Callable, *,
+                placed: bool = False) -> list:
     """Keras' clipping of ``gradients`` where each is one slice of a whole
     gradient whose other slices other replicas hold (fully sharded weights:
     disjoint slices, zeros past a weight's end), with the whole gradients'
@@ -41,7 +42,11 @@ def clip_slices(optimizer, gradients: list, sum_over_slices: Callable) -> list:
     ``global_clipnorm`` multiplies each by ``clip_norm * min(1 / norm, 1 /
     clip_norm)`` (Keras' ``clip_by_global_norm``: NaN for a non-finite
     norm, and an ``IndexedSlices`` made dense, as on one device), and
-    ``clipvalue``, elementwise, is Keras' own on each slice."""
+    ``clipvalue``, elementwise, is Keras' own on each slice.
+
+    ``placed``: each gradient's squared norm and its clipped value are
+    computed under the gradient's own device (a pipeline's stages: only
+    the scalar norms travel)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     clipnorm, global_clipnorm = optimizer.clipnorm, optimizer.global_clipnorm
@@ -50,15 +55,37 @@ def clip_slices(optimizer, gradients: list, sum_over_slices: Callable) -> list:
     present = [g for g in gradients if g is not None]
     if not present:
         return list(gradients)
-    squares = iter(tf.unstack(sum_over_slices(tf.stack([_squared_norm(g) for g in present]))))
+    def on_device_of(gradient):
+        return tf.device(tensor_device(gradient)) if placed else contextlib.nullcontext()
+
+    squared_norms = []
+    for gradient in present:
+        with on_device_of(gradient):
+            squared_norms.append(_squared_norm(gradient))
+    squares = iter(tf.unstack(sum_over_slices(tf.stack(squared_norms))))
     whole = [None if g is None else next(squares) for g in gradients]
     if clipnorm and clipnorm > 0:
-        return [None if g is None else _clipped_to_norm(g, clipnorm, squared)
-                for g, squared in zip(gradients, whole)]
+        clipped = []
+        for gradient, squared in zip(gradients, whole):
+            with on_device_of(gradient):
+                clipped.append(None if gradient is None
+                               else _clipped_to_norm(gradient, clipnorm, squared))
+        return clipped
     use_norm = tf.sqrt(tf.add_n([w for w in whole if w is not None]))
     scale_for_finite = global_clipnorm * tf.minimum(1.0 / use_norm, 1.0 / global_clipnorm)
     scale = scale_for_finite + (use_norm - use_norm)
-    return [g * tf.cast(scale, g.dtype) if g is not None else g for g in gradients]
+    clipped = []
+    for gradient in gradients:
+        with on_device_of(gradient):
+            clipped.append(None if gradient is None else gradient * tf.cast(scale, gradient.dtype))
+    return clipped
+
+
+def tensor_device(gradient) -> str:
+    """The device ``gradient`` (a tensor or an ``IndexedSlices``) was made on."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    return (gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient).device
 
 
 def _squared_norm(gradient):
