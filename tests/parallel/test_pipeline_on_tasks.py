@@ -52,39 +52,17 @@ def test_stages_on_other_processes_equal_one_device(tmp_path, workers, schedule,
         assert device == wanted, (path, device, wanted)
 
 
-def test_a_killed_stage_restarts_from_the_checkpoint_and_ends_equal_to_one_device(tmp_path):
+@pytest.mark.parametrize("interruption", [
+    "SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.full_form)])
+def test_an_interrupted_stage_restarts_from_the_checkpoint_and_ends_equal_to_one_device(
+        tmp_path, interruption):
     """SIGKILL of the worker holding the second stage mid-epoch: its weights
     and Adam state die with it. tfdist-run names it, ends the chief and
     starts the group again; the chief restores every stage from the last
     checkpoint (written by the chief, with the values read from each task)
-    and ends where one uninterrupted device ends."""
-    expected = in_process._fit(in_process._model(), epochs=3)  # pylint: disable=protected-access
-    args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
-            "--checkpoint_every_steps=2", "--step_delay=0.3", "--epochs=3"]
-    launcher = ["--num_workers=1", "--workers_serve", "--max_restarts=1", "--grace_period=5"]
-    with LauncherRun(launcher, PROGRAM + args) as run:
-        run.wait_for(r"\[chief-0\] epoch step 3 done", timeout=240)
-        os.kill(run.pids()["worker-0"], signal.SIGKILL)
-        killed = time.monotonic()
-        run.wait_for(r"restart 1/1", timeout=90)
-        assert time.monotonic() - killed < 60
-        assert run.wait(timeout=300) == 0, run.output[-4000:]
-    assert "worker-0: exited (exit code 137)" in run.output
-    result = json.loads((tmp_path / "out" / "chief-0.json").read_text())
-    weights, history, _, _ = expected
-    ref.assert_weight_lists_close(
-        weights, [np.asarray(w, np.float32) for w in result["weights"]])
-    # (The history after a restart holds the epochs the restarted run trained.)
-    np.testing.assert_allclose(result["history"]["loss"], history["loss"][-len(
-        result["history"]["loss"]):], rtol=1e-5)
-
-
-@pytest.mark.full_form
-def test_a_stopped_stage_is_named_hung_restarted_and_ends_equal_to_one_device(tmp_path):
-    """SIGSTOP of the worker holding the second stage mid-epoch: the chief's
-    step waits on it. After ``--hang_timeout`` tfdist-run names it hung,
-    ends the group and starts it again; the run resumes from the last
-    checkpoint and ends where one uninterrupted device ends."""
+    and ends where one uninterrupted device ends. SIGSTOP: the chief's step
+    waits on the stopped stage; after ``--hang_timeout`` tfdist-run names
+    it hung, and the group restarts as after SIGKILL."""
     expected = in_process._fit(in_process._model(), epochs=3)  # pylint: disable=protected-access
     args = [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
             "--checkpoint_every_steps=2", "--step_delay=0.3", "--epochs=3"]
@@ -92,12 +70,18 @@ def test_a_stopped_stage_is_named_hung_restarted_and_ends_equal_to_one_device(tm
                 "--hang_timeout=5"]
     with LauncherRun(launcher, PROGRAM + args) as run:
         run.wait_for(r"\[chief-0\] epoch step 3 done", timeout=240)
-        os.kill(run.pids()["worker-0"], signal.SIGSTOP)
-        stopped = time.monotonic()
+        os.kill(run.pids()["worker-0"], getattr(signal, interruption))
+        interrupted = time.monotonic()
         run.wait_for(r"restart 1/1", timeout=90)
-        assert time.monotonic() - stopped < 60
+        assert time.monotonic() - interrupted < 60
         assert run.wait(timeout=300) == 0, run.output[-4000:]
-    assert re.search(r"worker-0.*hung: stopped \(SIGSTOP\)", run.output), run.output[-4000:]
+    named = {"SIGKILL": r"worker-0: exited \(exit code 137\)",
+             "SIGSTOP": r"worker-0.*hung: stopped \(SIGSTOP\)"}[interruption]
+    assert re.search(named, run.output), run.output[-4000:]
     result = json.loads((tmp_path / "out" / "chief-0.json").read_text())
+    weights, history, _, _ = expected
     ref.assert_weight_lists_close(
-        expected[0], [np.asarray(w, np.float32) for w in result["weights"]])
+        weights, [np.asarray(w, np.float32) for w in result["weights"]])
+    # (The history after a restart holds the epochs the restarted run trained.)
+    np.testing.assert_allclose(result["history"]["loss"], history["loss"][-len(
+        result["history"]["loss"]):], rtol=1e-5)
