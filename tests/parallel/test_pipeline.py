@@ -316,6 +316,28 @@ def _penalized(outputs_of, loss, *, dtype="float32"):
     return model
 
 
+def test_an_own_compute_loss_under_two_pipelines_equals_one_device():
+    """The override's value per micro-batch, weighted by its rows' share of
+    the whole batch (both pipelines'), sums to one device's loss."""
+    def build():
+        return _penalized(lambda i: keras.layers.Dense(1, name="out")(
+            keras.layers.Dense(6, "tanh", name="cut")(i)), "mse")
+
+    x = np.random.default_rng(0).random((21, 4)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+
+    def fit(model):
+        history = model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0).history
+        return model.get_weights(), history, model.evaluate(x, y, batch_size=8, verbose=0)
+
+    weights, history, evaluation = fit(build())
+    pipeline = tfdist.parallel.Pipeline(cuts=["cut"], micro_batches=3, replicas=2)
+    got_weights, got_history, got_evaluation = fit(tfdist.attach(build(), parallel=pipeline))
+    ref.assert_weight_lists_close(weights, got_weights)
+    ref.assert_logs_close(history, got_history)
+    np.testing.assert_allclose(got_evaluation, evaluation, rtol=1e-5)
+
+
 @pytest.mark.parametrize("outputs_of,loss,data,message", [
     (lambda i: keras.layers.Dense(1, name="out")(keras.layers.Dense(3, name="cut")(i)),
      keras.losses.MeanSquaredError(reduction="sum"), "features",
