@@ -20,14 +20,16 @@ EXAMPLES = 38  # batches of 8: the last has 6 rows (not a multiple of m = 4 or 8
 
 
 def _model(skip: bool = False, optimizer=None) -> keras.Model:
-    """A functional MLP with 4 weighted layers (L2 on the first); ``skip``:
+    """A functional MLP with 4 weighted layers (L2 on the first, a max-norm
+    constraint on the second's kernel); ``skip``:
     the first layer's output also feeds the third's (across cuts);
     ``optimizer``: a function making it (default: the tests' Adam)."""
     keras.utils.set_random_seed(3)
     inputs = keras.Input((ref.NUM_FEATURES,))
     h1 = keras.layers.Dense(8, "relu", name="h1",
                             kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
-    h2 = keras.layers.Dense(8, "tanh", name="h2")(h1)
+    h2 = keras.layers.Dense(8, "tanh", name="h2",
+                            kernel_constraint=keras.constraints.MaxNorm(0.6))(h1)
     h3 = keras.layers.Dense(8, "relu", name="h3")(h2)
     if skip:
         h3 = keras.layers.Add(name="skip")([h3, h1])
@@ -215,8 +217,9 @@ def test_only_each_cuts_activations_and_their_gradients_cross_stages(optimizer):
     kernel regularizer was computed, and its gradient added to the
     kernel's, on the last stage, once per micro-batch
     (`tfdist._internal.keras.weight_regularizers`); and Adam updated every
-    stage's weights on the first stage, as AdamW decayed them and Keras
-    clipped their gradients (`tfdist.parallel.stage_updates`)."""
+    stage's weights on the first stage, as AdamW decayed them, Keras
+    clipped their gradients and applied their constraints
+    (`tfdist.parallel.stage_updates`)."""
     micro_batches, rows, width = 2, 4, 8  # (the traced batch: 8 rows)
     pipeline = tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=micro_batches)
     model = tfdist.attach(_model(optimizer=optimizer), parallel=pipeline)  # (h1: L2)

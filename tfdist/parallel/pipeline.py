@@ -156,6 +156,7 @@ class Pipeline:
             for weight in layer.weights:
                 placed_weights.place(weight, devices[stage_of[layer.name]])
         stage_updates.run_on_weight_devices(model.optimizer)
+        stage_updates.constrain_on_weight_devices(model.trainable_weights)
         _warn_batch_statistics(model)
         self.devices = devices
         self._units = StageUnits(

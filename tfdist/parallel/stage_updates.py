@@ -11,7 +11,10 @@ activations were 2). `run_on_weight_devices` makes the optimizer update
 each stage's weights, and decay them (AdamW), under the weights' device:
 its updates are per weight, so running them in groups by device is the
 same update. Its clipping runs each gradient's part under the gradient's
-device (a global norm gathers one scalar per gradient).
+device (a global norm gathers one scalar per gradient), and
+`constrain_on_weight_devices` does the same for the weights' constraints.
+(The optimizer's EMA of the weights, ``use_ema=True``, still runs where
+the step runs.)
 
 >>> import keras, tensorflow as tf, tfdist
 >>> devices = tfdist.strategies.configure_logical_cpus(2)  # (before other TensorFlow work)
@@ -60,6 +63,27 @@ def run_on_weight_devices(optimizer) -> None:
     patches.replace_weight_decay_of(inner, decay_by_device)
     patches.replace_clipping_of(inner, _clip_on_gradient_devices)
     object.__setattr__(inner, "_tfdist_updates_on_weight_devices", True)
+
+
+def constrain_on_weight_devices(weights) -> None:
+    """Makes each weight's constraint (``kernel_constraint=...``, which
+    Keras' ``apply`` runs after the update, where the step runs) compute
+    under the weight's device: ``Variable.constraint`` becomes the same
+    constraint, placed."""
+    for weight in weights:
+        constraint = getattr(weight, "constraint", None)
+        if constraint is None or getattr(constraint, "_tfdist_placed", False):
+            continue
+        weight.constraint = _placed(constraint, weight.value.device)
+
+
+def _placed(constraint: Callable, device: str) -> Callable:
+    def constrain(value):
+        with tf.device(device):
+            return constraint(value)
+
+    constrain._tfdist_placed = True  # pylint: disable=protected-access
+    return constrain
 
 
 def _clip_on_gradient_devices(optimizer, gradients) -> list:
