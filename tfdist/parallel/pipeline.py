@@ -256,7 +256,7 @@ def _summed_gradients(per_micro_batch: List[list], variables, regularization: di
     for grads, variable in zip(zip(*per_micro_batch), variables):
         present = [g for g in grads if g is not None]
         regularizing = regularization.get(id(variable))
-        with tf.device(getattr(variable, "value", variable).device), \
+        with tf.device(placed_weights.device_of(variable)), \
                 tf.name_scope("micro_batch_gradient_sum"):
             if not present:
                 total = None

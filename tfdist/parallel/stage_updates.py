@@ -31,13 +31,11 @@ the step runs.)
 ['CPU:1']
 """
 
-import itertools
 from typing import Callable
 
-import keras
 import tensorflow as tf
 
-from tfdist._internal.keras import optimizer as keras_optimizer, patches
+from tfdist._internal.keras import optimizer as keras_optimizer, patches, placed_weights
 
 
 def run_on_weight_devices(optimizer) -> None:
@@ -50,12 +48,12 @@ def run_on_weight_devices(optimizer) -> None:
 
     def update_by_device(grads, variables, learning_rate):
         pairs = list(zip(grads, variables))
-        for device, group in _by_device(pairs, lambda pair: pair[1]):
+        for device, group in _by_device(pairs, lambda pair: placed_weights.device_of(pair[1])):
             with tf.device(device):
                 update([g for g, _ in group], [v for _, v in group], learning_rate)
 
     def decay_by_device(variables):
-        for device, group in _by_device(list(variables), lambda variable: variable):
+        for device, group in _by_device(variables, placed_weights.device_of):
             with tf.device(device):
                 decay(group)
 
@@ -74,7 +72,7 @@ def constrain_on_weight_devices(weights) -> None:
         constraint = getattr(weight, "constraint", None)
         if constraint is None or getattr(constraint, "_tfdist_placed", False):
             continue
-        weight.constraint = _placed(constraint, weight.value.device)
+        weight.constraint = _placed(constraint, placed_weights.device_of(weight))
 
 
 def _placed(constraint: Callable, device: str) -> Callable:
@@ -96,7 +94,8 @@ def _clip_on_gradient_devices(optimizer, gradients) -> list:
                                            placed=True)
     clipped = list(gradients)  # (clipvalue, elementwise; or no clipping)
     present = [index for index, g in enumerate(gradients) if g is not None]
-    for device, group in _by_device(present, lambda index: gradients[index]):
+    for device, group in _by_device(
+            present, lambda index: keras_optimizer.tensor_device(gradients[index])):
         with tf.device(device):
             for index, value in zip(group, keras_optimizer.clip_gradients(
                     optimizer, [gradients[index] for index in group])):
@@ -104,17 +103,10 @@ def _clip_on_gradient_devices(optimizer, gradients) -> list:
     return clipped
 
 
-def _by_device(items: list, variable_of: Callable):
-    """``items`` grouped by their variable's device, in first-seen order."""
-    def device(item):
-        variable = variable_of(item)  # (a Keras variable, its tf.Variable, or a gradient)
-        if isinstance(variable, keras.Variable):
-            return variable.value.device
-        return keras_optimizer.tensor_device(variable)
-
-    order = {}
+def _by_device(items, device_of: Callable):
+    """``(device, [item, ...])`` for ``items`` grouped by ``device_of(item)``,
+    the devices in first-seen order, each group in the items' order."""
+    groups = {}
     for item in items:
-        order.setdefault(device(item), len(order))
-    for name, group in itertools.groupby(sorted(items, key=lambda i: order[device(i)]),
-                                         key=device):
-        yield name, list(group)
+        groups.setdefault(device_of(item), []).append(item)
+    return groups.items()

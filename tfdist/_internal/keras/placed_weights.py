@@ -11,6 +11,7 @@ new storage. Tested with Keras 3.15; `tests/_internal/test_keras_contract.py`
 pins ``_value``.
 """
 
+import keras
 import tensorflow as tf
 from tensorflow.python.framework import device as tf_device
 
@@ -23,6 +24,11 @@ def _same_device(a: str, b: str) -> bool:
         return False
     return all(getattr(spec_b, part) is None or getattr(spec_b, part) == getattr(spec_a, part)
                for part in ("job", "replica", "task"))
+
+
+def device_of(variable) -> str:
+    """Where ``variable`` (a Keras variable, or a ``tf.Variable``) keeps its value."""
+    return (variable.value if isinstance(variable, keras.Variable) else variable).device
 
 
 def place(variable, device: str) -> None:

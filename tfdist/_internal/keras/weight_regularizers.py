@@ -22,6 +22,8 @@ from typing import Callable, Iterator, List, NamedTuple, Tuple
 
 import tensorflow as tf
 
+from tfdist._internal.keras import placed_weights
+
 
 class WeightRegularization(NamedTuple):
     """The weight regularization terms' sum (a float32 scalar) and each
@@ -51,7 +53,7 @@ def on_weight_devices(pairs, scale_loss: Callable) -> WeightRegularization:
     optimizer's loss scaling wants), computed under its weight's device."""
     values, gradients = [], {}
     for weight, regularizer in pairs:
-        with tf.device(getattr(weight, "value", weight).device):
+        with tf.device(placed_weights.device_of(weight)):
             with tf.GradientTape() as tape:
                 value = tf.cast(regularizer(weight), tf.float32)
                 scaled = scale_loss(value)
