@@ -35,13 +35,19 @@ setup(
     ],
     packages=find_packages(include=["tfdist", "tfdist.*"]),
     python_requires=">=3.10",
-    # Support policy (docs/versions.md): tested with TensorFlow 2.21 and
-    # Keras 3.15. tfdist reads a few Keras internals
-    # (tfdist/_internal/keras/, pinned by a test), hence one minor
-    # version of each; a new pair is added once the whole suite passes on it.
+    # Support policy (docs/versions.md): the whole suite on TensorFlow 2.21
+    # with Keras 3.15 and on 2.22 with Keras 3.16. tfdist reads a few Keras
+    # internals (tfdist/_internal/keras/, pinned by a test), hence the named
+    # minor versions; a new pair is added once the whole suite passes on it.
     install_requires=[
-        "tensorflow>=2.19,<2.22",  # tfdist/versions.py: 2.19, 2.20, 2.21
-        "keras>=3.15,<3.16",
+        "tensorflow>=2.19,<2.23",  # tfdist/versions.py: 2.19, 2.20, 2.21, 2.22
+        # Keras comes with TensorFlow (each supported TensorFlow requires
+        # Keras 3): TensorFlow's release candidates and nightlies bring it as
+        # `keras-nightly`, which pip does not count as `keras`, so naming
+        # `keras` here would install a second Keras over theirs. tfdist
+        # checks the Keras it finds when it loads (tfdist/versions.py: 3.15,
+        # 3.16; an older one, or one whose internals moved, is refused
+        # naming what; a newer one whose internals are in place warns).
         "tensorflow-datasets>=4.9.10,<5",
         "importlib_resources",  # tensorflow-datasets needs it, undeclared
         "numpy>=1.26",

@@ -98,8 +98,20 @@ class SparkTrainingError(RuntimeError):
     """A training task on Spark failed, or the run exceeded its time bound."""
 
 
+class UnsupportedKerasError(ImportError):
+    """The installed Keras moved or removed internals tfdist reads.
+
+    Raised when tfdist first loads its Keras layer (``tfdist.attach``,
+    ``tfdist.Trainer``, ...), before any model is touched; the message names
+    the Keras version, every internal that moved or vanished and the Keras
+    versions tfdist supports (`tfdist.versions`). An ``ImportError``: the
+    fix is another Keras, or a tfdist that supports this one.
+    """
+
+
 __all__ = [
     "CheckpointMismatchError", "CheckpointWriteError", "ConfigurationError",
     "ParameterServerLostError", "PeerLostError", "PlatformEnvironmentError",
     "RuntimeAlreadyStartedError", "SparkTrainingError", "TFConfigError", "TPUNotFoundError",
+    "UnsupportedKerasError",
 ]

@@ -28,7 +28,8 @@ def _versions() -> List[str]:
 
     return [f"tfdist {tfdist.__version__}",
             f"tensorflow {tf.__version__} ({versions.support('tensorflow', tf.__version__)})",
-            f"keras {keras.__version__} ({versions.support('keras', keras.__version__)})",
+            f"keras {keras.__version__} ({versions.support('keras', keras.__version__)}; "
+            f"{versions.pair(tf.__version__, keras.__version__)})",
             f"python {platform.python_version()} ({sys.platform}, {platform.machine()})"]
 
 

@@ -1,19 +1,114 @@
 """Pins the Keras internals tfdist reads (tfdist/_internal/keras/, one module per job).
 
-If a Keras upgrade changes them, this fails first, with a clear name.
+If a Keras upgrade changes them, this fails first, with a clear name. It
+collects on any Keras: every private tfdist reads by name is one test
+(`test_private_is_where_tfdist_reads_it`, from
+`tfdist._internal.keras.privates`, read without importing tfdist), and on a
+Keras that tfdist refuses to load, each behaviour test fails with tfdist's
+own error instead of the file failing to collect.
 """
 
 import functools
+import importlib.util
 import inspect
+import pathlib
 import subprocess
 import sys
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from tfdist._internal.keras import compiled as keras_compiled, model_state as keras_model_state
-from tfdist._internal.keras import optimizer as keras_optimizer, patches, sliced_weights
+
+def _privates_module():
+    """`tfdist._internal.keras.privates` from its file: importing it as a
+    package module would load tfdist's Keras room, which refuses a Keras
+    whose internals moved (the case this file must still report on)."""
+    package = pathlib.Path(importlib.util.find_spec("tfdist").submodule_search_locations[0])
+    spec = importlib.util.spec_from_file_location(
+        "keras_contract_privates", package / "_internal" / "keras" / "privates.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+privates = _privates_module()
+try:
+    from tfdist._internal.keras import compiled as keras_compiled, model_state as keras_model_state
+    from tfdist._internal.keras import optimizer as keras_optimizer, patches, sliced_weights
+    ROOM_ERROR = None
+except ImportError as error:  # (tfdist.errors.UnsupportedKerasError is one)
+    ROOM_ERROR = error
+
+
+@pytest.fixture(autouse=True)
+def _tfdist_loads_on_this_keras(request):
+    if ROOM_ERROR is not None and request.node.originalname != "test_private_is_where_tfdist_reads_it":
+        pytest.fail(f"tfdist does not load on Keras {keras.__version__}: "
+                    f"{type(ROOM_ERROR).__name__}: {ROOM_ERROR}", pytrace=False)
+
+
+@pytest.mark.parametrize("private", privates.PRIVATES, ids=lambda private: private.name)
+def test_private_is_where_tfdist_reads_it(private):
+    try:
+        private.find()
+    except (ImportError, AttributeError) as error:
+        pytest.fail(f"Keras {keras.__version__} moved or removed {private.name}, which "
+                    f"tfdist._internal.keras.{private.user} reads: {type(error).__name__}: "
+                    f"{error}", pytrace=False)
+
+
+_REFUSED = r"""
+import importlib, sys
+module = importlib.import_module(sys.argv[1])
+delattr(module, sys.argv[2])           # as a Keras that moved it
+import tfdist
+try:
+    tfdist.attach
+except tfdist.errors.UnsupportedKerasError as error:
+    print("REFUSED", error)
+"""
+
+
+def test_a_keras_whose_internals_moved_is_refused_naming_each_one():
+    """One error at load, naming the Keras version, each moved private with
+    the tfdist module that reads it, and the supported range: never an
+    AttributeError from inside a module."""
+    nn = privates.tensorflow_ops("nn").__name__
+    result = subprocess.run([sys.executable, "-c", _REFUSED, nn, "_compute_moments"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert out.startswith("REFUSED tfdist cannot run on Keras " + keras.__version__), out
+    assert f"{nn}._compute_moments (read by tfdist._internal.keras.batch_statistics)" in out, out
+    assert "tfdist supports Keras 3.15, 3.16" in out and out.count("\n  - ") == 1, out
+    assert "AttributeError" in out  # (the reason each private is missing)
+
+
+_VERSIONED = r"""
+import sys, warnings
+import keras
+keras.__version__ = sys.argv[1]        # as that Keras would say
+import tfdist
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        tfdist.attach
+        print("LOADED", [str(w.message) for w in caught if "tested with Keras" in str(w.message)])
+    except tfdist.errors.UnsupportedKerasError as error:
+        print("REFUSED", error)
+"""
+
+
+@pytest.mark.parametrize("version,outcome", [
+    ("3.14.1", "REFUSED tfdist needs Keras 3.15 or newer"),
+    ("3.17.0", "LOADED ['tfdist was tested with Keras 3.15, 3.16, not 3.17.0")])
+def test_an_older_keras_is_refused_and_a_newer_one_with_every_private_warns(version, outcome):
+    result = subprocess.run([sys.executable, "-c", _VERSIONED, version],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith(outcome), result.stdout
 
 
 def test_compiled_model_exposes_what_tfdist_reads():
@@ -63,7 +158,9 @@ def test_importing_tfdist_patches_nothing_in_keras():
         "for m in pkgutil.walk_packages(tfdist.__path__, 'tfdist.'):\n"
         "    if not m.name.startswith(skip):\n"
         "        importlib.import_module(m.name)\n"
-        "from keras.src.backend.tensorflow import nn, optimizer\n"
+        "from tfdist._internal.keras import privates\n"
+        "from keras.src.backend.tensorflow import optimizer\n"
+        "nn = privates.tensorflow_ops('nn')\n"
         "from keras.src.losses import loss\n"
         "patched = [f.__qualname__ for f in (nn._compute_moments, nn._compute_moments_sync,\n"
         "           loss.scale_loss_for_distribution, loss.unscale_loss_for_distribution,\n"
@@ -80,7 +177,7 @@ def test_every_keras_function_tfdist_wraps_is_where_it_looks():
     """`tfdist._internal.keras.patches` finds these (without changing them)."""
     from keras.src.backend.common.stateless_scope import in_stateless_scope
     from keras.src.backend.tensorflow import optimizer as tf_optimizer, random as tf_random
-    from keras.src.backend.tensorflow.core import Variable
+    Variable = privates.tensorflow_ops("core").Variable  # pylint: disable=invalid-name
     from keras.src.losses import loss as loss_module
     from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
@@ -159,6 +256,15 @@ def test_trainable_variables_indices_file_each_weight_by_key():
     assert keras_optimizer.state_index(optimizer, stand_in) == 1, message
     # Keras' apply accepts a variable filed so (sharded state's slices).
     optimizer._check_variables_are_known([stand_in])  # pylint: disable=protected-access
+    # AdamW decays a variable filed so as the weight it stands for.
+    decaying = keras.optimizers.AdamW(0.5, weight_decay=0.1)
+    decaying.exclude_from_weight_decay(var_names=["b"])
+    decaying.build([a, b])
+    for index, expected in ((0, 0.95), (1, 1.0)):
+        stand_in = keras.Variable(np.ones([2], "float32"), name="stand_in")
+        keras_optimizer.set_state_index(decaying, stand_in, index)
+        decaying._apply_weight_decay([stand_in])  # pylint: disable=protected-access
+        np.testing.assert_allclose(stand_in.numpy(), [expected] * 2, err_msg=message)
 
 
 def test_backend_update_step_is_the_update_apply_calls():

@@ -76,6 +76,19 @@ def test_quietly_gives_back_what_is_not_noise_also_when_the_block_raises(capfd):
     assert capfd.readouterr().err == "keep me\n"
 
 
+TRACE = ["=== Source Location Trace: === ", "external/xla/xla/stream_executor/cuda/cuda_status.cc:50",
+         ""]  # TensorFlow 2.22 writes these after its failed cuInit line (NOISE[4])
+
+
+def test_the_source_trace_after_a_start_up_line_is_noise_and_ends_at_the_next_real_line(capfd):
+    with tf_logs.quietly():
+        os.write(2, "\n".join([NOISE[4], *TRACE, "keep me", "", "x.cc:1", ""]).encode())
+    assert capfd.readouterr().err == "keep me\n\nx.cc:1\n"
+    # The trace's lines alone, with no start-up line before them, are kept.
+    noise = tf_logs.NoiseFilter()
+    assert [noise.keep(line) for line in TRACE[:2]] == [True, True]
+
+
 def test_tfdist_run_console_drops_noise_and_log_files_keep_it(tmp_path):
     program = tmp_path / "noisy.py"
     program.write_text(

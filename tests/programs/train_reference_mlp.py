@@ -145,7 +145,8 @@ def _own_step(args, strategy, ref):
     from tests.support import models  # pylint: disable=import-outside-toplevel
 
     cls = {"guide_train_step": models.GuideTrainStep,
-           "penalty_loss": models.PenaltyLoss}[args.own_step]
+           "penalty_loss": models.PenaltyLoss,
+           "returns_batch_values": models.ReturnsBatchValues}[args.own_step]
     with strategy.scope():
         model = models.compiled_model(cls)
     tfdist.attach(model, strategy)
@@ -187,7 +188,7 @@ def main():
     parser.add_argument("--mixed_float16", action="store_true",
                         help="build the model under the mixed_float16 policy (a "
                              "LossScaleOptimizer) and make row 15's gradient overflow")
-    parser.add_argument("--own_step", choices=("guide_train_step", "penalty_loss"),
+    parser.add_argument("--own_step", choices=("guide_train_step", "penalty_loss", "returns_batch_values"),
                         default=None,
                         help="train tests/support/models.py's model with its own "
                              "train_step or compute_loss (tfdist.attach + fit on "

@@ -13,7 +13,7 @@ from keras import ops
 import tfdist
 from tests.support import reference as ref
 from tests.support import short_form
-from tests.support.models import GuideTrainStep, PenaltyLoss
+from tests.support.models import GuideTrainStep, PenaltyLoss, ReturnsBatchValues
 from tests.support.models import compiled_model as _compiled, functional_as as _functional
 from tfdist.errors import ConfigurationError
 
@@ -109,19 +109,50 @@ def test_evaluate_runs_the_models_test_step(make_strategy):
                                expected.evaluate(_data(54, 16), verbose=0), rtol=1e-5)
 
 
-def test_unreported_step_outputs_are_named_in_a_warning(make_strategy):
+@pytest.mark.parametrize("num_replicas,num_examples", [
+    (3, 54),   # batches of 16, the last 6 rows: 2 + 2 + 2, uneven against the full ones
+    (4, 66)])  # the last batch 2 rows: 1 + 1 + 0 + 0, two empty replicas
+def test_values_a_step_returns_beside_the_metrics_equal_one_device(make_strategy, num_replicas,
+                                                                   num_examples):
+    """keras.io's distillation pattern: a Keras-scaled loss, a plain
+    ``ops.mean`` and a constant returned beside the metrics are reported in
+    History (training's and ``val_``) and by evaluate as on one device."""
+    expected = _compiled(ReturnsBatchValues)
+    want = expected.fit(_data(num_examples, 16), validation_data=_data(num_examples, 16),
+                        epochs=2, verbose=0).history
+    want_evaluation = expected.evaluate(_data(num_examples, 16), verbose=0, return_dict=True)
+    strategy = make_strategy(num_replicas)
+    with strategy.scope():
+        model = tfdist.attach(_compiled(ReturnsBatchValues), strategy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = model.fit(_data(num_examples, 16), validation_data=_data(num_examples, 16),
+                        epochs=2, verbose=0).history
+        got_evaluation = model.evaluate(_data(num_examples, 16), verbose=0, return_dict=True)
+    assert {"batch_loss", "batch_confidence", "val_batch_rows"} <= set(want)
+    ref.assert_logs_close(want, got)
+    ref.assert_logs_close(want_evaluation, got_evaluation)
+    stated = [str(w.message) for w in caught if "beside `model.metrics`" in str(w.message)]
+    assert len(stated) == 2 and all("weighted by their rows" in s for s in stated), stated
+    assert "ReturnsBatchValues.train_step returns ['batch_confidence', 'batch_loss', " \
+           "'batch_rows']" in stated[0]
+
+
+def test_returned_values_that_cannot_be_combined_are_named_in_a_warning(make_strategy):
     class ExtraKey(GuideTrainStep):
         def train_step(self, data):
             logs = super().train_step(data)
-            return {**logs, "gradient_norm": tf.constant(0.0)}
+            return {**logs, "gradient_norm": tf.constant(0.25), "logits": self(data[0])}
 
     strategy = make_strategy(2)
     with strategy.scope():
         model = tfdist.attach(_compiled(ExtraKey), strategy)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model.fit(_data(48, 24), epochs=1, verbose=0)
-    assert any("gradient_norm" in str(w.message) for w in caught)
+        history = model.fit(_data(48, 24), epochs=1, verbose=0).history
+    refused = [str(w.message) for w in caught if "not scalars" in str(w.message)]
+    assert len(refused) == 1 and "['logits']" in refused[0], refused
+    assert "logits" not in history and history["gradient_norm"] == [0.25]
 
 
 def test_options_the_own_step_cannot_honour_are_errors(make_strategy):

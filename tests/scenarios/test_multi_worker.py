@@ -387,14 +387,16 @@ def test_two_workers_in_mixed_float16_skip_an_overflowing_step_together(tmp_path
 @pytest.mark.parametrize("own_step", [
     # A compute_loss override alone (full form; on one machine in CI:
     # tests/replica/test_keras_overrides.py).
-    "guide_train_step", pytest.param("penalty_loss", marks=pytest.mark.full_form)])
+    "guide_train_step", "returns_batch_values",
+    pytest.param("penalty_loss", marks=pytest.mark.full_form)])
 def test_a_models_own_step_on_two_workers_equals_one_device(tmp_path, own_step):
     """keras.io's train_step with compute_loss, and a compute_loss override,
     on 2 workers (70 rows, batch 16: the last batch splits 3 + 3)."""
     from tests.support import models
 
     cls = {"guide_train_step": models.GuideTrainStep,
-           "penalty_loss": models.PenaltyLoss}[own_step]
+           "penalty_loss": models.PenaltyLoss,
+           "returns_batch_values": models.ReturnsBatchValues}[own_step]
     model = models.compiled_model(cls)
     x, y, _ = ref.classification_arrays(EXAMPLES)
     import tensorflow as tf

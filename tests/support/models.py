@@ -30,6 +30,36 @@ class GuideTrainStep(keras.Model):
         self.optimizer.apply(gradients, self.trainable_variables)
 
 
+class ReturnsBatchValues(GuideTrainStep):
+    """keras.io's distillation pattern: the steps return the batch's values
+    beside the metrics, a Keras-scaled loss (``compute_loss``'s result, and
+    a loss object's) and a plain mean over the rows (``ops.mean``)."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        self.apply_step_gradients(tape.gradient(loss, self.trainable_variables))
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {**{m.name: m.result() for m in self.metrics}, **self.batch_values(x, y, y_pred)}
+
+    def test_step(self, data):
+        logs = super().test_step(data)
+        x, y = data
+        return {**logs, **self.batch_values(x, y, self(x, training=False))}
+
+    def batch_values(self, x, y, y_pred):
+        crossentropy = keras.losses.SparseCategoricalCrossentropy()
+        return {"batch_loss": 0.5 * crossentropy(y, y_pred) + 1.0,
+                "batch_confidence": keras.ops.mean(keras.ops.max(y_pred, axis=-1)),
+                "batch_rows": keras.ops.shape(x)[0] * 0 + 7}  # (an integer scalar, constant)
+
+
 class GuideApplyGradients(GuideTrainStep):
     """The same step, applying with ``optimizer.apply_gradients(zip(...))``."""
 

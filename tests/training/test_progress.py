@@ -97,10 +97,12 @@ def test_summaries_at_log_points_do_not_grow_memory(tmp_path):
     TensorFlow keeps a cached tensor per distinct Python scalar it is
     handed, so they go to TensorFlow as numpy scalars (`tfdist._internal.host_values`).
     6,000 log points: the reporter's growth against the same numbers handed
-    over as Python scalars (the control, which must grow)."""
+    over as Python scalars (the control, which must grow before TensorFlow
+    2.22; 2.22 no longer keeps those tensors, measured: 0.35 MB)."""
     done = subprocess.run([sys.executable, "-c", _SUMMARY_MEMORY_PROGRAM, str(tmp_path)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     reporter_mb, python_scalars_mb = map(float, done.stdout.split())
-    assert python_scalars_mb > 5.0  # the control: ~0.6 KB per distinct scalar, 18,000 of them
+    if tuple(int(part) for part in tf.__version__.split(".")[:2]) < (2, 22):
+        assert python_scalars_mb > 5.0  # the control: ~0.6 KB per distinct scalar, 18,000 of them
     assert reporter_mb < 1.5, (reporter_mb, python_scalars_mb)

@@ -83,6 +83,25 @@ def _by_share(original, operation):
     return by_share
 
 
+def unscaled(value):
+    """``value`` (something a user's step returns, traced in `replica_share`)
+    as the step would compute it with a share of 1: Keras' losses in it
+    (a loss object's result, ``compute_loss``'s) carry the replica's share
+    ``s``, so it is ``v(s)``; for a value affine in those losses (a loss, a
+    weighted sum of them plus a constant) ``v(1) = v(s) + (1 - s) * dv/ds``
+    exactly, as Keras unscales its loss tracker. A value that does not
+    depend on the share is returned as it is. `tfdist.replica.returned_values`
+    states the assumption."""
+    share = current_share()
+    if share is None or tf.executing_eagerly():
+        return value
+    tensor = tf.cast(tf.convert_to_tensor(value), tf.float32)
+    slope = tf.gradients(tensor, share)[0]
+    if slope is None:
+        return value
+    return tensor + (1.0 - tf.cast(share, tf.float32)) * tf.cast(slope, tf.float32)
+
+
 def scale_compute_loss(model) -> None:
     """Makes ``model.compute_loss`` (the model's own override, or Keras')
     return its loss times the replica's share while tfdist traces the

@@ -9,6 +9,11 @@ of the user's own, and again in every worker of a cluster:
     To enable the following instructions: AVX2 FMA, in other operations, rebuild ...
     E0000 00:00:1795379394.673094   10468 cuda_platform.cc:52] failed call to cuInit: ...
 
+TensorFlow 2.22 follows the cuInit line with a source trace:
+
+    === Source Location Trace: ===
+    external/xla/xla/stream_executor/cuda/cuda_status.cc:50
+
 They are written by C++ before Python's logging exists, so no TensorFlow
 setting hides them (``TF_CPP_MIN_LOG_LEVEL`` does not). tfdist:
 
@@ -44,6 +49,10 @@ _NOISE = re.compile(
         r"^To enable the following instructions: .* rebuild TensorFlow",
     ))
 )
+# Lines that continue a start-up record (TensorFlow 2.22's source trace
+# after a failed cuInit): noise only right after a noise line (`NoiseFilter`).
+_CONTINUATION = re.compile(
+    r"^(=== Source Location Trace: ===\s*|[\w./-]+\.(cc|h|cpp):\d+\s*|\s*)$")
 _GPU_FAILURE = re.compile(r"cuInit|cuda drivers|dlopen|libcud|CUDA|GPU", re.IGNORECASE)
 _quiet_depth = 0
 # Start-up lines about GPUs that `quietly` hid (e.g. "failed call to cuInit:
@@ -60,6 +69,31 @@ def shown() -> bool:
 def is_noise(line: str) -> bool:
     """True for TensorFlow's C++ INFO/WARNING lines and CPU-only start-up lines."""
     return bool(_NOISE.match(line))
+
+
+class NoiseFilter:
+    """Start-up noise, line by line, with what continues it: `is_noise`
+    lines, and right after one the lines of its source trace and a blank
+    line (`keep` is False for each). A line that is not noise ends the record.
+
+    >>> noise = NoiseFilter()
+    >>> [noise.keep(line) for line in ("I0000 00:00:1.2   7 cuda_platform.cc:57] failed call to cuInit",
+    ...                                "=== Source Location Trace: ===", "external/a/b.cc:50", "",
+    ...                                "result 2", "")]
+    [False, False, False, False, True, True]
+    """
+
+    def __init__(self):
+        self._in_record = False
+
+    def keep(self, line: str) -> bool:
+        """Whether ``line`` (without its newline) is not start-up noise."""
+        stripped = line.rstrip("\r\n")
+        if is_noise(stripped) or (self._in_record and _CONTINUATION.match(stripped)):
+            self._in_record = True
+            return False
+        self._in_record = False
+        return True
 
 
 def quiet_environment(env=None) -> dict:
@@ -94,7 +128,8 @@ def quietly():
             _quiet_depth -= 1
             captured.seek(0)
             lines = captured.read().decode("utf-8", "replace").splitlines(True)
-            kept = [line for line in lines if not is_noise(line)]
+            noise = NoiseFilter()
+            kept = [line for line in lines if noise.keep(line)]
             gpu_lines.extend(line.strip() for line in lines
                              if is_noise(line) and _GPU_FAILURE.search(line))
             if kept:

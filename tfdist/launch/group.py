@@ -127,10 +127,10 @@ class ProcessGroup:
         if self._log_dir:
             log = open(os.path.join(self._log_dir, f"{name}.log"), "a", encoding="utf-8")
         try:
-            quiet = not tf_logs.shown()
+            quiet, noise = not tf_logs.shown(), tf_logs.NoiseFilter()
             for raw in process.stdout:
                 line = raw.rstrip("\n")
-                if not (quiet and tf_logs.is_noise(line)):  # the log file keeps it
+                if not quiet or noise.keep(line):  # the log file keeps it
                     self._tails[name].append(line)
                     self._emit(f"[{name}] {line}")
                 if log:

@@ -26,8 +26,11 @@ against one device on any batches; a mean the user computes in their own
 `tfdist.replica.global_mean` on uneven ones too.
 
 Reported values are ``model.metrics``' results, reduced over replicas, as
-Keras reports them at the end of an epoch; a step that returns other keys
-gets a warning naming them.
+Keras reports them at the end of an epoch. Scalars a step returns beside
+them (keras.io's distillation: ``student_loss``) are reported as the last
+step's row-weighted mean over the replicas, one device's value for a
+per-row mean (`tfdist.replica.returned_values`, with a warning stating
+that); other values it returns get a warning naming them.
 """
 
 import warnings
@@ -40,7 +43,7 @@ from tfdist._internal import collectives, replica_random, replica_share
 from tfdist._internal.keras import model_state as keras_model_state
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
-from tfdist.replica import gradients as gradients_lib, loss_scaling
+from tfdist.replica import gradients as gradients_lib, loss_scaling, returned_values
 from tfdist.replica.metrics import MetricState, state_variables, TracedReads
 from tfdist.replica.step import ReplicaSteps
 
@@ -76,17 +79,49 @@ class KerasMetrics(TracedReads):
     own trackers), read and reset as `tfdist.replica.metrics.MetricState`
     is; create it inside ``strategy.scope()``."""
 
+    _UPDATED = "\0updated:"  # (a read's entry for a returned value's step count)
+
     def __init__(self, model: keras.Model, strategy: tf.distribute.Strategy):
         self._model = model
         self.examples = keras.metrics.Sum(name="examples")
+        # Scalars the model's step returns beside its metrics, by key.
+        self._returned: Dict[str, returned_values.LastStepMean] = {}
         super().__init__(strategy)
+
+    def reported_names(self) -> set:
+        """The names ``model.metrics`` report (their dict results' keys too)."""
+        names = set()
+        for metric in self._model.metrics:
+            result = metric.result()
+            names.update([metric.name, *(result if isinstance(result, dict) else [])])
+        return names
+
+    def returned(self, key: str) -> returned_values.LastStepMean:
+        """The state of the returned value ``key``, made on first use (while
+        the step is first traced, as Keras builds its compiled metrics)."""
+        if key not in self._returned:
+            self._returned[key] = returned_values.LastStepMean(key)
+        return self._returned[key]
 
     def _result_tensors(self) -> Dict[str, tf.Tensor]:
         values = {}
         for metric in self._model.metrics:
             result = metric.result()
             values.update(result if isinstance(result, dict) else {metric.name: result})
+        for key, state in self._returned.items():
+            values[key] = state.result()
+            values[self._UPDATED + key] = state.updated()
         return values
+
+    def _finish(self, values: Dict[str, float]) -> Dict[str, float]:
+        # A returned value shows once a step since the last reset set it
+        # (training's are not evaluation's, as with Keras' last-step logs).
+        return {name: value for name, value in values.items()
+                if not name.startswith(self._UPDATED)
+                and values.get(self._UPDATED + name, 1.0) > 0}
+
+    def _trace_key(self) -> int:
+        return len(self.variables()) + 1000 * len(self._returned)
 
     def _examples(self) -> tf.Tensor:
         return self.examples.total
@@ -96,7 +131,7 @@ class KerasMetrics(TracedReads):
         return state_variables(list(self._model.metrics) + [self.examples])
 
     def _reset_state(self) -> None:
-        for metric in list(self._model.metrics) + [self.examples]:
+        for metric in list(self._model.metrics) + [self.examples] + list(self._returned.values()):
             metric.reset_state()
 
 
@@ -137,28 +172,26 @@ class KerasSteps:
         share = tf.math.divide_no_nan(rows * replicas, global_rows)
         with replica_share.replica_share(share, replicas), replica_random.independent_draws():
             logs = method(keras_data(x, y, sample_weight))
+            self._report_returned(method.__name__, logs, rows)
         self._metrics.examples.update_state(rows)
-        self._check_logs(method.__name__, logs)
 
-    def _check_logs(self, name: str, logs) -> None:
-        if not isinstance(logs, dict) or name in self._warned:
+    def _report_returned(self, name: str, logs, rows) -> None:
+        """Keeps the scalars ``logs`` has beside ``model.metrics`` (this
+        replica's value and rows), warning once per method what is assumed
+        of them and what is not reported."""
+        if not isinstance(logs, dict):
             return
-        names = set()
-        for metric in self._model.metrics:
-            result = metric.result()
-            names.update([metric.name, *(result if isinstance(result, dict) else [])])
-        returned = set()
-        for key, value in logs.items():
-            returned.update(value if isinstance(value, dict) else [key])
-        unreported = sorted(returned - names)
-        if unreported:
-            self._warned.add(name)
-            warnings.warn(
-                f"{type(self._model).__name__}.{name} returns {unreported}, which are not "
-                f"results of `model.metrics`: tfdist reports `model.metrics` (reduced over all "
-                f"replicas, as Keras does at an epoch's end), so these are not reported. Track "
-                f"them with a metric (e.g. keras.metrics.Mean) listed in `metrics`.",
-                stacklevel=2)
+        kept, refused = returned_values.split_returned(logs, self._metrics.reported_names())
+        for key, value in kept.items():
+            self._metrics.returned(key).update_state(replica_share.unscaled(value), rows)
+        if name in self._warned or not (kept or refused):
+            return
+        self._warned.add(name)
+        owner = f"{type(self._model).__name__}.{name}"
+        if kept:
+            warnings.warn(returned_values.combined_warning(owner, kept), stacklevel=2)
+        if refused:
+            warnings.warn(returned_values.refused_warning(owner, refused), stacklevel=2)
 
     def train(self, structure: dict) -> None:
         """One replica's ``model.train_step`` on its rows (replica context);

@@ -24,7 +24,7 @@ from tfdist._internal import collectives, validation
 from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.data.batch import require_batch
 from tfdist.errors import ConfigurationError
-from tfdist.replica import losses
+from tfdist.replica import losses, output_loss_weights
 from tfdist.replica.losses import LossParts
 
 
@@ -72,7 +72,8 @@ class TracedReads:
     def results(self) -> Dict[str, float]:
         """Reduced results with Keras names (cross-replica context)."""
         if self._traced_read is None:
-            return {name: float(value) for name, value in self._result_tensors().items()}
+            return self._finish(
+                {name: float(value) for name, value in self._result_tensors().items()})
         return self._read_traced()[0]
 
     def results_and_examples(self) -> Tuple[Dict[str, float], float]:
@@ -84,16 +85,25 @@ class TracedReads:
 
     def _read_traced(self) -> Tuple[Dict[str, float], float]:
         # Retraced when metrics gain variables (Keras builds them lazily).
-        count = len(self.variables())
+        count = self._trace_key()
         values, examples = self._traced_read(count)
-        return {name: float(values[name]) for name in self._names[count]}, float(examples)
+        return self._finish({name: float(values[name]) for name in self._names[count]}), float(
+            examples)
+
+    def _trace_key(self) -> int:
+        """Changes whenever the state gains variables (the reads retrace)."""
+        return len(self.variables())
+
+    def _finish(self, values: Dict[str, float]) -> Dict[str, float]:
+        """The results as reported, from what `_result_tensors` read."""
+        return values
 
     def reset(self) -> None:
         """Zeroes every state variable (an epoch or evaluation starts)."""
         if self._traced_reset is None:
             self._reset_state()
         else:
-            self._traced_reset(len(self.variables()))
+            self._traced_reset(self._trace_key())
 
     def _reset(self, num_variables: int) -> None:
         del num_variables  # retraces the traced reset when metrics gain variables
@@ -110,6 +120,7 @@ class MetricUpdate(NamedTuple):
       local_examples: this replica's real examples.
       y, y_pred, sample_weight: its real rows (padding dropped:
         `without_padding`).
+      phase: "train" or "test" (`tfdist.replica.output_loss_weights`).
     """
 
     loss: LossParts
@@ -118,6 +129,7 @@ class MetricUpdate(NamedTuple):
     y: Any
     y_pred: Any
     sample_weight: Optional[tf.Tensor]
+    phase: str = "train"
 
 
 class MetricState(TracedReads):
@@ -129,6 +141,7 @@ class MetricState(TracedReads):
     def __init__(self, model: keras.Model, strategy: Optional[tf.distribute.Strategy] = None):
         self._loss = keras.metrics.Mean(name="loss")
         self._model = model
+        self._first_batch_rows = output_loss_weights.FirstBatchRows(model)
         super().__init__(strategy)
 
     @property
@@ -142,7 +155,8 @@ class MetricState(TracedReads):
         regularization) * global_examples`` and the count by
         ``global_examples``: the example-weighted mean Keras reports; each
         output's loss by the batch's mean and its count by 1, the mean of
-        batch means Keras 3 reports for per-output losses.
+        batch means Keras 3 reports for per-output losses (times what the
+        batch counts there: `tfdist.replica.output_loss_weights`).
         """
         data_loss_share, output_loss_shares, regularization = update.loss
         y, y_pred, sample_weight = update.y, update.y_pred, update.sample_weight
@@ -157,9 +171,12 @@ class MetricState(TracedReads):
         # unknown in a traced step), so the replicas' shares sum to the
         # batch's mean and one replica counts the batch once.
         first_replica = tf.cast(_replica_id() == 0, tf.float32)
-        for mean, share in zip(keras_compiled.output_loss_metrics(self._model), output_loss_shares):
-            mean.total.assign_add(share)
-            mean.count.assign_add(first_replica)
+        output_means = keras_compiled.output_loss_metrics(self._model)
+        if output_means:
+            weight = self._first_batch_rows.batch_weight(update.phase, global_examples)
+        for mean, share in zip(output_means, output_loss_shares):
+            mean.total.assign_add(share * weight)
+            mean.count.assign_add(first_replica * weight)
         if self._compiled is not None:
             self._compiled.update_state(y, y_pred, sample_weight)
 

@@ -260,4 +260,4 @@ class ReplicaSteps:
                                      global_examples)
         self._metrics.update(MetricUpdate(
             parts, global_examples, local_examples,
-            *without_padding(mask, y, y_pred, sample_weight)))
+            *without_padding(mask, y, y_pred, sample_weight), phase="test"))

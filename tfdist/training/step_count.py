@@ -1,8 +1,11 @@
 """A warning where one-device Keras counts its optimizer's steps otherwise.
 
-Keras 3.15's ``fit``, on a dataset whose length tf.data does not know
-(``from_generator``, ``filter``, ...) and without ``steps_per_epoch``,
-counts one optimizer iteration more per epoch than it trains (two epochs
+Keras 3.15's ``fit`` with ``steps_per_execution=1`` (Keras 3.16 counts
+what it trains: `tfdist._internal.keras.compiled.
+counts_a_step_more_on_unknown_length`), on a dataset whose length tf.data
+does not know (``from_generator``, ``filter``, ...) and without
+``steps_per_epoch``, counts one optimizer iteration more per epoch than it
+trains (two epochs
 of three batches end at ``optimizer.iterations == 8``; 6 when the same
 batches carry their length). tfdist counts the steps it trains, as Keras
 does on data of known length. Where the optimizer's update reads the count
@@ -17,16 +20,21 @@ from typing import Optional
 
 import keras
 
+from tfdist._internal.keras import compiled as keras_compiled
 from tfdist._internal.keras import optimizer as keras_optimizer
 
 
-def warn_where_keras_counts_more(source, optimizer, epochs: int,
+def warn_where_keras_counts_more(source, model: keras.Model, epochs: int,
                                  steps_per_epoch: Optional[int]) -> None:
     """Warns when one-device Keras ``fit`` on this data would count steps
-    tfdist does not train and ``optimizer`` reads the count: more than one
-    epoch of a dataset of global batches whose length is unknown, without
-    ``steps_per_epoch``. ``source``: a `tfdist.data.epochs.Source`."""
+    tfdist does not train and the model's optimizer reads the count: more
+    than one epoch of a dataset of global batches whose length is unknown,
+    without ``steps_per_epoch``, on a Keras that counts so.
+    ``source``: a `tfdist.data.epochs.Source`."""
+    optimizer = model.optimizer
     if steps_per_epoch is not None or epochs < 2 or source.per_replica:
+        return
+    if not keras_compiled.counts_a_step_more_on_unknown_length(model):
         return
     if source.known_steps(0) is not None or optimizer is None:
         return

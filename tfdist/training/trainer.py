@@ -227,7 +227,7 @@ class Trainer:
                 checkpoint=self._checkpoint, has_validation_data=validation_source is not None,
                 evaluate=lambda: self._evaluate(validation_source, validation_steps),
                 epochs=epochs, log_dir=self._reporting.log_dir)
-        step_count.warn_where_keras_counts_more(source, self.model.optimizer,
+        step_count.warn_where_keras_counts_more(source, self.model,
                                                 epochs - initial_epoch, steps_per_epoch)
         reporter = ProgressReporter(verbose=0 if self._reporting.keras_progress_bar else verbose,
                                     log_dir=self._reporting.log_dir)

@@ -1,15 +1,17 @@
 """Batch statistics over real rows only: BatchNormalization's moments skip
 padding rows. User: `tfdist.replica.step` (and the TPU preflight).
-Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import contextlib
 import threading
 
 import tensorflow as tf
-from keras.src.backend.tensorflow import nn as _tf_nn
 
 from tfdist._internal import collectives
+from tfdist._internal.keras import privates
+
+_tf_nn = privates.tensorflow_ops("nn")  # Keras' TensorFlow backend's nn module
 
 # Batch statistics over real rows only -------------------------------------
 #

@@ -1,7 +1,7 @@
 """Keras callbacks as Keras' own ``fit`` drives them: the callback list,
 the begin / end of training, and which hooks a callback overrides. User:
 the Trainer (`tfdist.training`).
-Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import keras

@@ -1,6 +1,6 @@
 """Host copies of Keras variables for background checkpoint saves. User:
 `tfdist.checkpoint.background_writes`.
-Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import contextlib
@@ -26,8 +26,9 @@ def host_copies_reused():
     (``ResourceVariable._copy_trackable_to_cpu``) is reused and assigned
     on each save, which is what the checkpoint needs.
     """
-    from keras.src.backend.tensorflow import core  # pylint: disable=import-outside-toplevel
+    from tfdist._internal.keras import privates  # pylint: disable=import-outside-toplevel
 
+    core = privates.tensorflow_ops("core")
     original = core.Variable.__dict__["_copy_trackable_to_cpu"]
     core.Variable._copy_trackable_to_cpu = _reuse_host_copy  # pylint: disable=protected-access
     try:

@@ -1,23 +1,23 @@
 """What ``model.compile`` made: the compiled losses and metrics, their
 per-output trackers, the masks Keras attaches to outputs. Users:
 `tfdist.replica` (losses, metrics), `tfdist.training` (attach, evaluate).
-Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import keras
 import tensorflow as tf
-from keras.src import backend as keras_backend
 from keras.src import tree  # noqa: F401  (keras_compiled.tree: Keras' nest utilities)
+from keras.src.backend.common import masking, variables
 
-get_keras_mask = keras_backend.get_keras_mask
-set_keras_mask = keras_backend.set_keras_mask
+get_keras_mask = masking.get_keras_mask
+set_keras_mask = masking.set_keras_mask
 
 
 def autocast_scope():
     """The autocast scope a layer's call runs in (mixed precision: Keras
     casts float32 weights to the layer's compute dtype where they are read
     inside it), or None; `in_autocast_scope` enters it again."""
-    return keras_backend.get_autocast_scope()
+    return variables.get_autocast_scope()
 
 
 def in_autocast_scope(scope):
@@ -26,7 +26,7 @@ def in_autocast_scope(scope):
     (`tfdist.communication.gather_units`) reads them as the first did."""
     import contextlib  # pylint: disable=import-outside-toplevel
 
-    return contextlib.nullcontext() if scope is None else keras_backend.AutocastScope(scope.dtype)
+    return contextlib.nullcontext() if scope is None else variables.AutocastScope(scope.dtype)
 
 
 def keras_masks(outputs):
@@ -96,3 +96,40 @@ def output_loss_metrics(model: keras.Model) -> list:
     if compile_loss is None or not compile_loss.built:
         return []
     return list(compile_loss.metrics)
+
+
+def _steps_on_batches_taken_in_python() -> bool:
+    # Keras 3.16, with steps_per_execution=1, takes each batch from the
+    # iterator in Python (``get_next_as_optional``) and runs its one-step
+    # function on it: TensorFlow traces that function first on the first
+    # batch's static shape (then once more, relaxed, on another), and an
+    # epoch of unknown length ends before a step, not inside one. Keras
+    # 3.15 ran the step on the iterator inside the function.
+    major, minor = (int(part) for part in keras.__version__.split(".")[:2])
+    return (major, minor) >= (3, 16)
+
+
+_STEPS_ON_BATCHES_TAKEN_IN_PYTHON = _steps_on_batches_taken_in_python()  # (chosen once)
+
+
+def counts_a_step_more_on_unknown_length(model: keras.Model) -> bool:
+    """Whether one-device Keras ``fit``, on data of unknown length, counts
+    one optimizer iteration more per epoch than it trains: Keras 3.15 with
+    ``steps_per_execution=1`` (the step that meets the end of the data
+    counts); Keras 3.16 counts what it trains."""
+    return (not _STEPS_ON_BATCHES_TAKEN_IN_PYTHON
+            and getattr(model, "steps_per_execution", 1) == 1)
+
+
+def output_loss_weighs_first_shape(model: keras.Model) -> bool:
+    """Whether Keras' per-output ``<name>_loss`` trackers weigh a batch by
+    its rows when it has the first batch's size (and other batches by 1).
+
+    Keras weighs each batch's per-output loss by the step's static batch
+    size, or by 1 where it is unknown. Keras 3.16 with
+    ``steps_per_execution=1`` traces its step on the first batch's shape,
+    so batches of that size weigh their rows; Keras 3.15, and 3.16 with
+    more steps per execution (a loop over the iterator in the graph),
+    count every batch once.
+    """
+    return _STEPS_ON_BATCHES_TAKEN_IN_PYTHON and getattr(model, "steps_per_execution", 1) == 1

@@ -1,7 +1,7 @@
 """Keras' data adapters, as Keras' own ``fit`` reads its inputs: the
 ``validation_split`` split, ``class_weight`` weights, a PyDataset or a
 generator as a dataset. Users: `tfdist.data.keras_inputs`, `tfdist.data.batch`.
-Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import keras

@@ -7,7 +7,7 @@ each top-level layer's ``call`` in.
 A ``tf.custom_gradient`` takes dense tensors and drops what Keras attaches
 to tensors as attributes (the masks of its inputs and outputs); the call's
 other arguments (``training=``, ``mask=``, Python values) pass through
-unchanged. Tested with Keras 3.15 (the masks, the autocast scope:
+unchanged. Tested with Keras 3.15 and 3.16 (the masks, the autocast scope:
 `tfdist._internal.keras.compiled`).
 """
 

@@ -3,7 +3,7 @@ step, listing layers, the random layers' seed generators, the TensorFlow
 variable behind a Keras variable. Users: the Trainer, the checkpoint, the
 TPU preflight, tfdist's warnings, `tfdist.strategies` (sharded variables,
 atomic counters).
-Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import keras

@@ -4,7 +4,7 @@ under, its learning-rate variable, the state variables its ``build``
 makes, and which optimizers update each weight element on its own.
 Users: `tfdist.replica.gradients`, `tfdist.communication` (sharded state,
 its checkpoints, local SGD).
-Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 import contextlib
@@ -137,8 +137,33 @@ def state_index(optimizer, variable) -> int:
 
 def set_state_index(optimizer, variable, index: int) -> None:
     """Files ``variable`` under weight ``index`` (``apply`` accepts only
-    the variables it finds there)."""
+    the variables it finds there), with that weight's weight decay."""
     optimizer._trainable_variables_indices[optimizer._var_key(variable)] = index
+    _file_weight_decay(optimizer, variable, index)
+
+
+def _decay_filed_at_build(optimizer, variable, index: int) -> None:
+    # Keras 3.16 decides at build, per weight, whether weight decay applies
+    # (``_weight_decay_by_var_key``) and looks it up in apply.
+    decided = optimizer._weight_decay_by_var_key
+    built_for = optimizer._trainable_variables[index]
+    decided[optimizer._var_key(variable)] = decided[optimizer._var_key(built_for)]
+
+
+def _decay_decided_in_apply(optimizer, variable, index: int) -> None:
+    # Keras 3.15 decides in apply, from the variable's key and name, and
+    # caches it by key (``_exclude_from_weight_decay_cache``): the cache
+    # takes the decision for the weight ``variable`` stands for.
+    built_for = optimizer._trainable_variables[index]
+    decision = optimizer._use_weight_decay(built_for)
+    optimizer._exclude_from_weight_decay_cache[optimizer._var_key(variable)] = decision
+
+
+# One implementation per Keras, chosen once (docs/versions.md).
+_file_weight_decay = (
+    _decay_filed_at_build
+    if hasattr(keras.optimizers.Optimizer, "_is_excluded_from_weight_decay")
+    else _decay_decided_in_apply)
 
 
 def learning_rate_variable(optimizer) -> Optional[keras.Variable]:

@@ -18,7 +18,7 @@ agreement), `tfdist.strategies.atomic_updates` (parameter-server counters),
 `tfdist.communication` (compression, local SGD and sharded state on one
 optimizer), `tfdist.replica.gradients` (the clipping of an optimizer a
 model's own step applies), `tfdist.training.keras_fit` (``tfdist.attach``).
-Tested with Keras 3.15; `tests/_internal/test_keras_contract.py` pins what it reads.
+Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 from typing import Callable, Dict, Iterable
@@ -165,7 +165,8 @@ def wrap_variable_increments(wrap: Callable) -> None:
     """Keras variables' ``assign_add`` / ``assign_sub``: ``wrap(original,
     name, in_stateless_scope)`` for each."""
     from keras.src.backend.common.stateless_scope import in_stateless_scope  # pylint: disable=import-outside-toplevel
-    from keras.src.backend.tensorflow.core import Variable  # pylint: disable=import-outside-toplevel
+    from tfdist._internal.keras import privates  # pylint: disable=import-outside-toplevel
 
+    Variable = privates.tensorflow_ops("core").Variable  # pylint: disable=invalid-name
     for name in ("assign_add", "assign_sub"):
         setattr(Variable, name, wrap(getattr(Variable, name), name, in_stateless_scope))

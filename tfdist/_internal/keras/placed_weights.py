@@ -7,7 +7,7 @@ the device, with the same value, name and trainability, and makes the
 Keras variable keep its value there; everything that reads or writes the
 Keras variable (its layer, ``get_weights``, checkpoints, the optimizer,
 whose state Keras makes next to the variable's value) then reaches the
-new storage. Tested with Keras 3.15; `tests/_internal/test_keras_contract.py`
+new storage. Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py`
 pins ``_value``.
 """
 
