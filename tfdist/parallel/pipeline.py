@@ -146,10 +146,12 @@ class Pipeline:
                 f"pipelines (here {strategy.num_replicas_in_sync} replicas) give "
                 "Pipeline(..., replicas=d) and one replica (tfdist.make_strategy("
                 "'one_device') or no strategy).")
-        if not model.built:
+        if not model.built:  # (tfdist.Trainer attaches once it built the model)
             raise ConfigurationError(
                 f"{self!r} places the model's weights on the stages' devices, so the model "
-                "must be built first: give it an Input (or call it once on a batch).")
+                "must be built first: give it an Input (or call it once on a batch), or "
+                "attach the pipeline through tfdist.attach / tfdist.Trainer, which builds "
+                "the model from the first batch.")
         stage_of = self._stage_of(model)
         devices = self.devices or _default_devices(self.stages * self.replicas)
         for layer in model.layers:

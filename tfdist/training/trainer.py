@@ -28,7 +28,7 @@ from tfdist.loops import runners
 from tfdist.loops.cadence import Cadence, ExecutionPlan
 from tfdist.loops.runners.base import ignore_steps
 from tfdist.loops.preemption import free_iterators_or_exit, Preempted, PreemptionWatcher
-from tfdist.parallel import pipeline as pipelines
+from tfdist.parallel import model_split, pipeline as pipelines
 from tfdist.replica import accumulation, keras_steps, static_shapes as static_shapes_lib
 from tfdist.training.epoch_loop import BatchReporting, EpochLoop, TrainerActions
 from tfdist.training import compile_settings
@@ -110,8 +110,7 @@ class Trainer:
                         static_shapes=options.static_shapes,
                         own_steps=keras_steps.overridden(model))
         self._communication = Communication.attach(communication, model, strategy)
-        if parallel is not None:
-            parallel.attach_to(model, strategy)
+        self._split = model_split.ModelSplit(parallel, model, strategy)
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = compiled.steps_per_execution
@@ -155,6 +154,7 @@ class Trainer:
         spec = source.element_spec(self.strategy.num_replicas_in_sync)
         keras_steps.check_data(self.model, spec)
         if self._built_spec is None:
+            self._split.when_built(spec)  # (a model Keras builds on its first batch)
             with self.strategy.scope():
                 keras_model_state.build_model_state(self.model, spec)
                 accumulator = accumulation.accumulator_for(self.model, self.strategy)

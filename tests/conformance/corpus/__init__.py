@@ -44,10 +44,11 @@ def program(name: str):
     return importlib.import_module(f"conformance.corpus.{name}")
 
 
-def run(name: str, strategy=None, initial=None) -> Outcome:
+def run(name: str, strategy=None, initial=None, split=None) -> Outcome:
     """The program's build, fit and evaluate: on one device with plain Keras
     (no ``strategy``), else built in ``strategy.scope()`` from ``initial``
-    weights and attached."""
+    weights and attached; ``split(model)``, if given, returns the further
+    options of the added line (``communication=``, ``parallel=``)."""
     module = program(name)
     if strategy is None:
         model = module.build()
@@ -55,7 +56,7 @@ def run(name: str, strategy=None, initial=None) -> Outcome:
         with strategy.scope():
             model = module.build()
         model.set_weights(initial)
-        tfdist.attach(model, strategy)
+        tfdist.attach(model, strategy, **({} if split is None else split(model)))
     x, y = module.data(EXAMPLES)
     # (x, None): a tf.data dataset of batches, as the example feeds it
     batching = dict(batch_size=BATCH_SIZE) if y is not None else {}

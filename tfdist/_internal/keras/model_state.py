@@ -50,3 +50,25 @@ def build_model_state(model: keras.Model, element_spec) -> None:
         model.built = True
         return
     model._symbolic_build(data_batch=element_spec)
+
+
+def build_layers(model: keras.Model, element_spec) -> None:
+    """Builds the model's weights from a dataset's element spec, as
+    `build_model_state` does, but leaves its optimizer unbuilt.
+
+    A pipeline given before Keras built the model (a subclassed model, a
+    ``Sequential`` without an ``Input``: built on the first batch) places
+    the weights here, before the optimizer makes their state beside them
+    (`tfdist.parallel.model_split`). Keras' symbolic build builds the
+    optimizer unless it is built, so it is marked built meanwhile.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        build_model_state(model, element_spec)
+        return
+    was_built = optimizer.built
+    optimizer.built = True
+    try:
+        build_model_state(model, element_spec)
+    finally:
+        optimizer.built = was_built
