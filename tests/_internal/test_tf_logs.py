@@ -21,6 +21,10 @@ NOISE = [
     "TensorFlow with the appropriate compiler flags.",
     "E0000 00:00:1795394.673094   10468 cuda_platform.cc:52] failed call to cuInit: "
     "INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+    # TensorFlow 2.19's prefix
+    "2026-12-01 22:08:13.140345: E external/local_xla/xla/stream_executor/cuda/"
+    "cuda_platform.cc:51] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: "
+    "UNKNOWN ERROR (303)",
 ]
 KEPT = [
     "E0000 00:00:1795394.673094   10468 collective_ops.cc:12] Collective timed out",

@@ -46,6 +46,9 @@ _NOISE = re.compile(
         r"^WARNING: All log messages before absl::InitializeLog\(\) is called",
         rf"^[IW]\d{{4}} \d\d:\d\d:\d+\.\d+\s+\d+ \S+\.cc:\d+\] ",
         rf"^{_CPP_PREFIX}cuda_\w+\.cc:\d+\] failed call to cuInit",
+        # TensorFlow 2.19's own prefix (date, time, severity, file:line]):
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [EW] \S+/cuda_\w+\.cc:\d+\] "
+        r"failed call to cuInit",
         r"^To enable the following instructions: .* rebuild TensorFlow",
     ))
 )
