@@ -73,7 +73,7 @@ def _chief() -> None:
     logging.set_verbosity(logging.WARNING)
     import tfdist  # pylint: disable=import-outside-toplevel
 
-    devices = tfdist.parallel.cluster_stages.task_devices(timeout_seconds=120)
+    devices = tfdist.parallel.task_devices(timeout_seconds=120)
     import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel

@@ -158,10 +158,12 @@ def _tfdist_replica_step(strategy, model, dataset):
     from tfdist._internal.keras import model_state as keras_model_state  # pylint: disable=import-outside-toplevel
     from tfdist.replica.metrics import MetricState  # pylint: disable=import-outside-toplevel
     from tfdist.replica.step import ReplicaSteps  # pylint: disable=import-outside-toplevel
+    from tfdist.parallel.plan import WHOLE  # pylint: disable=import-outside-toplevel
 
     with strategy.scope():
         keras_model_state.build_model_state(model, dataset.element_spec)
-        return ReplicaSteps(model, MetricState(model, strategy), jit_compile=False).train
+        return ReplicaSteps(model, MetricState(model, strategy), jit_compile=False,
+                            plan=WHOLE).train
 
 
 def _distributed_loop(strategy, model, dataset, batch_size, spe, tfdist_data=False,

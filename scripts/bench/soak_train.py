@@ -73,7 +73,7 @@ def main(argv) -> None:
     if args.strategy == "pipeline":
         parallel = tfdist.parallel.Pipeline(
             cuts=["first"], micro_batches=2,
-            devices=tfdist.parallel.cluster_stages.task_devices(timeout_seconds=60))
+            devices=tfdist.parallel.task_devices(timeout_seconds=60))
         strategy = tf.distribute.get_strategy()  # (one replica: the pipeline's stages)
     else:
         strategy = tfdist.make_strategy(args.strategy)

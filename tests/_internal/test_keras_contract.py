@@ -37,6 +37,7 @@ privates = _privates_module()
 try:
     from tfdist._internal.keras import compiled as keras_compiled, model_state as keras_model_state
     from tfdist._internal.keras import optimizer as keras_optimizer, patches, sliced_weights
+    from tfdist._internal.keras import layer_calls, layer_units
     ROOM_ERROR = None
 except ImportError as error:  # (tfdist.errors.UnsupportedKerasError is one)
     ROOM_ERROR = error
@@ -523,3 +524,88 @@ def test_updates_elementwise_by_capability():
         assert not keras_optimizer.updates_elementwise(optimizer), (message, type(optimizer))
     assert keras_optimizer.elementwise_base(_MyAdam()) is keras.optimizers.Adam
     assert keras_optimizer.overridden_update_methods(_OwnStepAdam()) == ["update_step"]
+
+
+def test_a_layers_call_replaced_on_the_instance_is_what_keras_runs():
+    """`layer_units.wrap_call` sets ``layer.call`` on the instance: Keras'
+    ``Layer.__call__`` must run it, with the arguments Keras fills in from
+    the call's signature (``training=``, ``mask=``), eagerly and in a
+    functional model."""
+    message = _changed("Layer.__call__ running self.call", "layer_units.wrap_call")
+    seen = []
+
+    def recording(original):
+        def call(*args, **kwargs):
+            seen.append(sorted(kwargs))
+            return original(*args, **kwargs)
+        return call
+
+    dropout = keras.layers.Dropout(0.5)
+    masked = keras.layers.LSTM(2)
+    assert layer_units.wrap_call(dropout, "contract", recording)
+    assert layer_units.wrap_call(masked, "contract", recording)
+    assert not layer_units.wrap_call(dropout, "contract", recording)  # (once per policy)
+    dropout(np.ones((2, 3), "float32"), training=True)
+    assert seen.pop() == ["training"], message
+    inputs = keras.Input((4,), dtype="int32")
+    hidden = keras.layers.Embedding(5, 3, mask_zero=True)(inputs)
+    model = keras.Model(inputs, masked(hidden))
+    seen.clear()
+    model(np.array([[1, 2, 0, 0]]))
+    assert seen and "mask" in seen.pop(), message
+
+
+def test_a_unit_keeps_the_keras_masks_a_custom_gradient_drops():
+    """`layer_units.run_as_unit`: the outputs carry the layer's Keras mask
+    (read with `compiled.keras_masks`), and the gradient reaches the
+    inputs and the weights."""
+    message = _changed("where Keras keeps a tensor's mask", "compiled.keras_masks / layer_units")
+    embedding = keras.layers.Embedding(5, 3, mask_zero=True)
+    ids = tf.constant([[1, 2, 0]])
+    embedding.build(ids.shape)
+    dense = keras.layers.Dense(2)
+
+    def forward(tensors):
+        with tf.GradientTape() as tape:
+            tape.watch(tensors)
+            result = dense(tensors[0])
+            result._keras_mask = keras_compiled.keras_masks(tensors[0])  # (as a masking layer)
+
+        def gradient(upstream, variables):
+            return tape.gradient(result, list(tensors) + variables, output_gradients=upstream)
+
+        return result, gradient
+
+    with tf.GradientTape() as outer:
+        vectors = embedding(ids)
+        outer.watch(vectors)
+        call = layer_calls.LayerCall((vectors,), {})
+        outputs = layer_units.run_as_unit(call, forward)
+        loss = tf.reduce_sum(outputs)
+    mask = keras_compiled.keras_masks(outputs)
+    assert mask is not None and mask.numpy().tolist() == [[True, True, False]], message
+    gradients = outer.gradient(loss, [vectors] + dense.trainable_variables)
+    assert all(g is not None for g in gradients)
+
+
+def test_a_keras_variables_constraint_is_what_apply_runs_after_the_update():
+    """`layer_units.replace_constraint` sets ``Variable.constraint``: the
+    optimizer's ``apply`` must run the replaced one after the update."""
+    message = _changed("Variable.constraint as apply runs it", "layer_units.replace_constraint")
+    layer = keras.layers.Dense(2, kernel_constraint=keras.constraints.NonNeg())
+    layer.build((1, 1))
+    variable = layer.kernel
+    variable.assign([[3.0, -3.0]])
+    ran = []
+
+    def recording(constraint):
+        def constrain(value):
+            ran.append(1)
+            return constraint(value)
+        return constrain
+
+    assert layer_units.replace_constraint(variable, recording, policy="contract")
+    assert not layer_units.replace_constraint(variable, recording, policy="contract")
+    keras.optimizers.SGD(1.0).apply([tf.constant([[1.0, 1.0]])], [variable])
+    assert ran, message
+    np.testing.assert_allclose(variable.numpy(), [[2.0, 0.0]], err_msg=message)

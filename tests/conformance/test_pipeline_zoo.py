@@ -14,8 +14,9 @@ Families a pipeline cannot equal one device on are not skipped: each
 one's refusal (a clear error naming what it cannot cut) or warning is
 asserted (`EXPECTED`).
 
-CI runs one layout per family (`in_short_form`); ``--conformance=full``
-runs every family x layout x batch shape.
+CI runs one layout for every other family and for each family a pipeline
+refuses or warns of (`in_short_form`); ``--conformance=full`` runs every
+family x layout x batch shape.
 """
 
 import functools
@@ -58,9 +59,12 @@ def cuts_for(model: keras.Model, stages: int) -> list:
 
 
 def in_short_form(case_name: str, layout: tuple, shape: str) -> bool:
-    """CI runs each family once: layouts and batch shapes in turn (the
-    families in zoo order), so every layout and shape runs with some."""
+    """CI runs every other family (zoo order) once, and each family a
+    pipeline refuses or warns of: layouts and batch shapes in turn, so
+    every layout and shape runs with some; the full form every family."""
     turn = [c.name for c in zoo.CASES].index(case_name)
+    if turn % 2 and case_name not in EXPECTED:
+        return False
     return (layout, shape) == (LAYOUTS[turn % len(LAYOUTS)],
                                tuple(harness.BATCH_SHAPES)[turn % len(harness.BATCH_SHAPES)])
 

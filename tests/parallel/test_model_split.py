@@ -1,7 +1,7 @@
 """A model Keras builds on its first batch (a subclassed model, a
 ``Sequential`` without an ``Input``) under a pipeline: the one added line
 runs where plain ``fit`` runs, the stages take effect when tfdist builds
-the model (`tfdist.parallel.model_split`), and the run equals the same
+the model (`tfdist.parallel.plan`), and the run equals the same
 program on one device with plain Keras. Fully sharded weights still refuse
 such a model, naming the fix."""
 

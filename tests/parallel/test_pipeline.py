@@ -236,6 +236,7 @@ def test_only_each_cuts_activations_and_their_gradients_cross_stages(optimizer):
 def _traced_step_graph(pipeline, model, update: bool = False):
     """The graph of a pipelined step's forward and backward passes on 8
     rows (traced, not run); ``update``: and the optimizer's update."""
+    from tfdist.parallel.plan import ModelPlan  # pylint: disable=import-outside-toplevel
     from tfdist.replica.step import forward_backward  # pylint: disable=import-outside-toplevel
 
     x, y, w = ref.classification_arrays(8)
@@ -243,8 +244,8 @@ def _traced_step_graph(pipeline, model, update: bool = False):
     @tf.function
     def step():
         batch = tfdist.Batch(tf.constant(x), tf.constant(y), tf.constant(w))
-        gradients, _, _ = pipeline.forward_backward(model, batch, tf.constant(8.0),
-                                                    forward_backward)
+        gradients = ModelPlan(pipeline).forward_backward(
+            model, batch, tf.constant(8.0), whole=None, micro_batch=forward_backward).gradients
         if not update:
             return gradients
         model.optimizer.apply(gradients, model.trainable_variables)

@@ -22,9 +22,10 @@ PROGRAM = ["python", "tests/programs/pipeline_on_tasks.py"]
 
 
 @pytest.mark.parametrize("workers,schedule,micro_batches,replicas", [
-    pytest.param(1, "1f1b", 4, 1, id="2tasks-1f1b-m4", marks=pytest.mark.full_form),
+    pytest.param(1, "1f1b", 4, 1, id="2tasks-1f1b-m4"),
     pytest.param(2, "gpipe", 3, 1, id="3tasks-gpipe-m3", marks=pytest.mark.full_form),
-    pytest.param(3, "1f1b", 3, 2, id="2x2tasks-1f1b-m3")])  # (CI: the last; --full: all)
+    pytest.param(3, "1f1b", 3, 2, id="2x2tasks-1f1b-m3", marks=pytest.mark.full_form),
+])  # (CI: the first, a minute less than the last; --full: all)
 def test_stages_on_other_processes_equal_one_device(tmp_path, workers, schedule, micro_batches,
                                                     replicas):
     """(The last: 2 pipelines of 2 stages on 4 processes, data parallel.)"""

@@ -35,7 +35,7 @@ def main():
                         help="seconds to sleep after each step (fault tests)")
     args = parser.parse_args()
 
-    devices = tfdist.parallel.cluster_stages.task_devices(timeout_seconds=60)
+    devices = tfdist.parallel.task_devices(timeout_seconds=60)
     from tests.parallel import test_pipeline  # pylint: disable=import-outside-toplevel
     from tests.support import reference as ref  # pylint: disable=import-outside-toplevel
 

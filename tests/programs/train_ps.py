@@ -34,9 +34,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--checkpoint_dir", default=None)
-    parser.add_argument("--model", default="mlp", choices=["mlp", "embedding", "penalty_loss", "count_ids"],
+    parser.add_argument("--model", default="mlp", choices=["mlp", "embedding", "penalty_loss", "returns_batch_values", "count_ids"],
                         help="penalty_loss: tests/support/models.py's compute_loss "
-                             "override (a model's own step) on (x, y) batches")
+                             "override (a model's own step) on (x, y) batches; "
+                             "returns_batch_values: its train_step returning values beside "
+                             "the metrics")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps_per_epoch", type=int, default=5)
     parser.add_argument("--checkpoint_every_steps", type=int, default=None)
@@ -65,12 +67,14 @@ def main():
                 counts.assign(np.zeros(70, "float32"))
 
         extra_callbacks.append(ReadCounts())
-    elif args.model == "penalty_loss":
+    elif args.model in ("penalty_loss", "returns_batch_values"):
         from tests.support import models  # pylint: disable=import-outside-toplevel
 
         train = test = ref.global_batches(70, 16, weighted=False)
         with strategy.scope():
-            model = models.compiled_model(models.PenaltyLoss)
+            model = models.compiled_model({"penalty_loss": models.PenaltyLoss,
+                                           "returns_batch_values": models.ReturnsBatchValues,
+                                           }[args.model])
     elif args.model == "mlp":
         train = test = ref.global_batches(70, 16)
         if args.input == "dataset_fn":

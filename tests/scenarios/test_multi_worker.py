@@ -85,6 +85,7 @@ def test_two_workers_read_through_a_data_service_worker_like_one_device(tmp_path
     assert '"data-dispatcher@' in cluster and '"data-worker-0@' in cluster
 
 
+@pytest.mark.full_form  # (CI: a killed service worker under parameter servers, test_parameter_server.py)
 def test_a_killed_data_service_worker_is_named_and_a_restart_finishes_exactly(
         tmp_path, keras_reference):
     """SIGKILL to the service worker mid-epoch: the launcher names it at once
@@ -223,6 +224,7 @@ def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path
         ref.assert_logs_close(union_history, result["accumulated"]["history"])
 
 
+@pytest.mark.full_form  # (CI: fully sharded on two workers, and accumulation under it in one process)
 def test_fully_sharded_accumulation_on_two_workers_of_two_replicas_equals_one_device(tmp_path):
     """``gradient_accumulation_steps=2`` under ``FullySharded()`` on 4
     replicas in 2 processes: each replica's slice of the summed gradients
@@ -317,6 +319,7 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_
         ref.assert_logs_close(resumed, result["history"])
 
 
+@pytest.mark.full_form  # (CI: shrinking and growing back, test_elastic_growth.py)
 def test_elastic_shrink_continues_exactly_on_fewer_workers(tmp_path, keras_reference):
     """Issue 10, point 8: worker-2 of 3 dies mid-run, then keeps dying
     before it joins; the launcher drops it and 2 workers finish the run

@@ -297,15 +297,24 @@ def test_without_the_launcher_a_lost_ps_is_a_clear_error_on_the_chief(tmp_path):
     assert f"resumes from the latest checkpoint in {tmp_path / 'ckpt'}" in output
 
 
-def test_a_models_own_compute_loss_on_one_worker_equals_one_device(tmp_path):
-    """A model's own step (a compute_loss override) under
-    ParameterServerStrategy: with one worker, exact against one device."""
+@pytest.mark.parametrize("own_step", [
+    "penalty_loss",
+    # (values returned beside the metrics: on two workers in CI, test_multi_worker.py)
+    pytest.param("returns_batch_values", marks=pytest.mark.full_form)])
+def test_a_models_own_step_on_one_worker_equals_one_device(tmp_path, own_step):
+    """A model's own step under ParameterServerStrategy, with one worker
+    exact against one device: a compute_loss override, and a train_step
+    that returns values beside the metrics (reported in History as one
+    device reports them)."""
     from tests.support import models
 
-    expected = models.compiled_model(models.PenaltyLoss)
+    expected = models.compiled_model({"penalty_loss": models.PenaltyLoss,
+                                      "returns_batch_values": models.ReturnsBatchValues}[own_step])
     history = expected.fit(ref.global_batches(EXAMPLES, BATCH, weighted=False),
                            epochs=EPOCHS, verbose=0).history
-    args = [f"--output_dir={tmp_path}", "--model=penalty_loss"]
+    if own_step == "returns_batch_values":
+        assert {"batch_loss", "batch_confidence", "batch_rows"} <= set(history)
+    args = [f"--output_dir={tmp_path}", f"--model={own_step}"]
     with LauncherRun(["--num_workers=1", "--num_ps=1"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     result = _result(tmp_path)

@@ -23,7 +23,8 @@ def _pairs_of(row: dict, names: Sequence[str]):
 
 def all_pairs(factors: Dict[str, Sequence],
               applies: Optional[Callable[[dict], bool]] = None,
-              balance: Sequence[str] = ()) -> List[dict]:
+              balance: Sequence[str] = (),
+              needed: Optional[Callable[[tuple], bool]] = None) -> List[dict]:
     """Rows (dicts of factor -> value) covering every pair of values of
     every two factors; deterministic (greedy, in the factors' order).
 
@@ -35,7 +36,11 @@ def all_pairs(factors: Dict[str, Sequence],
     the values of a factor a row is free in lean to its first value (the
     cheapest, when a factor lists its values so); for the factors named in
     ``balance`` it takes the values used least so far instead, so that
-    combinations of three factors spread too:
+    combinations of three factors spread too.
+
+    ``needed(pair)``: False for a pair, ``(factor, value, factor, value)``
+    in the factors' order, that CI need not hold (the full product does);
+    every other pair is held:
 
     >>> factors = {"a": tuple(range(4)), "b": tuple(range(4)), "c": (False, True)}
     >>> sum(row["c"] for row in all_pairs(factors)), sum(row["c"] for row in all_pairs(factors, balance=["c"]))
@@ -44,6 +49,8 @@ def all_pairs(factors: Dict[str, Sequence],
     >>> rows = all_pairs({"a": (1, 2), "b": ("x", "y")}, applies=lambda r: r != {"a": 2, "b": "y"})
     >>> sorted((row["a"], row["b"]) for row in rows)
     [(1, 'x'), (1, 'y'), (2, 'x')]
+    >>> len(all_pairs({"a": tuple(range(5)), "b": tuple(range(5))}, needed=lambda pair: pair[3] == 0))
+    5
     """
     names = list(factors)
     candidates = [dict(zip(names, values)) for values in itertools.product(*factors.values())]
@@ -54,6 +61,8 @@ def all_pairs(factors: Dict[str, Sequence],
     uncovered = set()
     for row in candidates:
         uncovered |= _pairs_of(row, names)
+    if needed is not None:
+        uncovered = {pair for pair in uncovered if needed(pair)}
     rows, used = [], {}
 
     def usage(row: dict) -> int:

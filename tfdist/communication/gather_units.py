@@ -37,7 +37,7 @@ from typing import Callable, List, Optional
 import tensorflow as tf
 
 from tfdist._internal import state_writes
-from tfdist._internal.keras import compiled as keras_compiled, layer_calls
+from tfdist._internal.keras import compiled as keras_compiled, layer_calls, layer_units
 
 _THREAD = threading.local()
 
@@ -104,23 +104,21 @@ class GatherUnits:
         unit; returns their names."""
         names = []
         for layer in model.layers:
-            if layer.trainable_weights and not getattr(layer, "_tfdist_unit", False):
-                self._wrap_layer(layer)
+            if layer.trainable_weights and layer_units.wrap_call(
+                    layer, "gather", functools.partial(self._unit_call, layer)):
                 names.append(layer.name)
         return names
 
-    def _wrap_layer(self, layer) -> None:
-        original = layer.call
-
-        @functools.wraps(original)
+    def _unit_call(self, layer, original):
+        """``original`` (``layer``'s call) run as a unit inside a replica
+        step, as it is anywhere else."""
         def call(*args, **kwargs):
             site = self._in_replica_step()
             if site is None or current_scope() is not None:
                 return original(*args, **kwargs)
             return self._run(layer, original, args, kwargs, site)
 
-        layer.call = call
-        object.__setattr__(layer, "_tfdist_unit", True)
+        return call
 
     def _anchors_of(self, graph, replica) -> _Anchors:
         with self._lock:
@@ -136,10 +134,7 @@ class GatherUnits:
         def in_step_graph(tensors):
             return [t for t in tensors if getattr(t, "graph", None) is graph]
 
-        masks_of_result = []  # (the identity custom_gradient returns drops Keras' masks)
-
-        @tf.custom_gradient
-        def unit(*tensors):
+        def forward_pass(tensors):
             own = in_step_graph(tensors)
             after = own if not self._prefetch or anchors.forward is None else anchors.forward
             anchors.forward = own
@@ -151,27 +146,21 @@ class GatherUnits:
                     call_args, call_kwargs = call.arguments(tensors)
                     result = original(*call_args, **call_kwargs)
             written = writes.found()
-            masks_of_result.append(keras_compiled.keras_masks(result))
 
-            def gradient(*upstream, variables=None):
-                variables = list(variables or [])
-                sources = list(tensors) + variables
+            def gradient(upstream, variables):
                 if written:
                     self._keep_whole(layer, written)
-                    grads = forward_tape.gradient(
-                        tf.nest.flatten(result), sources, output_gradients=list(upstream),
+                    return forward_tape.gradient(
+                        tf.nest.flatten(result), list(tensors) + variables,
+                        output_gradients=upstream,
                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                else:
-                    with keras_compiled.in_autocast_scope(call.autocast):
-                        grads = self._recompute(original, call, tensors, variables, upstream,
-                                                anchors, in_step_graph)
-                return (layer_calls.input_gradients(tensors, grads[:len(tensors)]),
-                        grads[len(tensors):])
+                with keras_compiled.in_autocast_scope(call.autocast):
+                    return self._recompute(original, call, tensors, variables, upstream,
+                                           anchors, in_step_graph)
 
             return result, gradient
 
-        outputs = unit(*call.tensors)
-        return keras_compiled.with_keras_masks(outputs, masks_of_result.pop())
+        return layer_units.run_as_unit(call, forward_pass)
 
     def _recompute(self, original, call, tensors, variables, upstream, anchors,
                    in_step_graph):

@@ -5,7 +5,8 @@ device, and runs each batch as micro-batches flowing through them, in the
 GPipe or 1F1B schedule (`tfdist.parallel.pipeline`,
 `tfdist.parallel.schedules`). Pass it as ``parallel=`` to `tfdist.attach`
 or `tfdist.Trainer`. The devices are this process's (logical CPUs, GPUs)
-or one per task of a cluster (`tfdist.parallel.cluster_stages`).
+or one per task of a cluster (`task_devices`, from
+`tfdist.parallel.cluster_stages`).
 
 >>> import tfdist
 >>> tfdist.parallel.Pipeline(cuts=["encoder"], micro_batches=4)
@@ -14,6 +15,7 @@ Pipeline(cuts=['encoder'], micro_batches=4, schedule='1f1b')
 
 from tfdist._internal import lazy
 
-_NAMES = {"Pipeline": "tfdist.parallel.pipeline"}
+_NAMES = {"Pipeline": "tfdist.parallel.pipeline",
+          "task_devices": "tfdist.parallel.cluster_stages"}
 __all__ = sorted(_NAMES)
 __getattr__ = lazy.attributes(__name__, _NAMES)

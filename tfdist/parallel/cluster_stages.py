@@ -14,7 +14,7 @@ such a cluster on one machine (a chief and K worker servers); on real
 hosts each task needs its ``TF_CONFIG`` (cluster ``chief`` and
 ``worker``), the workers ``python -m tfdist.server``.
 
-    devices = tfdist.parallel.cluster_stages.task_devices()   # first: before other TF work
+    devices = tfdist.parallel.task_devices()   # first: before other TF work
     model = ...                                               # built and compiled
     pipeline = tfdist.parallel.Pipeline(cuts=["block_2"], micro_batches=8, devices=devices)
     tfdist.attach(model, parallel=pipeline).fit(...)

@@ -69,7 +69,9 @@ from tfdist._internal.keras import weight_regularizers
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import micro_batches, schedules, stage_updates
 from tfdist.parallel.stage_units import StageUnits, StepTrace
-from tfdist.replica import keras_steps
+
+
+_NO_LONGER_PUBLIC = ("attach_to", "forward_backward")  # (plumbing: `ModelPlan` calls them)
 
 
 class Pipeline:
@@ -125,6 +127,16 @@ class Pipeline:
         self._units: Optional[StageUnits] = None
         self.ordering_edges = 0  # added in the last traced step (`StepTrace.order`)
 
+    def __getattr__(self, name):
+        # (called only for a name the pipeline does not have)
+        if name in _NO_LONGER_PUBLIC:
+            raise AttributeError(
+                f"Pipeline.{name} is no longer public: pass the pipeline as `parallel=` to "
+                "tfdist.attach or tfdist.Trainer, which attach it to the model (when Keras "
+                "has built it) and run each batch's micro-batches through it "
+                "(tfdist.parallel.plan).")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @property
     def stages(self) -> int:
         return len(self.cuts) + 1
@@ -136,22 +148,11 @@ class Pipeline:
 
     # -- attaching -------------------------------------------------------
 
-    def attach_to(self, model: keras.Model, strategy: tf.distribute.Strategy) -> None:
-        """Places each stage's weights on its device and wraps its layers."""
+    def _attach(self, model: keras.Model) -> None:
+        """Places each stage's weights on its device and wraps its layers
+        (`tfdist.parallel.plan.ModelPlan` calls it once the model is built)."""
         if self._units is not None:
             return
-        if strategy.num_replicas_in_sync != 1:
-            raise ConfigurationError(
-                f"{self!r} runs in one tf.distribute replica; for data parallelism across "
-                f"pipelines (here {strategy.num_replicas_in_sync} replicas) give "
-                "Pipeline(..., replicas=d) and one replica (tfdist.make_strategy("
-                "'one_device') or no strategy).")
-        if not model.built:  # (tfdist.Trainer attaches once it built the model)
-            raise ConfigurationError(
-                f"{self!r} places the model's weights on the stages' devices, so the model "
-                "must be built first: give it an Input (or call it once on a batch), or "
-                "attach the pipeline through tfdist.attach / tfdist.Trainer, which builds "
-                "the model from the first batch.")
         stage_of = self._stage_of(model)
         devices = self.devices or _default_devices(self.stages * self.replicas)
         for layer in model.layers:
@@ -183,8 +184,8 @@ class Pipeline:
 
     # -- the step --------------------------------------------------------
 
-    def forward_backward(self, model, batch, global_examples, forward_backward, *,
-                         regularizers_apart: bool = True):
+    def _forward_backward(self, model, batch, global_examples, forward_backward, *,
+                          regularizers_apart: bool = True):
         """The batch's gradients, loss parts and outputs from its
         micro-batches (replica context, traced): ``forward_backward`` is
         `tfdist.replica.step.forward_backward`. Returns the summed
@@ -309,70 +310,3 @@ def _concatenated_outputs(outputs: list):
 
     return keras_compiled.with_keras_masks(
         joined, tf.nest.map_structure(joined_mask, *masks))
-
-
-
-# -- what a Trainer asks ------------------------------------------------------
-
-
-def _pipelines(parallel) -> List[Pipeline]:
-    if parallel is None:
-        return []
-    if not isinstance(parallel, Pipeline):
-        raise ConfigurationError(
-            f"`parallel` ({parallel!r}) must be a tfdist.parallel.Pipeline or None.")
-    return [parallel]
-
-
-def jit_compile(parallel, compiled: bool) -> bool:
-    """Whether the step runs under XLA: ``compiled``, except with a
-    pipeline, whose stages run on several devices, which one XLA program
-    cannot span: then without XLA, with a warning (the same numbers)."""
-    if compiled and _pipelines(parallel):
-        warnings.warn(
-            f"model.jit_compile is True, but parallel={parallel!r} runs the stages on "
-            "several devices, which one XLA program cannot span: tfdist runs the step "
-            "without XLA (the same numbers).", stacklevel=4)
-        return False
-    return compiled
-
-
-def check(parallel, *, communication, static_shapes: bool, own_steps=()) -> None:
-    """Refuses what a pipeline does not combine with yet, naming it
-    (``own_steps``: the step methods the model's class overrides,
-    `tfdist.replica.keras_steps.overridden`; ``compute_loss`` alone is
-    run on the micro-batches)."""
-    if not _pipelines(parallel):
-        return
-    cannot_cut = [name for name in own_steps if name != "compute_loss"]
-    if cannot_cut:
-        raise ConfigurationError(
-            f"parallel={parallel!r}: this model overrides {', '.join(own_steps)}; a "
-            "pipeline runs tfdist's training step, which cuts each batch into "
-            "micro-batches, and cannot cut a model's own step into them yet (a model that "
-            "overrides only compute_loss can be). Drop the Pipeline for this model.")
-    if communication is not None:
-        raise ConfigurationError(
-            f"parallel={parallel!r} with communication={communication!r} is not built yet: "
-            "a pipeline runs on one replica. Drop one of them.")
-    if static_shapes:
-        raise ConfigurationError(
-            f"parallel={parallel!r} is not built for static shapes (TPUStrategy, "
-            "static_shapes=True) yet: its micro-batches have the sizes the batch gives.")
-
-
-def steps_for(model, strategy, parallel, *, jit_compile: bool, static_shapes: bool):
-    """`tfdist.replica.keras_steps.steps_for` (metric state, replica steps),
-    the steps running ``parallel``'s micro-batches when it is a pipeline (a
-    model that overrides only ``compute_loss`` then runs tfdist's step,
-    which calls it per micro-batch)."""
-    metrics, steps = keras_steps.steps_for(
-        model, strategy, jit_compile=jit_compile, static_shapes=static_shapes,
-        pipelined=bool(_pipelines(parallel)))
-    if parallel is not None:
-        if not hasattr(steps, "use_pipeline"):  # (`check` refused these first)
-            raise ConfigurationError(
-                f"parallel={parallel!r} runs tfdist's training step; this model has its own "
-                "train_step, which a pipeline cannot cut into micro-batches yet.")
-        steps.use_pipeline(parallel)
-    return metrics, steps

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tfdist._internal import graph_order
-from tfdist._internal.keras import compiled as keras_compiled, layer_calls
+from tfdist._internal.keras import layer_calls, layer_units
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import schedules
 
@@ -95,8 +95,9 @@ class StageUnits:
 
     def wrap(self, model) -> None:
         for layer in model.layers:
-            if layer.name in self.stage_of and not getattr(layer, "_tfdist_stage", None):
-                self._wrap_layer(layer, self.stage_of[layer.name])
+            if layer.name in self.stage_of:
+                layer_units.wrap_call(layer, "stage", functools.partial(
+                    self._stage_call, stage=self.stage_of[layer.name]))
 
     @staticmethod
     @contextlib.contextmanager
@@ -111,10 +112,9 @@ class StageUnits:
         finally:
             _THREAD.site = outer
 
-    def _wrap_layer(self, layer, stage: int) -> None:
-        original = layer.call
-
-        @functools.wraps(original)
+    def _stage_call(self, original, stage: int):
+        """``original`` (a layer's call) run on its stage's device, as a
+        pass of a pipelined step when inside one (`micro_batch`)."""
         def call(*args, **kwargs):
             site = getattr(_THREAD, "site", None)
             pipeline = 0 if site is None else site[2]
@@ -124,8 +124,7 @@ class StageUnits:
                     return original(*args, **kwargs)
                 return _run_stage_pass(original, args, kwargs, stage, device, *site)
 
-        layer.call = call
-        object.__setattr__(layer, "_tfdist_stage", stage + 1)  # (0 would read as unset)
+        return call
 
 
 def _run_stage_pass(original, args, kwargs, stage: int, device: str, trace: StepTrace,
@@ -140,10 +139,8 @@ def _run_stage_pass(original, args, kwargs, stage: int, device: str, trace: Step
             "stage; make its input dense (e.g. tf.sparse.to_dense) before the model.")
     forward = trace.of(pipeline, stage, schedules.FORWARD, micro_batch)
     backward = trace.of(pipeline, stage, schedules.BACKWARD, micro_batch)
-    masks_of_result = []
 
-    @tf.custom_gradient
-    def unit(*tensors):
+    def forward_pass(tensors):
         starts = [tf.identity(t) for t in tensors]
         forward.starts += starts
         with tf.GradientTape(watch_accessed_variables=True) as tape:
@@ -151,10 +148,8 @@ def _run_stage_pass(original, args, kwargs, stage: int, device: str, trace: Step
             call_args, call_kwargs = call.arguments(starts, with_masks=True)
             result = original(*call_args, **call_kwargs)
         forward.ends += tf.nest.flatten(result)
-        masks_of_result.append(keras_compiled.keras_masks(result))
 
-        def gradient(*upstream, variables=None):
-            variables = list(variables or [])
+        def gradient(upstream, variables):
             with tf.device(device):
                 arrived = [tf.identity(u) for u in upstream]
                 backward.starts += arrived
@@ -163,10 +158,8 @@ def _run_stage_pass(original, args, kwargs, stage: int, device: str, trace: Step
                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 backward.ends += [g.values if isinstance(g, tf.IndexedSlices) else g
                                   for g in grads if g is not None]
-            return (layer_calls.input_gradients(tensors, grads[:len(tensors)]),
-                    grads[len(tensors):])
+            return grads
 
         return result, gradient
 
-    outputs = unit(*call.tensors)
-    return keras_compiled.with_keras_masks(outputs, masks_of_result.pop())
+    return layer_units.run_as_unit(call, forward_pass)

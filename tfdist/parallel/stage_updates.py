@@ -31,11 +31,13 @@ the step runs.)
 ['CPU:1']
 """
 
+import functools
 from typing import Callable
 
 import tensorflow as tf
 
-from tfdist._internal.keras import optimizer as keras_optimizer, patches, placed_weights
+from tfdist._internal.keras import layer_units, optimizer as keras_optimizer, patches
+from tfdist._internal.keras import placed_weights
 
 
 def run_on_weight_devices(optimizer) -> None:
@@ -69,10 +71,9 @@ def constrain_on_weight_devices(weights) -> None:
     under the weight's device: ``Variable.constraint`` becomes the same
     constraint, placed."""
     for weight in weights:
-        constraint = getattr(weight, "constraint", None)
-        if constraint is None or getattr(constraint, "_tfdist_placed", False):
-            continue
-        weight.constraint = _placed(constraint, placed_weights.device_of(weight))
+        layer_units.replace_constraint(
+            weight, functools.partial(_placed, device=placed_weights.device_of(weight)),
+            policy="stage")
 
 
 def _placed(constraint: Callable, device: str) -> Callable:
@@ -80,7 +81,6 @@ def _placed(constraint: Callable, device: str) -> Callable:
         with tf.device(device):
             return constraint(value)
 
-    constrain._tfdist_placed = True  # pylint: disable=protected-access
     return constrain
 
 

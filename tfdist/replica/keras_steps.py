@@ -286,21 +286,26 @@ def warn_padded_activity_regularizers(model: keras.Model, *, jit_compile: bool,
 
 
 def steps_for(model: keras.Model, strategy: tf.distribute.Strategy, *, jit_compile: bool,
-              static_shapes: bool, pipelined: bool = False):
+              static_shapes: bool, plan):
     """(metric state, replica steps) for ``model``: the model's own step when
-    it overrides one of `OVERRIDABLE`, else tfdist's (`tfdist.replica.step`).
-    ``pipelined`` (a `tfdist.parallel.Pipeline` runs the step): a model that
+    it overrides one of `OVERRIDABLE`, else tfdist's (`tfdist.replica.step`),
+    which runs every batch through ``plan`` (`tfdist.parallel.plan.ModelPlan`).
+    When the plan cuts batches into micro-batches (a pipeline), a model that
     overrides only ``compute_loss`` runs tfdist's step, which calls it on
     each micro-batch (`tfdist.replica.own_compute_loss`)."""
     warn_per_replica_statistics(model, strategy)
     warn_padded_activity_regularizers(model, jit_compile=jit_compile, static_shapes=static_shapes)
     own = overridden(model)
-    own_compute_loss = pipelined and own == ("compute_loss",)
+    own_compute_loss = plan.cuts_batches and own == ("compute_loss",)
     with strategy.scope():
         if own and not own_compute_loss:
+            if plan.cuts_batches:  # (`ModelPlan.attach` refused these first)
+                raise ConfigurationError(
+                    f"{plan!r} runs tfdist's training step; this model has its own "
+                    f"{', '.join(own)}, which a pipeline cannot cut into micro-batches yet.")
             check_supported(model, jit_compile=jit_compile, static_shapes=static_shapes)
             metrics = KerasMetrics(model, strategy)
             return metrics, KerasSteps(model, metrics)
         metrics = MetricState(model, strategy)
-    return metrics, ReplicaSteps(model, metrics, jit_compile=jit_compile,
+    return metrics, ReplicaSteps(model, metrics, jit_compile=jit_compile, plan=plan,
                                  own_compute_loss=own_compute_loss)

@@ -139,19 +139,24 @@ class ReplicaSteps:
     # convolutions fail on 0 rows, and masked rows count nowhere.
     avoid_empty_replicas = True
 
-    def __init__(
-        self, model: keras.Model, metrics: MetricState, *, jit_compile: bool,
-        own_compute_loss: bool = False,
-    ):
+    def __init__(self, model: keras.Model, metrics: MetricState, *, jit_compile: bool, plan,
+                 own_compute_loss: bool = False):
+        """``plan``: how the model is split (`tfdist.parallel.plan.ModelPlan`;
+        its null object, ``WHOLE``, runs each batch whole): every training
+        step runs through it. ``own_compute_loss``: the model's own
+        ``compute_loss`` runs on the plan's micro-batches (without them, the
+        model's own step runs it: `tfdist.replica.keras_steps.KerasSteps`)."""
+        if own_compute_loss and not plan.cuts_batches:
+            raise ConfigurationError(
+                "tfdist's step runs a model's own compute_loss on a pipeline's micro-batches "
+                "only; without a pipeline, the model's own step (KerasSteps) runs it.")
         self._model = model
-        # The model's own compute_loss (under a pipeline only: `use_pipeline`).
+        self._plan = plan
         self._own_compute_loss = own_compute_loss
         self._metrics = metrics
         self._jit_compile = jit_compile
         # `tfdist.replica.accumulation`: set by `use_accumulator` once the model is built.
         self.accumulator = None
-        # `tfdist.parallel.Pipeline`: set by `use_pipeline`.
-        self.pipeline = None
         self._xla_forward_backward = tf.function(
             self._forward_backward, jit_compile=True, reduce_retracing=True
         )
@@ -173,6 +178,18 @@ class ReplicaSteps:
         return forward_backward(self._model, x, y, sample_weight, mask, global_examples,
                                 count_only=True)
 
+    @tf.autograph.experimental.do_not_convert
+    def _whole_batch(self, batch: Batch, global_examples) -> ForwardBackward:
+        """The forward and backward pass on the whole replica batch (the
+        plan's without a split): under XLA with the global count known
+        first (no collective inside XLA), else as `forward_backward` decides."""
+        x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
+        if not self._jit_compile:
+            return forward_backward(self._model, x, y, sample_weight, mask, global_examples)
+        if global_examples is None:
+            global_examples = collectives.all_reduce_sum(batch.real_examples())
+        return self._xla_forward_backward(x, y, sample_weight, mask, global_examples)
+
     # Like Keras' own step functions, no autograph: the step has no
     # tensor-dependent Python control flow, and user models run as written.
     @tf.autograph.experimental.do_not_convert
@@ -186,27 +203,13 @@ class ReplicaSteps:
     @tf.autograph.experimental.do_not_convert
     def _train(self, batch: Batch) -> None:
         model = self._model
-        x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
+        y, sample_weight, mask = batch.y, batch.sample_weight, batch.mask
         local_examples = batch.real_examples()
         global_examples = batch.carried_global_examples()
-        if self._own_compute_loss and self.pipeline is None:  # (`steps_for` never builds it)
-            raise ConfigurationError(
-                "tfdist's step runs a model's own compute_loss on a pipeline's micro-batches "
-                "only; without a pipeline, the model's own step (KerasSteps) runs it.")
-        if self.pipeline is not None:
-            if global_examples is None:  # (every micro-batch's loss needs the batch's count)
-                global_examples = collectives.all_reduce_sum(local_examples)
-            gradients, parts, y_pred = self.pipeline.forward_backward(
-                model, batch, global_examples,
-                functools.partial(forward_backward, own_loss=self._own_compute_loss),
-                regularizers_apart=not self._own_compute_loss)
-            result = ForwardBackward(gradients, parts, global_examples, y_pred)
-        elif self._jit_compile:
-            if global_examples is None:  # (no collective inside XLA: count first)
-                global_examples = collectives.all_reduce_sum(local_examples)
-            result = self._xla_forward_backward(x, y, sample_weight, mask, global_examples)
-        else:
-            result = forward_backward(model, x, y, sample_weight, mask, global_examples)
+        result = self._plan.forward_backward(
+            model, batch, global_examples, whole=self._whole_batch,
+            micro_batch=functools.partial(forward_backward, own_loss=self._own_compute_loss),
+            own_compute_loss=self._own_compute_loss)
         if self.accumulator is None:
             gradients_lib.apply_gradients(
                 model.optimizer, result.gradients, model.trainable_variables)
@@ -215,11 +218,6 @@ class ReplicaSteps:
         self._metrics.update(MetricUpdate(
             result.loss, result.global_examples, local_examples,
             *without_padding(mask, y, result.y_pred, sample_weight)))
-
-    def use_pipeline(self, pipeline) -> None:
-        """Each batch runs as ``pipeline``'s micro-batches through its stages
-        (a `tfdist.parallel.Pipeline`, attached to the model; None: whole)."""
-        self.pipeline = pipeline
 
     def use_accumulator(self, accumulator) -> None:
         """Gradients go to ``accumulator`` (`tfdist.replica.accumulation`;

@@ -28,7 +28,7 @@ from tfdist.loops import runners
 from tfdist.loops.cadence import Cadence, ExecutionPlan
 from tfdist.loops.runners.base import ignore_steps
 from tfdist.loops.preemption import free_iterators_or_exit, Preempted, PreemptionWatcher
-from tfdist.parallel import model_split, pipeline as pipelines
+from tfdist.parallel.plan import ModelPlan
 from tfdist.replica import accumulation, keras_steps, static_shapes as static_shapes_lib
 from tfdist.training.epoch_loop import BatchReporting, EpochLoop, TrainerActions
 from tfdist.training import compile_settings
@@ -101,16 +101,15 @@ class Trainer:
         checkpointing = checkpointing or CheckpointOptions()
         data = input_pipeline or DataOptions()
         reporting = reporting or ReportingOptions()
+        self._plan = ModelPlan(parallel, strategy)  # how the model is split
         options = static_shapes_lib.resolve(
             strategy, static_shapes=static_shapes, partial_batch=data.partial_batch,
-            jit_compile=pipelines.jit_compile(parallel, Communication.jit_compile(
+            jit_compile=self._plan.jit_compile(Communication.jit_compile(
                 communication, compiled.jit_compile)),
         )
-        pipelines.check(parallel, communication=communication,
-                        static_shapes=options.static_shapes,
-                        own_steps=keras_steps.overridden(model))
+        self._plan.attach(model, strategy, communication=communication,
+                          static_shapes=options.static_shapes)
         self._communication = Communication.attach(communication, model, strategy)
-        self._split = model_split.ModelSplit(parallel, model, strategy)
         self.model = model
         self.strategy = strategy
         self.steps_per_execution = compiled.steps_per_execution
@@ -122,8 +121,8 @@ class Trainer:
         self._built_spec = None  # the element spec the model's state was built for
         # Only the chief writes summaries and prints progress (all compute the history).
         self._is_chief = getattr(strategy.extended, "should_checkpoint", True)
-        self._metrics, steps = pipelines.steps_for(
-            model, strategy, parallel, jit_compile=options.jit_compile,
+        self._metrics, steps = self._plan.steps_for(
+            model, strategy, jit_compile=options.jit_compile,
             static_shapes=options.static_shapes)
         self._steps = steps
         # A model with its own step may take data without y (as Keras allows).
@@ -154,7 +153,7 @@ class Trainer:
         spec = source.element_spec(self.strategy.num_replicas_in_sync)
         keras_steps.check_data(self.model, spec)
         if self._built_spec is None:
-            self._split.when_built(spec)  # (a model Keras builds on its first batch)
+            self._plan.when_built(spec)  # (a model Keras builds on its first batch)
             with self.strategy.scope():
                 keras_model_state.build_model_state(self.model, spec)
                 accumulator = accumulation.accumulator_for(self.model, self.strategy)

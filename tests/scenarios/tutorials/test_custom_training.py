@@ -348,6 +348,7 @@ def test_custom_training_tutorial_equals_one_device_where_the_published_loop_doe
     assert published_gap > 10 * tolerance, (published_gap, tolerance)
 
 
+@pytest.mark.full_form  # (CI: empty replicas in tests/data/test_empty_replicas.py; 2 min here)
 def test_custom_training_tutorial_with_empty_replicas_equals_one_device(make_strategy, tmp_path):
     # 66 examples in global batches of 32 on 4 replicas: the last batch of 2
     # leaves two replicas without an example (tfdist pads them, masked).

@@ -59,7 +59,7 @@ def build_layers(model: keras.Model, element_spec) -> None:
     A pipeline given before Keras built the model (a subclassed model, a
     ``Sequential`` without an ``Input``: built on the first batch) places
     the weights here, before the optimizer makes their state beside them
-    (`tfdist.parallel.model_split`). Keras' symbolic build builds the
+    (`tfdist.parallel.plan`). Keras' symbolic build builds the
     optimizer unless it is built, so it is marked built meanwhile.
     """
     optimizer = getattr(model, "optimizer", None)

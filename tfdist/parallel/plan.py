@@ -1,0 +1,178 @@
+"""One object for how a model is split over devices: `ModelPlan`.
+
+`tfdist.Trainer` and `tfdist.attach` see a model's split as one object,
+whatever ways of splitting were asked for, as they see what crosses the
+network as one `tfdist.communication.plan.Communication`. Without a split
+(the default) it is a null object: its calls run the batch whole, so the
+Trainer and the replica step never test for a pipeline.
+
+Its axes are named as Keras names a ``keras.distribution.DeviceMesh``'s:
+
+- ``"data"``: the replicas of the tf.distribute strategy (and, for now,
+  a pipeline's own ``Pipeline(replicas=d)``, which runs d pipelines in
+  one replica);
+- ``"pipeline"``: the stages of ``parallel=tfdist.parallel.Pipeline(...)``;
+- ``"model"``: tensor parallelism, a weight split by Keras' ``LayoutMap``
+  rules; 1 until it is built (the plan is where it joins: one more axis
+  whose layers run sharded, not a mechanism of its own).
+
+Fully sharded weights (``communication=FullySharded()``) shard over the
+data axis; they do not combine with a pipeline yet (a clear error names
+both).
+
+A model Keras builds on its first batch (a subclassed model, a
+``Sequential`` without an ``Input``) has no weights to place when it is
+attached: the plan then waits until tfdist builds the model from the first
+batch's element spec, as the data-parallel path builds it (`when_built`),
+and attaches the pipeline to the new weights before the optimizer makes
+their state. The same program with the one added line runs where plain
+``fit`` runs.
+
+>>> import keras, numpy as np, tfdist
+>>> from tfdist.parallel.plan import ModelPlan
+>>> ModelPlan(None).axes
+{'data': 1, 'pipeline': 1, 'model': 1}
+>>> model = keras.Sequential([keras.layers.Dense(4, name="encoder"), keras.layers.Dense(2)])
+>>> model.compile(optimizer="adam", loss="mse")                 # no Input: built on the first batch
+>>> pipeline = tfdist.parallel.Pipeline(cuts=["encoder"], micro_batches=2)
+>>> _ = tfdist.attach(model, parallel=pipeline)
+>>> history = model.fit(np.ones((8, 3), "float32"), np.ones((8, 2), "float32"), verbose=0)
+>>> model.built, ModelPlan(pipeline).axes
+(True, {'data': 1, 'pipeline': 2, 'model': 1})
+"""
+
+import warnings
+from typing import Callable, Dict, Optional
+
+import tensorflow as tf
+
+from tfdist._internal import collectives
+from tfdist._internal.keras import model_state as keras_model_state
+from tfdist.errors import ConfigurationError
+from tfdist.parallel.pipeline import Pipeline
+from tfdist.replica import keras_steps
+from tfdist.replica.step import ForwardBackward
+
+AXES = ("data", "pipeline", "model")  # (as a keras.distribution.DeviceMesh names them)
+
+
+class ModelPlan:
+    """How ``parallel`` (a `tfdist.parallel.Pipeline` or None) splits a
+    model: the Trainer's one view of it (module doc)."""
+
+    def __init__(self, parallel, strategy: Optional[tf.distribute.Strategy] = None):
+        if parallel is not None and not isinstance(parallel, Pipeline):
+            raise ConfigurationError(
+                f"`parallel` ({parallel!r}) must be a tfdist.parallel.Pipeline or None.")
+        self.pipeline: Optional[Pipeline] = parallel
+        self._replicas = 1 if strategy is None else strategy.num_replicas_in_sync
+        self._waiting = None  # (model, strategy) a pipeline waits to attach to
+
+    @property
+    def axes(self) -> Dict[str, int]:
+        """Each axis' size (module doc): replicas, stages, model shards."""
+        pipeline = self.pipeline
+        data = self._replicas * (pipeline.replicas if pipeline is not None else 1)
+        return {"data": data, "pipeline": pipeline.stages if pipeline is not None else 1,
+                "model": 1}
+
+    @property
+    def cuts_batches(self) -> bool:
+        """Whether tfdist's step runs each batch as micro-batches (a pipeline)."""
+        return self.pipeline is not None
+
+    def __repr__(self) -> str:
+        return f"ModelPlan({self.pipeline!r})"
+
+    # -- set-up: what the Trainer asks, in its order ---------------------
+
+    def jit_compile(self, compiled: bool) -> bool:
+        """Whether the step runs under XLA: ``compiled``, except with a
+        pipeline, whose stages run on several devices, which one XLA program
+        cannot span: then without XLA, with a warning (the same numbers)."""
+        if compiled and self.pipeline is not None:
+            warnings.warn(
+                f"model.jit_compile is True, but parallel={self.pipeline!r} runs the stages "
+                "on several devices, which one XLA program cannot span: tfdist runs the step "
+                "without XLA (the same numbers).", stacklevel=4)
+            return False
+        return compiled
+
+    def attach(self, model, strategy: tf.distribute.Strategy, *, communication,
+               static_shapes: bool) -> None:
+        """Refuses what the split does not combine with yet, naming it, and
+        attaches it to ``model``: now when its weights exist, else when tfdist
+        builds it (`when_built`)."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        own_steps = keras_steps.overridden(model)
+        cannot_cut = [name for name in own_steps if name != "compute_loss"]
+        if cannot_cut:
+            raise ConfigurationError(
+                f"parallel={pipeline!r}: this model overrides {', '.join(own_steps)}; a "
+                "pipeline runs tfdist's training step, which cuts each batch into "
+                "micro-batches, and cannot cut a model's own step into them yet (a model "
+                "that overrides only compute_loss can be). Drop the Pipeline for this model.")
+        if communication is not None:
+            raise ConfigurationError(
+                f"parallel={pipeline!r} with communication={communication!r} is not built "
+                "yet: a pipeline runs on one replica. Drop one of them.")
+        if strategy.num_replicas_in_sync != 1:
+            raise ConfigurationError(
+                f"{pipeline!r} runs in one tf.distribute replica; for data parallelism across "
+                f"pipelines (here {strategy.num_replicas_in_sync} replicas) give "
+                "Pipeline(..., replicas=d) and no strategy (tfdist.attach(model, "
+                "parallel=...)).")
+        if static_shapes:
+            raise ConfigurationError(
+                f"parallel={pipeline!r} is not built for static shapes (TPUStrategy, "
+                "static_shapes=True) yet: its micro-batches have the sizes the batch gives.")
+        if model.built:
+            pipeline._attach(model)  # pylint: disable=protected-access
+        else:
+            self._waiting = (model, strategy)
+
+    def steps_for(self, model, strategy: tf.distribute.Strategy, *, jit_compile: bool,
+                  static_shapes: bool):
+        """`tfdist.replica.keras_steps.steps_for` (metric state, replica
+        steps) with this plan in the step (a model that overrides only
+        ``compute_loss`` then runs tfdist's step, which calls it per
+        micro-batch)."""
+        return keras_steps.steps_for(model, strategy, jit_compile=jit_compile,
+                                     static_shapes=static_shapes, plan=self)
+
+    def when_built(self, element_spec) -> None:
+        """Before the model's state is first built from ``element_spec``:
+        builds its weights and attaches the pipeline that waited for them
+        (a no-op when none waited)."""
+        if self._waiting is None:
+            return
+        model, strategy = self._waiting
+        with strategy.scope():
+            keras_model_state.build_layers(model, element_spec)
+        self.pipeline._attach(model)  # pylint: disable=protected-access
+        self._waiting = None
+
+    # -- the step ----------------------------------------------------------
+
+    def forward_backward(self, model, batch, global_examples, *, whole: Callable,
+                         micro_batch: Callable, own_compute_loss: bool = False):
+        """One replica's gradients, loss parts and outputs on ``batch``
+        (replica context, traced): ``whole(batch, global_examples)`` without
+        a split; with a pipeline, its micro-batches through the stages, each
+        run by ``micro_batch`` (`tfdist.replica.step.forward_backward`),
+        with the global batch's example count (all-reduced when the data
+        does not carry it). Returns a `tfdist.replica.step.ForwardBackward`."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            return whole(batch, global_examples)
+        if global_examples is None:  # (every micro-batch's loss needs the batch's count)
+            global_examples = collectives.all_reduce_sum(batch.real_examples())
+        gradients, parts, outputs = pipeline._forward_backward(  # pylint: disable=protected-access
+            model, batch, global_examples, micro_batch,
+            regularizers_apart=not own_compute_loss)
+        return ForwardBackward(gradients, parts, global_examples, outputs)
+
+
+WHOLE = ModelPlan(None)  # (the null plan: every batch whole, on the replica's device)
