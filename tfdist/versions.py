@@ -11,7 +11,8 @@ say the same (`tests/test_info.py` keeps the three equal).
 ('supported', 'not supported: tfdist supports TensorFlow 2.19, 2.20, 2.21, 2.22')
 """
 
-__all__ = ["KERAS", "PAIRS", "TENSORFLOW", "minor", "older_than_supported", "pair", "support"]
+__all__ = ["KERAS", "PAIRS", "TENSORFLOW", "minor", "minor_tuple", "older_than_supported", "pair",
+           "support"]
 
 # Minor versions whose whole test suite passes (the newest) or whose
 # compatibility form does (the others): docs/versions.md.
@@ -30,6 +31,15 @@ def minor(version: str) -> str:
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
+def minor_tuple(version: str) -> tuple:
+    """``"3.16.0.dev2026102704"`` -> ``(3, 16)``: a version's minor, to compare.
+
+    >>> minor_tuple("3.16.0.dev2026102704") >= (3, 16), minor_tuple("2.22.0rc0")
+    (True, (2, 22))
+    """
+    return tuple(int(part) for part in minor(version).split("."))
+
+
 def support(package: str, version: str) -> str:
     """"supported", or "not supported: ..." naming the supported minors."""
     name, supported = _NAMES[package]
@@ -44,10 +54,7 @@ def older_than_supported(package: str, version: str) -> bool:
     >>> older_than_supported("keras", "3.14.1"), older_than_supported("keras", "3.17.0")
     (True, False)
     """
-    def key(text: str) -> tuple:
-        return tuple(int(part) for part in minor(text).split("."))
-
-    return key(version) < key(_NAMES[package][1][0])
+    return minor_tuple(version) < minor_tuple(_NAMES[package][1][0])
 
 
 def pair(tensorflow: str, keras: str) -> str:

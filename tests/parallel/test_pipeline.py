@@ -92,6 +92,26 @@ def test_a_pipeline_equals_one_device(schedule, cuts, micro_batches, batch_size)
     assert pipeline.ordering_edges >= len(cuts) + 1
 
 
+def test_a_users_own_order_runs_as_given_and_equals_one_device():
+    """``schedule=`` as data: a user's order per stage (neither GPipe nor
+    1F1B: stage 0 runs its forwards in pairs), enforced in the traced step,
+    the same numbers as one device; an order that would wait forever is
+    refused before anything runs, naming the stage and the pass."""
+    order = ["F0 F1 B0 F2 F3 B1 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"]
+    pipeline = tfdist.parallel.Pipeline(cuts=["h2"], micro_batches=4, schedule=order)
+    assert pipeline.schedule == order
+    assert "schedule=['F0 F1 B0" in repr(pipeline)
+    _assert_equal_to(_fit(_model(), 8), _fit(tfdist.attach(_model(), parallel=pipeline), 8))
+    assert pipeline.ordering_edges >= 2
+    with pytest.raises(ConfigurationError, match=r"Pipeline: `schedule`: the schedule waits "
+                                                 r"forever at time 1: stage 0 at B0"):
+        tfdist.parallel.Pipeline(cuts=["h2"], micro_batches=2,
+                                 schedule=["F0 B0 F1 B1", "F1 F0 B0 B1"])
+    with pytest.raises(ConfigurationError, match=r"must be one of \('gpipe', '1f1b'\), or an "
+                                                 r"order"):
+        tfdist.parallel.Pipeline(cuts=["h2"], micro_batches=2, schedule="zero_bubble")
+
+
 REPLICATED = [  # (cuts, micro-batches, batch size): 2 pipelines on 4 devices
     (["h2"], 3, 8),   # 4 rows per pipeline (last batch: 3 + 3): micro-batches 2, 1, 1 / 1, 1, 1
     (["h2"], 4, 5),   # 3 + 2 rows: empty micro-batches in both pipelines

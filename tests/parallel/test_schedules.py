@@ -53,3 +53,32 @@ def test_an_order_that_waits_forever_or_misses_a_pass_is_an_error():
                             [schedules.Action(F, 0)]])
     with pytest.raises(ValueError, match="schedule must be one of"):
         schedules.stage_orders("zero_bubble", stages=2, micro_batches=2)
+
+
+def test_the_named_schedules_are_a_registry_and_print_and_parse_back():
+    assert schedules.SCHEDULES == tuple(schedules.REGISTRY) == ("gpipe", "1f1b")
+    for name in schedules.SCHEDULES:
+        orders = schedules.stage_orders(name, stages=3, micro_batches=4)
+        lines = schedules.format_orders(orders)
+        assert schedules.parse_orders(lines) == orders
+        assert schedules.orders_for(lines, stages=3, micro_batches=4) == orders
+    assert schedules.format_orders(schedules.stage_orders("gpipe", stages=2, micro_batches=2)) \
+        == ["F0 F1 B1 B0", "F0 F1 B1 B0"]
+
+
+def test_a_users_order_is_checked_naming_the_stage_and_the_action():
+    # Stage 1 wants F1 first, which stage 0 runs only after its B0, which
+    # needs stage 1's B0: each waits for the other.
+    deadlock = ["F0 B0 F1 B1", "F1 F0 B0 B1"]
+    with pytest.raises(ValueError, match=r"waits forever at time 1: stage 0 at B0 \(waits for "
+                                         r"B0 on stage 1\); stage 1 at F1 \(waits for F1 on "
+                                         r"stage 0\)"):
+        schedules.orders_for(deadlock, stages=2, micro_batches=2)
+    with pytest.raises(ValueError, match=r"stage 1's order: 'X0' is not an action"):
+        schedules.parse_orders(["F0 B0", "X0 B0"])
+    with pytest.raises(ValueError, match=r"a list of lines, one per stage"):
+        schedules.parse_orders("F0 B0")
+    with pytest.raises(ValueError, match=r"gives 1 stage\(s\); the pipeline has 2"):
+        schedules.orders_for(["F0 B0"], stages=2, micro_batches=1)
+    with pytest.raises(ValueError, match=r"stage 0 must run F and B of micro-batches 0..1"):
+        schedules.orders_for(["F0 B0", "F0 B0"], stages=2, micro_batches=2)

@@ -40,7 +40,9 @@ def all_pairs(factors: Dict[str, Sequence],
 
     ``needed(pair)``: False for a pair, ``(factor, value, factor, value)``
     in the factors' order, that CI need not hold (the full product does);
-    every other pair is held:
+    every other pair is held, and every value of every factor appears in
+    some row whatever ``needed`` says (``needed=lambda pair: False``: each
+    value once):
 
     >>> factors = {"a": tuple(range(4)), "b": tuple(range(4)), "c": (False, True)}
     >>> sum(row["c"] for row in all_pairs(factors)), sum(row["c"] for row in all_pairs(factors, balance=["c"]))
@@ -49,7 +51,7 @@ def all_pairs(factors: Dict[str, Sequence],
     >>> rows = all_pairs({"a": (1, 2), "b": ("x", "y")}, applies=lambda r: r != {"a": 2, "b": "y"})
     >>> sorted((row["a"], row["b"]) for row in rows)
     [(1, 'x'), (1, 'y'), (2, 'x')]
-    >>> len(all_pairs({"a": tuple(range(5)), "b": tuple(range(5))}, needed=lambda pair: pair[3] == 0))
+    >>> len(all_pairs({"a": tuple(range(5)), "b": tuple(range(3))}, needed=lambda pair: False))
     5
     """
     names = list(factors)
@@ -58,21 +60,26 @@ def all_pairs(factors: Dict[str, Sequence],
         candidates = [row for row in candidates if applies(row)]
     if len(names) < 2:
         return candidates
+
+    def units(row: dict) -> set:
+        """What ``row`` covers: its pairs, and with ``needed`` each value alone."""
+        if needed is None:
+            return _pairs_of(row, names)
+        return {pair for pair in _pairs_of(row, names) if needed(pair)} | {
+            (name, row[name]) for name in names}
+
     uncovered = set()
     for row in candidates:
-        uncovered |= _pairs_of(row, names)
-    if needed is not None:
-        uncovered = {pair for pair in uncovered if needed(pair)}
+        uncovered |= units(row)
     rows, used = [], {}
 
     def usage(row: dict) -> int:
         return sum(used.get((name, row[name]), 0) for name in balance)
 
     while uncovered:
-        best = max(candidates, key=lambda row: (len(_pairs_of(row, names) & uncovered),
-                                                -usage(row)))
+        best = max(candidates, key=lambda row: (len(units(row) & uncovered), -usage(row)))
         rows.append(best)
-        uncovered -= _pairs_of(best, names)
+        uncovered -= units(best)
         for name in balance:
             used[(name, best[name])] = used.get((name, best[name]), 0) + 1
     return rows

@@ -56,7 +56,7 @@ step runs without XLA, with a warning (XLA cannot span devices).
 
 import contextlib
 import warnings
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import keras
 import tensorflow as tf
@@ -84,7 +84,12 @@ class Pipeline:
         after each. S = len(cuts) + 1 stages.
       micro_batches: m, the micro-batches each batch is cut into (the
         first ones one row longer when m does not divide it).
-      schedule: ``"1f1b"`` or ``"gpipe"``.
+      schedule: ``"1f1b"`` or ``"gpipe"`` (`tfdist.parallel.schedules.REGISTRY`),
+        or an order of one's own: one line per stage of its passes in order,
+        ``F<k>`` / ``B<k>`` for micro-batch k's forward / backward pass
+        (``["F0 F1 B0 B1", "F0 B0 F1 B1"]``: what
+        `tfdist.parallel.schedules.format_orders` prints). An order that
+        would wait forever is refused, naming each stage's waiting pass.
       devices: one device per stage (default: S GPUs when there are, else
         S logical CPUs, `tfdist.strategies.configure_logical_cpus`); with
         ``replicas``, S per pipeline, the first pipeline's first.
@@ -98,7 +103,8 @@ class Pipeline:
         d identical updates compute).
     """
 
-    def __init__(self, cuts: Sequence[str], *, micro_batches: int, schedule: str = "1f1b",
+    def __init__(self, cuts: Sequence[str], *, micro_batches: int,
+                 schedule: Union[str, Sequence[str]] = "1f1b",
                  devices: Optional[Sequence[str]] = None, replicas: int = 1):
         if isinstance(cuts, str) or not all(isinstance(c, str) for c in cuts):
             raise ConfigurationError(
@@ -106,9 +112,10 @@ class Pipeline:
         if not isinstance(micro_batches, int) or micro_batches < 1:
             raise ConfigurationError(
                 f"Pipeline: `micro_batches` ({micro_batches!r}) must be a positive integer.")
-        if schedule not in schedules.SCHEDULES:
+        if isinstance(schedule, str) and schedule not in schedules.SCHEDULES:
             raise ConfigurationError(
-                f"Pipeline: `schedule` ({schedule!r}) must be one of {schedules.SCHEDULES}.")
+                f"Pipeline: `schedule` ({schedule!r}) must be one of {schedules.SCHEDULES}, "
+                "or an order: one line per stage, such as ['F0 F1 B0 B1', 'F0 B0 F1 B1'].")
         if not isinstance(replicas, int) or replicas < 1:
             raise ConfigurationError(
                 f"Pipeline: `replicas` ({replicas!r}) must be a positive integer.")
@@ -119,11 +126,15 @@ class Pipeline:
         self.cuts = list(cuts)
         self.micro_batches = micro_batches
         self.replicas = replicas
-        self.schedule = schedule
         self.devices = None if devices is None else list(devices)
-        self._orders = schedules.stage_orders(schedule, stages=self.stages,
-                                              micro_batches=micro_batches)
-        schedules.simulate(self._orders)  # (an order that would wait forever: an error now)
+        try:  # (an order that would wait forever: an error now, naming the stage and action)
+            self._orders = schedules.orders_for(schedule, stages=self.stages,
+                                                micro_batches=micro_batches)
+        except ValueError as error:
+            raise ConfigurationError(f"Pipeline: `schedule`: {error}") from None
+        # A name, or the order given, as lines (`schedules.format_orders`).
+        self.schedule = (schedule if isinstance(schedule, str)
+                         else schedules.format_orders(self._orders))
         self._units: Optional[StageUnits] = None
         self.ordering_edges = 0  # added in the last traced step (`StepTrace.order`)
 

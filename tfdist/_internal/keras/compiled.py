@@ -9,6 +9,8 @@ import tensorflow as tf
 from keras.src import tree  # noqa: F401  (keras_compiled.tree: Keras' nest utilities)
 from keras.src.backend.common import masking, variables
 
+from tfdist import versions
+
 get_keras_mask = masking.get_keras_mask
 set_keras_mask = masking.set_keras_mask
 
@@ -105,8 +107,7 @@ def _steps_on_batches_taken_in_python() -> bool:
     # batch's static shape (then once more, relaxed, on another), and an
     # epoch of unknown length ends before a step, not inside one. Keras
     # 3.15 ran the step on the iterator inside the function.
-    major, minor = (int(part) for part in keras.__version__.split(".")[:2])
-    return (major, minor) >= (3, 16)
+    return versions.minor_tuple(keras.__version__) >= (3, 16)
 
 
 _STEPS_ON_BATCHES_TAKEN_IN_PYTHON = _steps_on_batches_taken_in_python()  # (chosen once)
