@@ -24,6 +24,22 @@ def test_python_m_tfdist_prints_versions_devices_and_role():
     assert "task worker-0 (not chief); cluster: chief x1, worker x1" in out
 
 
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """``python -m tfdist | head -1``: the reader is gone before the report
+    is written (here: a pipe whose reading end is already closed); the
+    command ends quietly, as CI's scripts read it."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-m", "tfdist"], stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=120,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    finally:
+        os.close(write_end)
+    assert "BrokenPipeError" not in result.stderr and "Traceback" not in result.stderr, (
+        result.stderr)
+
+
 def test_a_missing_device_kind_says_why():
     text = info.report(environ={"CUDA_VISIBLE_DEVICES": "-1"})
     gpu_line = next(line for line in text.splitlines() if line.startswith("GPU:"))

@@ -79,4 +79,8 @@ def report(environ: Optional[Mapping[str, str]] = None) -> str:
 
 
 def main() -> None:
-    print(report())
+    text = report()
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # (``python -m tfdist | head -3``: the reader has what it wanted)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -48,6 +48,9 @@ TOOLS: Dict[str, Tool] = {
     "pipeline_cluster": Tool("pipeline_cluster_benchmark.py", "benchmark",
                              "one pipeline stage per process on a slow network and unlimited, "
                              "against one process; activation bytes against the link's bound"),
+    "pipeline_traffic": Tool("pipeline_traffic_benchmark.py", "benchmark",
+                             "data x pipeline: the bytes one step sends between devices "
+                             "(weights-sized, per-row, all-reduced), read from the traced step"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tfdist
 from tests.support import reference as ref, short_form
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import schedules
+from tfdist.parallel import device_traffic, schedules
 
 EXAMPLES = 38  # batches of 8: the last has 6 rows (not a multiple of m = 4 or 8)
 
@@ -112,41 +112,128 @@ def test_a_users_own_order_runs_as_given_and_equals_one_device():
         tfdist.parallel.Pipeline(cuts=["h2"], micro_batches=2, schedule="zero_bubble")
 
 
-REPLICATED = [  # (cuts, micro-batches, batch size): 2 pipelines on 4 devices
-    (["h2"], 3, 8),   # 4 rows per pipeline (last batch: 3 + 3): micro-batches 2, 1, 1 / 1, 1, 1
+REPLICATED = [  # (cuts, micro-batches, batch size): 2 replicas x 2 stages on 4 devices
+    (["h2"], 3, 8),   # 4 rows per replica (last batch: 3 + 3): micro-batches 2, 1, 1 / 1, 1, 1
     (["h2"], 4, 5),   # 3 + 2 rows: empty micro-batches in both pipelines
-    (["h2"], 2, 1),   # batches of 1 row: the second pipeline has none
+    (["h2"], 2, 1),   # batches of 1 row: the second replica has none
 ]
+
+
+def _replicated(replicas: int = 2, optimizer=None):
+    """The MLP built in the scope of MirroredStrategy over ``replicas`` of
+    the 4 logical CPUs (the others hold the later stages), and the strategy."""
+    strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
+    with strategy.scope():
+        return _model(optimizer=optimizer), strategy
 
 
 @pytest.mark.parametrize("schedule", short_form.only(schedules.SCHEDULES, in_ci=("1f1b",)))
 @pytest.mark.parametrize("cuts,micro_batches,batch_size", REPLICATED,
                          ids=[f"2x{len(c) + 1}-m{m}-b{b}" for c, m, b in REPLICATED])
-def test_two_pipelines_equal_one_device(schedule, cuts, micro_batches, batch_size):
-    """Data parallelism across pipelines: each pipeline's stages on their
-    own devices, every gradient summed on its weight's device."""
+def test_a_pipeline_per_replica_equals_one_device(schedule, cuts, micro_batches, batch_size):
+    """Data x pipeline under MirroredStrategy: each replica runs its rows'
+    micro-batches through its own stages, each stage's weights and state
+    on that replica's device for it, every gradient summed over the
+    replica's micro-batches there and all-reduced once."""
     expected = _fit(_model(), batch_size)
     pipeline = tfdist.parallel.Pipeline(cuts=cuts, micro_batches=micro_batches,
-                                        schedule=schedule, replicas=2)
-    model = tfdist.attach(_model(), parallel=pipeline)
+                                        schedule=schedule)
+    model, strategy = _replicated()
+    model = tfdist.attach(model, strategy, parallel=pipeline)
     _assert_equal_to(expected, _fit(model, batch_size))
-    assert pipeline.ordering_edges >= 2 * (len(cuts) + 1)
-    graph = _traced_step_graph(pipeline, model)
-    # Every matrix product runs on its pipeline's stage device: pipeline r,
-    # stage s on device 2r + s; each pipeline runs its own micro-batches.
+    assert pipeline.ordering_edges >= len(cuts) + 1
+    # Replica r's stage s on CPU s * 2 + r: stage 0 on the replica's own device.
+    for layer, stage in (("h1", 0), ("h2", 0), ("h3", 1), ("out", 1)):
+        for weight in model.get_layer(layer).weights:
+            copies = [tf.DeviceSpec.from_string(c.device).device_index
+                      for c in weight.value.values]
+            assert copies == [2 * stage, 2 * stage + 1], (weight.path, copies)
+    moments = [v for v in model.optimizer.variables if "h3_kernel" in v.path]
+    assert [[c.device[-5:] for c in v.value.values] for v in moments] == [["CPU:2", "CPU:3"]] * 2
+    graph = _traced_replica_step(model, strategy, batch_size)
+    # Every matrix product runs on its replica's stage device: 2 Dense layers
+    # per stage, 3 products each per micro-batch.
     products = [tf.DeviceSpec.from_string(op.device).device_index
                 for op in graph.get_operations() if op.type == "MatMul"]
     per_device = [products.count(index) for index in range(4)]
-    assert per_device == [2 * 3 * micro_batches] * 4, per_device  # 2 Dense layers per stage
-    # Each weight's gradient is a running sum over the 2m micro-batches on
-    # the weight's own device (no detour; no op holds all m at once): 2m - 1
-    # additions for each of the 4 weights of each stage, and on the first
-    # stage one more: h1's kernel regularizer's gradient, added once.
+    assert per_device == [2 * 3 * micro_batches] * 4, per_device
+    # Each weight's gradient is a running sum over the replica's m micro-batches
+    # on the weight's copy's device: m - 1 additions for each of a stage's 4
+    # weights; on the first stage one more, h1's kernel regularizer's share.
     additions = [tf.DeviceSpec.from_string(op.device).device_index
                  for op in graph.get_operations()
                  if "micro_batch_gradient_sum" in op.name and op.type == "AddV2"]
-    per_stage = 4 * (2 * micro_batches - 1)
-    assert [additions.count(d) for d in range(4)] == [per_stage + 1, per_stage, 0, 0]
+    per_stage = 4 * (micro_batches - 1)
+    assert [additions.count(d) for d in range(4)] == [per_stage + 1] * 2 + [per_stage] * 2
+
+
+def test_a_pipeline_per_replica_reduces_each_gradient_once_and_reads_no_weight_elsewhere():
+    """What crosses devices in one traced step of 2 replicas x 2 stages,
+    against the same step without a pipeline. Collectives: per replica one
+    count (the global batch's examples) and the gradients, every element
+    once, packed by the strategy's all-reduce into one collective per
+    device the gradients are on (one per stage; one without a pipeline).
+    Between a replica's stages: each micro-batch's activations, their
+    gradients, its rows' mask, targets, sample weights and outputs (tensors
+    of the micro-batch's rows), scalars, and the later stage's summed gradients, to the
+    replica's device for the all-reduce and back; never a weight's value,
+    nothing between replicas but the collectives."""
+    micro_batches, rows = 4, 8
+    for layout in ("data", "data_x_pipeline"):
+        model, strategy = _replicated(optimizer=lambda: keras.optimizers.SGD(0.1))
+        pipeline = (tfdist.parallel.Pipeline(cuts=["h2"], micro_batches=micro_batches)
+                    if layout == "data_x_pipeline" else None)
+        model = tfdist.attach(model, strategy, parallel=pipeline)
+        _fit(model, batch_size=rows, epochs=1)
+        graph = _traced_replica_step(model, strategy, rows)
+        reductions = [op for op in graph.get_operations() if op.type.startswith("Collective")]
+        assert {op.type for op in reductions} == {"CollectiveReduceV2"}, reductions
+        parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        for replica in (0, 1):
+            sizes = [int(np.prod(op.inputs[0].shape)) for op in reductions
+                     if tf.DeviceSpec.from_string(op.device).device_index == replica]
+            gradients = [size for size in sizes if size > 2]
+            assert len(sizes) - len(gradients) == 1, (layout, sizes)  # (the count)
+            assert sum(gradients) == parameters, (layout, sizes)
+            assert len(gradients) == (2 if pipeline else 1), (layout, sizes)
+    crossings = device_traffic.crossings(graph)
+
+    def pair(crossing):
+        return (tf.DeviceSpec.from_string(crossing.source).device_index,
+                tf.DeviceSpec.from_string(crossing.destination).device_index)
+
+    # Replica r: CPU r and CPU 2 + r; between replicas only scalars (the
+    # optimizer's iteration count, which the strategy keeps on one device).
+    assert {pair(c) for c in crossings if c.shape} == {(0, 2), (2, 0), (1, 3), (3, 1)}, [
+        c for c in crossings if c.shape and pair(c) in {(0, 1), (1, 0)}]
+    later = {tuple(w.shape) for w in model.get_layer("h3").weights + model.get_layer(
+        "out").weights}
+    micro_rows = rows // micro_batches  # (no weight has a dimension of 2)
+    per_row = [c for c in crossings if c.shape and c.shape[0] == micro_rows]
+    # Per replica and micro-batch: the cut's activations and their gradient,
+    # the rows' mask, targets and sample weights to the loss on the last
+    # stage, its outputs back for the metrics.
+    assert len(per_row) == 2 * micro_batches * 6, per_row
+    static = [c for c in crossings if c.shape and c.shape[0] != micro_rows]
+    # The later stage's 4 gradients, to the replica's device and back, per replica.
+    assert sorted(c.shape for c in static) == sorted(
+        [shape for shape in later for _ in range(2 * 2)]), static
+    reads = [c for c in crossings if "ReadVariableOp" in c.tensor and c.shape]
+    assert not reads, reads  # (a weight's value; scalars: the learning rate, the iteration)
+
+
+def _traced_replica_step(model, strategy, rows: int) -> tf.Graph:
+    """The graph of the tfdist training step (each replica's, through
+    ``strategy.run``) on ``rows`` rows per replica, traced, not run (after
+    a ``fit``, which built the model's Trainer and optimizer)."""
+    from tfdist.training import keras_fit  # pylint: disable=import-outside-toplevel
+
+    steps = keras_fit.attachment_of(model).trainer()._steps  # pylint: disable=protected-access
+    x, y, w = ref.classification_arrays(rows)
+    batch = strategy.experimental_distribute_values_from_function(
+        lambda _: tfdist.Batch(tf.constant(x), tf.constant(y), tf.constant(w)).to_structure())
+    step = tf.function(lambda structure: strategy.run(steps.train, args=(structure,)))
+    return step.get_concrete_function(batch).graph
 
 
 @pytest.mark.parametrize("optimizer", UPDATE_FORMS, ids=lambda f: f.__name__[1:])
@@ -196,36 +283,6 @@ def test_each_stages_weights_state_and_ops_are_on_its_device():
     assert by_stage == [3 * 1 * 2, 3 * 2 * 2, 3 * 1 * 2], products
 
 
-def _stage_crossings(graph) -> list:
-    """The tensors a step sends from one stage's device to another's: each
-    tensor an op on one device reads from an op on another, once per
-    destination (the Send / Recv pairs TensorFlow inserts when it
-    partitions the graph). Where an op runs, as TensorFlow's placer
-    decides it: its device if it names one; else its resource's (a
-    variable's reads and updates run beside the variable); else the
-    step's default device, the first stage's."""
-    captured = {inner.name: outer.device for outer, inner in graph.captures}
-    placed = {}
-
-    def device_of(op):
-        if op.name not in placed:
-            resources = [t.op for t in op.inputs if t.dtype == tf.resource]
-            if not op.device and resources:
-                placed[op.name] = device_of(resources[0])
-            else:
-                device = op.device or captured.get(op.outputs[0].name if op.outputs else "", "")
-                placed[op.name] = tf.DeviceSpec.from_string(device).device_index or 0
-        return placed[op.name]
-
-    crossings = {}
-    for op in graph.get_operations():
-        for tensor in op.inputs:
-            destination = device_of(op)
-            if tensor.dtype != tf.resource and device_of(tensor.op) != destination:
-                crossings[(tensor.name, destination)] = tensor
-    return list(crossings.values())
-
-
 @pytest.mark.parametrize("optimizer", [None] + UPDATE_FORMS,
                          ids=lambda f: "adam" if f is None else f.__name__[1:])
 def test_only_each_cuts_activations_and_their_gradients_cross_stages(optimizer):
@@ -244,8 +301,9 @@ def test_only_each_cuts_activations_and_their_gradients_cross_stages(optimizer):
     pipeline = tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=micro_batches)
     model = tfdist.attach(_model(optimizer=optimizer), parallel=pipeline)  # (h1: L2)
     _fit(model, epochs=1)
-    crossings = _stage_crossings(_traced_step_graph(pipeline, model, update=True))
-    shapes = [(t.name, t.shape.as_list()) for t in crossings]
+    crossings = device_traffic.crossings(_traced_step_graph(pipeline, model, update=True),
+                                         default_device="/cpu:0")
+    shapes = [(c.tensor, list(c.shape)) for c in crossings]
     assert all(len(shape) == 0 or shape[0] == rows for _, shape in shapes), shapes
     weight_shapes = [w.shape for w in model.weights if len(w.shape) > 0]
     assert rows not in {shape[0] for shape in weight_shapes}  # (the test could tell them apart)
@@ -293,13 +351,16 @@ def test_what_a_pipeline_cannot_do_yet_is_refused_naming_it(make_strategy):
                       ).fit(x, y, verbose=0)
     with pytest.raises(ConfigurationError, match="must be a positive integer"):
         tfdist.parallel.Pipeline(cuts=["h1"], micro_batches=0)
+    with pytest.raises(ConfigurationError, match=r"Pipeline\(replicas=2\) is retired: .*"
+                                                 r"num_replicas=d\), parallel=Pipeline"):
+        tfdist.parallel.Pipeline(cuts=["h1"], micro_batches=2, replicas=2)
     strategy = make_strategy(2)
     with strategy.scope():
         replicated = _model()
-    with pytest.raises(ConfigurationError, match=r"for data parallelism across pipelines .*"
-                                                 r"give Pipeline\(\.\.\., replicas=d\)"):
+    with pytest.raises(ConfigurationError, match=r"2 replicas x 3 stages need 6 CPU devices, "
+                                                 r"4 beside .*configure_logical_cpus\(6\)"):
         tfdist.attach(replicated, strategy,
-                      parallel=tfdist.parallel.Pipeline(cuts=["h1"], micro_batches=2)
+                      parallel=tfdist.parallel.Pipeline(cuts=["h1", "h2"], micro_batches=2)
                       ).fit(x, y, verbose=0)
     with pytest.raises(ConfigurationError, match="with communication=.* is not built yet"):
         tfdist.Trainer(_model(), tf.distribute.get_strategy(),
@@ -340,9 +401,9 @@ def _penalized(outputs_of, loss, *, dtype="float32"):
     return model
 
 
-def test_an_own_compute_loss_under_two_pipelines_equals_one_device():
+def test_an_own_compute_loss_under_a_pipeline_per_replica_equals_one_device():
     """The override's value per micro-batch, weighted by its rows' share of
-    the whole batch (both pipelines'), sums to one device's loss."""
+    the whole batch (both replicas'), sums to one device's loss."""
     def build():
         return _penalized(lambda i: keras.layers.Dense(1, name="out")(
             keras.layers.Dense(6, "tanh", name="cut")(i)), "mse")
@@ -355,8 +416,12 @@ def test_an_own_compute_loss_under_two_pipelines_equals_one_device():
         return model.get_weights(), history, model.evaluate(x, y, batch_size=8, verbose=0)
 
     weights, history, evaluation = fit(build())
-    pipeline = tfdist.parallel.Pipeline(cuts=["cut"], micro_batches=3, replicas=2)
-    got_weights, got_history, got_evaluation = fit(tfdist.attach(build(), parallel=pipeline))
+    pipeline = tfdist.parallel.Pipeline(cuts=["cut"], micro_batches=3)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    with strategy.scope():
+        model = build()
+    got_weights, got_history, got_evaluation = fit(tfdist.attach(model, strategy,
+                                                                 parallel=pipeline))
     ref.assert_weight_lists_close(weights, got_weights)
     ref.assert_logs_close(history, got_history)
     np.testing.assert_allclose(got_evaluation, evaluation, rtol=1e-5)
@@ -532,11 +597,13 @@ def test_a_checkpoint_resumes_under_any_layout_and_saves_for_plain_keras(tmp_pat
     expected.fit(data, epochs=3, verbose=0)
     layouts = {"none": None,
                "pipeline": tfdist.parallel.Pipeline(cuts=["h1", "h3"], micro_batches=3),
-               "pipeline_2x2": tfdist.parallel.Pipeline(cuts=["h2"], micro_batches=2,
-                                                        replicas=2)}
+               "pipeline_2x2": tfdist.parallel.Pipeline(cuts=["h2"], micro_batches=2)}
     for layout, epochs in ((first, 1), (then, 3)):
-        model = _model()
-        tfdist.Trainer(model, tf.distribute.get_strategy(), parallel=layouts[layout],
+        strategy = (tfdist.make_strategy("mirrored", num_replicas=2)
+                    if layout == "pipeline_2x2" else tf.distribute.get_strategy())
+        with strategy.scope():
+            model = _model()
+        tfdist.Trainer(model, strategy, parallel=layouts[layout],
                        checkpointing=tfdist.CheckpointOptions(str(tmp_path / "ckpt"))).fit(
             data, epochs=epochs, verbose=0)
     ref.assert_weight_lists_close(expected.get_weights(), model.get_weights())

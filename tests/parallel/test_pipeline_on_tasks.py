@@ -21,27 +21,22 @@ from tests.support.launcher_harness import LauncherRun
 PROGRAM = ["python", "tests/programs/pipeline_on_tasks.py"]
 
 
-@pytest.mark.parametrize("workers,schedule,micro_batches,replicas", [
-    pytest.param(1, "1f1b", 4, 1, id="2tasks-1f1b-m4"),
-    pytest.param(2, "gpipe", 3, 1, id="3tasks-gpipe-m3", marks=pytest.mark.full_form),
-    pytest.param(3, "1f1b", 3, 2, id="2x2tasks-1f1b-m3", marks=pytest.mark.full_form),
-])  # (CI: the first, a minute less than the last; --full: all)
-def test_stages_on_other_processes_equal_one_device(tmp_path, workers, schedule, micro_batches,
-                                                    replicas):
-    """(The last: 2 pipelines of 2 stages on 4 processes, data parallel.)"""
+@pytest.mark.parametrize("workers,schedule,micro_batches", [
+    pytest.param(1, "1f1b", 4, id="2tasks-1f1b-m4"),
+    pytest.param(2, "gpipe", 3, id="3tasks-gpipe-m3", marks=pytest.mark.full_form),
+])  # (CI: the first; --full: both)
+def test_stages_on_other_processes_equal_one_device(tmp_path, workers, schedule, micro_batches):
     expected = in_process._fit(in_process._model())  # pylint: disable=protected-access
     args = [f"--output_dir={tmp_path / 'out'}", f"--schedule={schedule}",
-            f"--micro_batches={micro_batches}", f"--replicas={replicas}"]
+            f"--micro_batches={micro_batches}"]
     with LauncherRun([f"--num_workers={workers}", "--workers_serve"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     result = json.loads((tmp_path / "out" / "chief-0.json").read_text())
     in_process._assert_equal_to(expected, (  # pylint: disable=protected-access
         [np.asarray(w, np.float32) for w in result["weights"]], result["history"],
         result["evaluation"], np.asarray(result["predictions"], np.float32)))
-    # Each stage's weights live on its own task (the first pipeline's): the
-    # chief's, then each worker's.
-    stages = (workers + 1) // replicas
-    cuts = pipeline_on_tasks.CUTS[stages]
+    # Each stage's weights live on its own task: the chief's, then each worker's.
+    cuts = pipeline_on_tasks.CUTS[workers + 1]
     layers = ["h1", "h2", "h3", "out"]
     stage_of = {name: sum(layers.index(cut) < index for cut in cuts)
                 for index, name in enumerate(layers)}

@@ -20,10 +20,10 @@ def test_the_axes_are_keras_device_mesh_names_and_a_pipeline_fills_its_own():
     assert not WHOLE.cuts_batches
     two_stages = tfdist.parallel.Pipeline(cuts=["h1"], micro_batches=2)
     assert ModelPlan(two_stages).axes == {"data": 1, "pipeline": 2, "model": 1}
-    across = tfdist.parallel.Pipeline(cuts=["h1", "h2"], micro_batches=2, replicas=2)
-    assert ModelPlan(across).axes == {"data": 2, "pipeline": 3, "model": 1}
-    assert ModelPlan(across).cuts_batches
     strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    across = tfdist.parallel.Pipeline(cuts=["h1", "h2"], micro_batches=2)
+    assert ModelPlan(across, strategy).axes == {"data": 2, "pipeline": 3, "model": 1}
+    assert ModelPlan(across, strategy).cuts_batches
     assert ModelPlan(None, strategy).axes == {"data": 2, "pipeline": 1, "model": 1}
 
 
@@ -67,17 +67,33 @@ def test_a_pipelines_plumbing_is_no_longer_public_and_says_what_to_use():
         getattr(pipeline, "other")
 
 
-def test_a_pipeline_under_several_replicas_is_refused_before_the_model_is_built():
-    """The refusal comes at attach, also for a model Keras builds later."""
+def test_a_pipeline_per_replica_attaches_when_keras_builds_the_model():
+    """A model Keras builds on its first batch, under a strategy with 2
+    replicas: the plan places each replica's stage copies once tfdist has
+    built it, and it trains as one device."""
+    x = np.random.default_rng(0).random((12, 3)).astype("float32")
+    y = x @ np.ones((3, 2), "float32")
+
+    def build():
+        keras.utils.set_random_seed(2)
+        model = keras.Sequential([keras.layers.Dense(4, name="h1"), keras.layers.Dense(2)])
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    expected = build()
+    expected_history = expected.fit(x, y, batch_size=4, epochs=2, shuffle=False,
+                                    verbose=0).history
     strategy = tfdist.make_strategy("mirrored", num_replicas=2)
     with strategy.scope():
-        model = keras.Sequential([keras.layers.Dense(4, name="h1"), keras.layers.Dense(2)])
-        model.compile(optimizer="sgd", loss="mse")
+        model = build()
     assert not model.built
-    with pytest.raises(ConfigurationError, match=r"runs in one tf.distribute replica.*"
-                                                 r"Pipeline\(\.\.\., replicas=d\) and no strategy"):
-        tfdist.Trainer(model, strategy,
-                       parallel=tfdist.parallel.Pipeline(cuts=["h1"], micro_batches=2))
+    tfdist.attach(model, strategy, parallel=tfdist.parallel.Pipeline(cuts=["h1"],
+                                                                     micro_batches=2))
+    history = model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0).history
+    ref.assert_weight_lists_close(expected.get_weights(), model.get_weights())
+    ref.assert_logs_close(expected_history, history)
+    last = model.layers[-1].kernel.value.values
+    assert [c.device[-5:] for c in last] == ["CPU:2", "CPU:3"]
 
 
 def test_task_devices_is_exported_where_the_guide_calls_it():

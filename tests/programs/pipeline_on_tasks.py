@@ -27,8 +27,6 @@ def main():
     parser.add_argument("--schedule", default="1f1b")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--replicas", type=int, default=1,
-                        help="pipelines the tasks are split into (data parallelism)")
     parser.add_argument("--checkpoint_dir", default=None)
     parser.add_argument("--checkpoint_every_steps", type=int, default=None)
     parser.add_argument("--step_delay", type=float, default=0.0,
@@ -41,8 +39,8 @@ def main():
 
     model = test_pipeline._model()  # pylint: disable=protected-access
     pipeline = tfdist.parallel.Pipeline(
-        cuts=CUTS[len(devices) // args.replicas], micro_batches=args.micro_batches,
-        schedule=args.schedule, devices=devices, replicas=args.replicas)
+        cuts=CUTS[len(devices)], micro_batches=args.micro_batches, schedule=args.schedule,
+        devices=devices)
     model = tfdist.attach(model, parallel=pipeline, checkpointing=tfdist.CheckpointOptions(
         args.checkpoint_dir, every_steps=args.checkpoint_every_steps))
     import keras  # pylint: disable=import-outside-toplevel

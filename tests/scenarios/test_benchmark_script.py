@@ -144,6 +144,21 @@ def test_pipeline_benchmark_quick_measures_each_schedule_and_m(tmp_path):
 
 
 @pytest.mark.full_form
+def test_pipeline_traffic_benchmark_quick_sums_what_crosses_devices(tmp_path):
+    """scripts/pipeline_traffic_benchmark.py --quick: 2 replicas x 2 stages;
+    the later stage's gradients cross to the replica's device and back
+    (weights-sized bytes: twice the later stage's weights per replica), the
+    micro-batches' tensors cross, and every gradient is all-reduced."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "pipeline_traffic_benchmark.py")
+    rows = json.loads((tmp_path / "pipeline_traffic_benchmark.json").read_text())["rows"]
+    assert [(r["layout"], r["micro_batches"]) for r in rows] == [("strategy", 2)]
+    row = rows[0]
+    assert row["per_row_mb"] > 0 and row["weight_sized_mb"] > 0, row
+    assert abs(row["all_reduce_mb_per_replica"] - row["weights_mb"]) < 1e-3, row
+    assert "| strategy | 2 |" in (tmp_path / "pipeline_traffic_benchmark.md").read_text()
+
+
+@pytest.mark.full_form
 def test_pipeline_bubble_benchmark_quick_records_every_pass(tmp_path):
     """scripts/pipeline_bubble_benchmark.py --quick: each schedule in its
     own process; every step records each stage's forward and backward pass

@@ -70,10 +70,28 @@ def replica_share(share: tf.Tensor, num_replicas: int):
             _active["traces"] -= 1
 
 
+@contextlib.contextmanager
+def keras_losses_whole():
+    """Within the block (tfdist's own step, traced in one replica), Keras'
+    loss reductions do not divide by the replica count: tfdist weighs the
+    value by the rows' share itself (a pipeline's micro-batch through a
+    model's own ``compute_loss``, `tfdist.replica.own_compute_loss`)."""
+    install()
+    depth = getattr(_state, "whole_depth", 0)
+    _state.whole_depth = depth + 1
+    try:
+        yield
+    finally:
+        _state.whole_depth = depth
+
+
 def _by_share(original, operation):
     """``original`` outside a traced user step; inside, ``operation(value,
-    share)``, except inside ``compute_loss``, whose result is scaled whole."""
+    share)``, except inside ``compute_loss``, whose result is scaled whole;
+    within `keras_losses_whole`, the value as it is."""
     def by_share(value):
+        if getattr(_state, "whole_depth", 0):
+            return value
         share = current_share()
         if share is None:
             return original(value)

@@ -38,20 +38,28 @@ The order is enforced in the traced step; it never changes a value.
 ``devices`` may be this process's (logical CPUs, GPUs) or one per task
 of a cluster (`tfdist.parallel.cluster_stages`).
 
-**Data parallelism across pipelines** (``replicas=d``): the batch is split
-into d parts (as over replicas), each run as m micro-batches through its
-own pipeline of S devices, and all their gradients are summed on each
-stage's weights' device before one update: exact as one pipeline is.
+**Data parallelism across pipelines**: under a strategy with d replicas
+(``tfdist.attach(model, strategy, parallel=pipeline)``, the model built
+in ``strategy.scope()``) each replica runs its part of the batch through
+a pipeline of its own: replica r's stage s on its own device (stage 0 on
+the replica's device, the others on devices the strategy does not use),
+its copy of the stage's weights and optimizer state there. Each stage
+replica's gradient is summed over its micro-batches on that device and
+then all-reduced once per step by the strategy, as any replica's gradient
+is: the data axis of `tfdist.parallel.plan.ModelPlan`. Exact as one
+pipeline is. (``Pipeline(replicas=d)``, which ran d pipelines inside one
+replica reading every weight from the first pipeline's device once per
+micro-batch, is retired: its error says what to write.)
 
 A model that overrides only ``compute_loss`` keeps it: tfdist's step
 calls it on each micro-batch and weights its value by the micro-batch's
 rows (`tfdist.replica.own_compute_loss`, which says when that is one
 device's loss and refuses what is not).
 
-Not built yet, refused with a clear error: several tf.distribute replicas
-(use ``replicas=``), a model that overrides another step method
-(``train_step``, ``test_step``, ``compute_metrics``, ``metrics``). With ``jit_compile=True`` the
-step runs without XLA, with a warning (XLA cannot span devices).
+Not built yet, refused with a clear error: a ``communication=`` part, a
+model that overrides another step method (``train_step``, ``test_step``,
+``compute_metrics``, ``metrics``). With ``jit_compile=True`` the step
+runs without XLA, with a warning (XLA cannot span devices).
 """
 
 import contextlib
@@ -66,8 +74,9 @@ from tfdist._internal.keras import batch_statistics as keras_statistics
 from tfdist._internal.keras import compiled as keras_compiled
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
 from tfdist._internal.keras import weight_regularizers
+from tfdist._internal.tensorflow import distributed_variables
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import micro_batches, schedules, stage_updates
+from tfdist.parallel import micro_batches, schedules, stage_devices, stage_updates
 from tfdist.parallel.stage_units import StageUnits, StepTrace
 
 
@@ -91,21 +100,16 @@ class Pipeline:
         `tfdist.parallel.schedules.format_orders` prints). An order that
         would wait forever is refused, naming each stage's waiting pass.
       devices: one device per stage (default: S GPUs when there are, else
-        S logical CPUs, `tfdist.strategies.configure_logical_cpus`); with
-        ``replicas``, S per pipeline, the first pipeline's first.
-      replicas: d, the pipelines the batch is split over (data parallelism
-        across pipelines, d x S devices): each pipeline runs its rows'
-        micro-batches on its own devices. A stage's weights and optimizer
-        state live on the first pipeline's device for that stage; the other
-        pipelines read them from there, and every pipeline's gradients are
-        summed there (a reduce to the owner and a broadcast of the new
-        values, which is what an all-reduce between the stage replicas and
-        d identical updates compute).
+        S logical CPUs, `tfdist.strategies.configure_logical_cpus`); under a
+        strategy with d local replicas, S per replica, replica 0's first
+        (default: replica r's stage 0 on its own device, its other stages
+        on the next devices of that kind the strategy does not use).
+      replicas: retired (module doc): give a strategy with d replicas.
     """
 
     def __init__(self, cuts: Sequence[str], *, micro_batches: int,
                  schedule: Union[str, Sequence[str]] = "1f1b",
-                 devices: Optional[Sequence[str]] = None, replicas: int = 1):
+                 devices: Optional[Sequence[str]] = None, replicas: Optional[int] = None):
         if isinstance(cuts, str) or not all(isinstance(c, str) for c in cuts):
             raise ConfigurationError(
                 f"Pipeline: `cuts` ({cuts!r}) must be a list of layer names.")
@@ -116,16 +120,17 @@ class Pipeline:
             raise ConfigurationError(
                 f"Pipeline: `schedule` ({schedule!r}) must be one of {schedules.SCHEDULES}, "
                 "or an order: one line per stage, such as ['F0 F1 B0 B1', 'F0 B0 F1 B1'].")
-        if not isinstance(replicas, int) or replicas < 1:
+        if replicas is not None:
             raise ConfigurationError(
-                f"Pipeline: `replicas` ({replicas!r}) must be a positive integer.")
-        if devices is not None and len(devices) != (len(cuts) + 1) * replicas:
-            raise ConfigurationError(
-                f"Pipeline: {replicas} pipeline(s) of {len(cuts) + 1} stages need "
-                f"{(len(cuts) + 1) * replicas} devices; got {list(devices)}.")
+                f"Pipeline(replicas={replicas!r}) is retired: data parallelism across "
+                "pipelines is the strategy's replicas now. Build the model in "
+                "strategy.scope() of a strategy with d replicas and attach the pipeline "
+                "under it: tfdist.attach(model, tfdist.make_strategy('mirrored', "
+                "num_replicas=d), parallel=Pipeline(cuts=..., micro_batches=...)); each "
+                "replica runs its own pipeline, and each stage's gradients are all-reduced "
+                "once per step.")
         self.cuts = list(cuts)
         self.micro_batches = micro_batches
-        self.replicas = replicas
         self.devices = None if devices is None else list(devices)
         try:  # (an order that would wait forever: an error now, naming the stage and action)
             self._orders = schedules.orders_for(schedule, stages=self.stages,
@@ -153,29 +158,30 @@ class Pipeline:
         return len(self.cuts) + 1
 
     def __repr__(self) -> str:
-        replicas = f", replicas={self.replicas}" if self.replicas > 1 else ""
         return (f"Pipeline(cuts={self.cuts!r}, micro_batches={self.micro_batches}, "
-                f"schedule={self.schedule!r}{replicas})")
+                f"schedule={self.schedule!r})")
 
     # -- attaching -------------------------------------------------------
 
-    def _attach(self, model: keras.Model) -> None:
-        """Places each stage's weights on its device and wraps its layers
+    def _attach(self, model: keras.Model, strategy: Optional[tf.distribute.Strategy] = None
+                ) -> None:
+        """Places each stage's weights on its device (each replica's copy on
+        its replica's, under ``strategy``) and wraps its layers
         (`tfdist.parallel.plan.ModelPlan` calls it once the model is built)."""
         if self._units is not None:
             return
         stage_of = self._stage_of(model)
-        devices = self.devices or _default_devices(self.stages * self.replicas)
+        per_replica = stage_devices.per_replica(self.devices, self.stages, strategy)
         for layer in model.layers:
+            stage = stage_of[layer.name]
             for weight in layer.weights:
-                placed_weights.place(weight, devices[stage_of[layer.name]])
+                placed_weights.place_copies(
+                    weight, [devices[stage] for devices in per_replica], strategy)
         stage_updates.run_on_weight_devices(model.optimizer)
         stage_updates.constrain_on_weight_devices(model.trainable_weights)
         _warn_batch_statistics(model)
-        self.devices = devices
-        self._units = StageUnits(
-            [devices[r * self.stages:(r + 1) * self.stages] for r in range(self.replicas)],
-            stage_of)
+        self.devices = [device for devices in per_replica for device in devices]
+        self._units = StageUnits(per_replica, stage_of)
         self._units.wrap(model)
 
     def _stage_of(self, model) -> dict:
@@ -210,36 +216,38 @@ class Pipeline:
         ``compute_loss``, which decides itself whether it adds them)."""
         trace = StepTrace()
         results, sizes = [], []
+        replica = distributed_variables.local_replica()
         with (weight_regularizers.set_apart(model) if regularizers_apart
               else contextlib.nullcontext([])) as regularized:
-            for replica, rows in enumerate(micro_batches.cut(batch, self.replicas)):
-                last_stage = self._units.devices[replica][-1]
-                parts = micro_batches.cut(rows.batch(), self.micro_batches, rows=rows.rows)
-                for index, part in enumerate(parts):
-                    inputs = part.structure
-                    with tf.device(last_stage), self._units.micro_batch(trace, index, replica), \
-                            keras_statistics.statistics_over_real_rows(inputs["mask"]):
-                        result = forward_backward(
-                            model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
-                            inputs["mask"], global_examples, micro_batch=True)
-                    results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
-                    sizes.append(part.batch().real_examples())
-        self.ordering_edges = trace.order(self._orders, pipelines=self.replicas)
+            last_stage = self._units.devices[replica][-1]
+            for index, part in enumerate(micro_batches.cut(batch, self.micro_batches)):
+                inputs = part.structure
+                with tf.device(last_stage), self._units.micro_batch(trace, index, replica), \
+                        keras_statistics.statistics_over_real_rows(inputs["mask"]):
+                    result = forward_backward(
+                        model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
+                        inputs["mask"], global_examples, micro_batch=True)
+                results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
+                sizes.append(part.batch().real_examples())
+        self.ordering_edges = trace.order(self._orders, pipeline=replica)
+        # (each replica adds its rows' share of the weights' regularization
+        # gradient; the strategy's all-reduce sums the shares to one)
         regularization = weight_regularizers.on_weight_devices(
-            regularized, model.optimizer.scale_loss)
+            regularized, model.optimizer.scale_loss,
+            share=_replica_share(batch.real_examples(), global_examples))
         return (_summed_gradients([r.gradients for r in results], model.trainable_variables,
                                   regularization.gradients),
                 _summed_loss([r.loss for r in results], sizes, regularization.value),
                 _concatenated_outputs([r.y_pred for r in results]))
 
 
-def _default_devices(stages: int) -> List[str]:
-    from tfdist.strategies import local_devices  # pylint: disable=import-outside-toplevel
-
-    gpus = tf.config.list_logical_devices("GPU")
-    if len(gpus) >= stages:
-        return [device.name for device in gpus[:stages]]
-    return local_devices.configure_logical_cpus(stages)
+def _replica_share(local_examples, global_examples):
+    """This replica's share of the global batch, or None on one replica."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return None
+    return tf.math.divide_no_nan(tf.cast(local_examples, tf.float32),
+                                 tf.cast(global_examples, tf.float32))
 
 
 def _warn_batch_statistics(model) -> None:

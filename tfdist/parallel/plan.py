@@ -8,9 +8,10 @@ Trainer and the replica step never test for a pipeline.
 
 Its axes are named as Keras names a ``keras.distribution.DeviceMesh``'s:
 
-- ``"data"``: the replicas of the tf.distribute strategy (and, for now,
-  a pipeline's own ``Pipeline(replicas=d)``, which runs d pipelines in
-  one replica);
+- ``"data"``: the replicas of the tf.distribute strategy; with a
+  pipeline, each replica runs one of its own (a data x pipeline layout:
+  replica r's stage s on a device of its own, each stage's gradient
+  all-reduced over the replicas once per step);
 - ``"pipeline"``: the stages of ``parallel=tfdist.parallel.Pipeline(...)``;
 - ``"model"``: tensor parallelism, a weight split by Keras' ``LayoutMap``
   rules; 1 until it is built (the plan is where it joins: one more axis
@@ -72,9 +73,8 @@ class ModelPlan:
     def axes(self) -> Dict[str, int]:
         """Each axis' size (module doc): replicas, stages, model shards."""
         pipeline = self.pipeline
-        data = self._replicas * (pipeline.replicas if pipeline is not None else 1)
-        return {"data": data, "pipeline": pipeline.stages if pipeline is not None else 1,
-                "model": 1}
+        return {"data": self._replicas,
+                "pipeline": pipeline.stages if pipeline is not None else 1, "model": 1}
 
     @property
     def cuts_batches(self) -> bool:
@@ -118,18 +118,12 @@ class ModelPlan:
             raise ConfigurationError(
                 f"parallel={pipeline!r} with communication={communication!r} is not built "
                 "yet: a pipeline runs on one replica. Drop one of them.")
-        if strategy.num_replicas_in_sync != 1:
-            raise ConfigurationError(
-                f"{pipeline!r} runs in one tf.distribute replica; for data parallelism across "
-                f"pipelines (here {strategy.num_replicas_in_sync} replicas) give "
-                "Pipeline(..., replicas=d) and no strategy (tfdist.attach(model, "
-                "parallel=...)).")
         if static_shapes:
             raise ConfigurationError(
                 f"parallel={pipeline!r} is not built for static shapes (TPUStrategy, "
                 "static_shapes=True) yet: its micro-batches have the sizes the batch gives.")
         if model.built:
-            pipeline._attach(model)  # pylint: disable=protected-access
+            pipeline._attach(model, strategy)  # pylint: disable=protected-access
         else:
             self._waiting = (model, strategy)
 
@@ -151,7 +145,7 @@ class ModelPlan:
         model, strategy = self._waiting
         with strategy.scope():
             keras_model_state.build_layers(model, element_spec)
-        self.pipeline._attach(model)  # pylint: disable=protected-access
+        self.pipeline._attach(model, strategy)  # pylint: disable=protected-access
         self._waiting = None
 
     # -- the step ----------------------------------------------------------

@@ -23,7 +23,6 @@ memory, whatever the schedule). The order never changes a value.
 import contextlib
 import dataclasses
 import functools
-import itertools
 import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -31,6 +30,7 @@ import tensorflow as tf
 
 from tfdist._internal import graph_order
 from tfdist._internal.keras import layer_calls, layer_units
+from tfdist._internal.tensorflow import distributed_variables
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import schedules
 
@@ -56,9 +56,9 @@ class StepTrace:
         return self.passes.setdefault(
             (pipeline, stage, schedules.Action(kind, micro_batch)), _Pass())
 
-    def order(self, orders: Sequence[Sequence[schedules.Action]], pipelines: int = 1) -> int:
-        """Makes each stage of each of ``pipelines`` run its passes in
-        ``orders`` (one list per stage): each pass starts after the
+    def order(self, orders: Sequence[Sequence[schedules.Action]], pipeline: int = 0) -> int:
+        """Makes each stage of ``pipeline`` (this replica's) run its passes
+        in ``orders`` (one list per stage): each pass starts after the
         stage's previous pass ended. Returns the ordering edges added.
 
         An edge that would close a cycle, or that TensorFlow's order of
@@ -67,7 +67,7 @@ class StepTrace:
         passes at once.
         """
         added = 0
-        for pipeline, (stage, order) in itertools.product(range(pipelines), enumerate(orders)):
+        for stage, order in enumerate(orders):
             previous = None
             for action in order:
                 current = self.passes.get((pipeline, stage, action))
@@ -86,8 +86,8 @@ class StepTrace:
 class StageUnits:
     """Wraps the ``call`` of each of ``model``'s top-level layers to run on
     ``devices[pipeline][stage_of[layer name]]`` (module doc): ``devices``
-    has one list of stage devices per pipeline; outside a pipelined
-    training step (evaluation, prediction) the first pipeline's run."""
+    has one list of stage devices per local replica; each replica's calls
+    run on its own pipeline's (evaluation and prediction too)."""
 
     def __init__(self, devices: Sequence[Sequence[str]], stage_of: Dict[str, int]):
         self.devices = [list(stages) for stages in devices]
@@ -117,7 +117,7 @@ class StageUnits:
         pass of a pipelined step when inside one (`micro_batch`)."""
         def call(*args, **kwargs):
             site = getattr(_THREAD, "site", None)
-            pipeline = 0 if site is None else site[2]
+            pipeline = distributed_variables.local_replica() if site is None else site[2]
             device = self.devices[pipeline][stage]
             with tf.device(device):
                 if site is None or tf.executing_eagerly():

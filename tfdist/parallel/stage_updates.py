@@ -69,16 +69,16 @@ def constrain_on_weight_devices(weights) -> None:
     """Makes each weight's constraint (``kernel_constraint=...``, which
     Keras' ``apply`` runs after the update, where the step runs) compute
     under the weight's device: ``Variable.constraint`` becomes the same
-    constraint, placed."""
+    constraint, placed (under a strategy, on the device of the copy the
+    replica updates: read when it runs)."""
     for weight in weights:
         layer_units.replace_constraint(
-            weight, functools.partial(_placed, device=placed_weights.device_of(weight)),
-            policy="stage")
+            weight, functools.partial(_placed, weight=weight), policy="stage")
 
 
-def _placed(constraint: Callable, device: str) -> Callable:
+def _placed(constraint: Callable, weight) -> Callable:
     def constrain(value):
-        with tf.device(device):
+        with tf.device(placed_weights.device_of(weight)):
             return constraint(value)
 
     return constrain

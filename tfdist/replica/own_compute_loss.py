@@ -7,6 +7,10 @@ written under a pipeline: each micro-batch's ``compute_loss`` value is
 weighted by the micro-batch's share of the batch, ``n_mb / G`` (0 for an
 empty micro-batch), and the weighted values add up to the batch's loss.
 
+Under a strategy with several replicas (a pipeline per replica) Keras'
+reductions inside the override are not divided by the replica count, as
+Keras does for its own step: the rows' share already weighs the value.
+
 That equals one device when the override's value is a mean over the rows
 it is given: Keras' compiled losses with reduction ``"sum_over_batch_size"``
 or ``"mean"``, regularizers and ``add_loss`` terms (which Keras adds inside
@@ -35,6 +39,7 @@ computed within each micro-batch.
 
 import tensorflow as tf
 
+from tfdist._internal import replica_share
 from tfdist._internal.keras import compiled as keras_compiled
 from tfdist.errors import ConfigurationError
 from tfdist.replica.losses import LossParts
@@ -75,8 +80,9 @@ def loss_parts(model, x, y, y_pred, sample_weight, *, rows, global_examples,
     (0 for an empty micro-batch), whole in ``data_share`` (the override's
     value already holds Keras' regularization losses)."""
     check(model, y_pred)
-    loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                              training=training)
+    with replica_share.keras_losses_whole():  # (not divided by the replica count: weighed here)
+        loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                  training=training)
     share = tf.math.divide_no_nan(tf.cast(rows, tf.float32),
                                   tf.cast(global_examples, tf.float32))
     return LossParts(tf.math.multiply_no_nan(tf.cast(loss, tf.float32), share), [],

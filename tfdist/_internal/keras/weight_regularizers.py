@@ -48,15 +48,19 @@ def set_apart(model) -> Iterator[List[Tuple[object, Callable]]]:
             weight.regularizer = regularizer
 
 
-def on_weight_devices(pairs, scale_loss: Callable) -> WeightRegularization:
+def on_weight_devices(pairs, scale_loss: Callable, share=None) -> WeightRegularization:
     """Each pair's term, and its gradient (of ``scale_loss(term)``, as the
-    optimizer's loss scaling wants), computed under its weight's device."""
+    optimizer's loss scaling wants), computed under its weight's device;
+    with ``share`` (a replica's share of the global batch) the gradients
+    are that share of it, so the replicas' sum is one (the value stays
+    whole: the metrics weigh it by the replica's rows)."""
     values, gradients = [], {}
     for weight, regularizer in pairs:
         with tf.device(placed_weights.device_of(weight)):
             with tf.GradientTape() as tape:
                 value = tf.cast(regularizer(weight), tf.float32)
                 scaled = scale_loss(value)
-            gradients[id(weight)] = tape.gradient(scaled, weight)
+            gradient = tape.gradient(scaled, weight)
+            gradients[id(weight)] = gradient if share is None else gradient * share
         values.append(value)
     return WeightRegularization(tf.add_n(values) if values else tf.constant(0.0), gradients)

@@ -1,0 +1,36 @@
+"""What tfdist relies on in TensorFlow's internals, each pinned here
+(`tfdist._internal.tensorflow`): a TensorFlow upgrade that moves one fails
+here first, naming the function to update."""
+
+import tensorflow as tf
+
+from tfdist._internal.tensorflow import distributed_variables
+
+
+def test_mirrored_on_puts_each_replicas_copy_on_the_device_given():
+    """``distributed_variables.mirrored_on``: MirroredStrategy reads the
+    devices of the variable to colocate with from its ``_devices``; a
+    variable made in the block is the strategy's mirrored variable, copy r
+    on device r, read by replica r and updated on its own device."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope(), distributed_variables.mirrored_on(strategy, ["/cpu:2", "/cpu:3"]):
+        variable = tf.Variable([1.0, 2.0])
+    assert distributed_variables.is_distributed(variable)
+    copies = distributed_variables.local_copies(variable)
+    assert [tf.DeviceSpec.from_string(c.device).device_index for c in copies] == [2, 3]
+
+    @tf.function
+    def step():
+        def replica():
+            index = distributed_variables.local_replica()
+            variable.assign_add(tf.fill([2], float(index + 1)))  # (replica r: its copy)
+            return tf.identity(variable.read_value()) * 0 + float(index)
+        return strategy.run(replica)
+
+    seen = strategy.experimental_local_results(step())
+    assert [float(v[0]) for v in seen] == [0.0, 1.0]  # (each replica knew its index)
+    assert [c.numpy().tolist() for c in copies] == [[2.0, 3.0], [3.0, 4.0]]
+
+
+def test_outside_a_replica_the_local_replica_is_the_first():
+    assert distributed_variables.local_replica() == 0
