@@ -50,6 +50,7 @@ def _assert_reported_last_epoch(run, expected_history):
     assert run["checkpoint"], "the last report's checkpoint is Ray's result checkpoint"
 
 
+@pytest.mark.full_form  # (CI runs Spark's engine end to end; Ray's in the full form)
 def test_two_ray_workers_killed_and_restarted_by_ray_equal_one_device(ray_runs, keras_reference):
     (run,), log = ray_runs
     expected_model, expected_history = keras_reference

@@ -14,6 +14,7 @@ import signal
 
 import numpy as np
 import psutil
+import pytest
 
 from tests.support.launcher_harness import LauncherRun
 
@@ -42,6 +43,7 @@ def test_the_evaluator_evaluates_every_checkpoint_as_training_validated_it(tmp_p
     assert list((tmp_path / "ckpt" / "logs" / "evaluator").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.full_form  # (CI: the evaluator's checkpoints, above)
 def test_a_stopped_evaluator_holds_nothing_up(tmp_path):
     args = ["--num_workers=2", "--evaluator", "--evaluator_timeout=2", "--hang_timeout=2"]
     with LauncherRun(args, _command(tmp_path)) as run:

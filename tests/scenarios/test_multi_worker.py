@@ -43,7 +43,8 @@ def _assert_equals_reference(result, keras_reference, check_history=True):
     ref.assert_logs_close(evaluation, result["evaluate"])
 
 
-@pytest.mark.parametrize("replicas_per_worker, async_checkpoint", [(2, False), (1, True)])
+@pytest.mark.parametrize("replicas_per_worker, async_checkpoint", [
+    (2, False), pytest.param(1, True, marks=pytest.mark.full_form)])  # (CI: the first)
 def test_workers_train_like_one_device(tmp_path, keras_reference, replicas_per_worker,
                                        async_checkpoint, monkeypatch):
     """(1 replica per worker, synchronous saves: the attach test.) With

@@ -189,6 +189,7 @@ def test_sigterm_to_the_coordinator_saves_and_the_restarted_run_resumes_exactly(
     _assert_weights_equal_reference(result, keras_reference)
 
 
+@pytest.mark.full_form  # (CI: a stopped worker under MultiWorkerMirrored, test_reliability)
 def test_a_worker_stopped_forever_is_replaced_and_training_completes(tmp_path):
     """Issue 10, point 6: a worker SIGSTOPped and never continued does not
     stall the coordinator: after --hang_timeout the launcher kills it and
@@ -257,6 +258,7 @@ def test_parameter_server_program_runs_on_a_local_cluster(tmp_path, synthetic_da
     assert (tmp_path / "model" / "checkpoint").exists()
 
 
+@pytest.mark.full_form
 def test_without_the_launcher_a_lost_ps_is_a_clear_error_on_the_chief(tmp_path):
     """Real hosts have no launcher: the chief itself must end, naming the ps."""
     ports = tfdist.launch.ports.free_ports(3)

@@ -128,6 +128,7 @@ def test_parameter_server_tutorial_fit_and_custom_loop_equal_one_device(tmp_path
     assert "[chief-0] Final loss is" in run.output
 
 
+@pytest.mark.full_form  # (CI: the tutorial's fit and loop against one device)
 def test_parameter_server_tutorial_on_two_workers_trains_every_step_and_evaluates_each_example_once(
         tmp_path):
     # Two workers train asynchronously (no one-device result to equal); what
@@ -144,6 +145,7 @@ def test_parameter_server_tutorial_on_two_workers_trains_every_step_and_evaluate
     assert "[chief-0] Final loss is" in run.output
 
 
+@pytest.mark.full_form
 def test_parameter_server_loop_docstring_example_runs_on_two_workers(tmp_path):
     """`ParameterServerLoop`'s example (marked +SKIP for doctest, which has
     no cluster) run as the chief program of 2 workers and 1 ps."""
