@@ -48,6 +48,28 @@ def test_stages_on_other_processes_equal_one_device(tmp_path, workers, schedule,
         assert device == wanted, (path, device, wanted)
 
 
+def test_a_pipeline_per_worker_equals_one_device(tmp_path):
+    """Data x pipeline on 2 processes: MultiWorkerMirroredStrategy with one
+    replica per worker (real TF_CONFIGs from ``tfdist-run``), each worker's
+    pipeline over its own 2 logical CPUs; every worker ends at one device's
+    weights and history, each stage's copy on its worker's device for it."""
+    expected = in_process._fit(in_process._model())  # pylint: disable=protected-access
+    program = ["python", "tests/programs/pipeline_per_worker.py",
+               f"--output_dir={tmp_path / 'out'}"]
+    with LauncherRun(["--num_workers=2"], program) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for task in (0, 1):
+        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
+        ref.assert_weight_lists_close(expected[0],
+                                      [np.asarray(w, np.float32) for w in result["weights"]])
+        ref.assert_logs_close(expected[1], result["history"])
+        np.testing.assert_allclose(result["evaluation"], expected[2], rtol=1e-5)
+        for path, copies in result["copies"].items():
+            stage = 0 if path.split("/")[0] in ("h1", "h2") else 1
+            assert [c.split("/device:")[1] for c in copies] == [f"CPU:{stage}"], (path, copies)
+            assert all(f"/task:{task}/" in c for c in copies), (path, copies)
+
+
 @pytest.mark.parametrize("interruption", [
     "SIGKILL", pytest.param("SIGSTOP", marks=pytest.mark.full_form)])
 def test_an_interrupted_stage_restarts_from_the_checkpoint_and_ends_equal_to_one_device(

@@ -8,7 +8,8 @@ Trainer and the replica step never test for a pipeline.
 
 Its axes are named as Keras names a ``keras.distribution.DeviceMesh``'s:
 
-- ``"data"``: the replicas of the tf.distribute strategy; with a
+- ``"data"``: the replicas of the tf.distribute strategy (MirroredStrategy
+  in one process, MultiWorkerMirroredStrategy over workers); with a
   pipeline, each replica runs one of its own (a data x pipeline layout:
   replica r's stage s on a device of its own, each stage's gradient
   all-reduced over the replicas once per step);

@@ -7,7 +7,8 @@ strategy with d local replicas each replica has a pipeline of its own:
 given, ``devices`` lists S per replica, replica 0's first; by default
 replica r's stage 0 runs on the replica's own device (where its batch
 arrives) and its other stages on the next devices of the same kind the
-strategy does not use, replica after replica:
+strategy does not use, replica after replica (a MultiWorkerMirroredStrategy
+worker's on its own devices: each worker a pipeline of its own):
 
 >>> per_replica(None, 2, None)          # (no strategy: 2 logical CPUs)
 [['/cpu:0', '/cpu:1']]
@@ -37,14 +38,16 @@ def per_replica(devices: Optional[Sequence[str]], stages: int,
                 f"Pipeline: {count} pipeline(s) of {stages} stages need {stages * count} "
                 f"devices (one per stage for each local replica); got {devices}.")
         return [devices[r * stages:(r + 1) * stages] for r in range(count)]
-    if len(replica_devices) <= 1:
+    if not replica_devices:
         return [_default_devices(stages)]
     return _beside_replicas(replica_devices, stages)
 
 
 def _replica_devices(strategy) -> List[str]:
-    """The local replicas' devices of a strategy with several copies of a
-    variable (mirrored ones); [] for one replica without a strategy."""
+    """The local replicas' devices of a strategy with several replicas (in
+    this process or over workers: a MultiWorkerMirroredStrategy worker with
+    one local replica gives its device, with its job and task); [] for one
+    replica in all."""
     if strategy is None or strategy.num_replicas_in_sync == 1:
         return []
     return list(strategy.extended.worker_devices)
