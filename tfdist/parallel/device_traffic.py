@@ -87,12 +87,8 @@ def crossings(graph, default_device: Optional[str] = None) -> List[Crossing]:
                 continue
             seen.add(key)
             shape = tuple(tensor.shape.as_list()) if tensor.shape.rank is not None else None
-            size = None
-            if shape is not None and None not in shape:
-                elements = 1
-                for dimension in shape:
-                    elements *= dimension
-                size = elements * tensor.dtype.size
+            elements = tensor.shape.num_elements()  # (None unless the shape is static)
+            size = None if elements is None else elements * tensor.dtype.size
             found.append(Crossing(tensor.name, source, destination, shape,
                                   tensor.dtype.name, size))
     return found
