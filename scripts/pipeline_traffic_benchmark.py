@@ -18,6 +18,13 @@ process, which traces the Trainer's replica step on a batch of
 - ``all-reduce MB``: what the strategy's collectives reduce per replica
   (each replica sends and receives about this much in a ring).
 
+``--layout=fully_sharded`` adds ``communication=FullySharded()``: each
+stage's weights, gradients and optimizer state sharded over the 2
+replicas (gathered once per step on the stage's devices, the summed
+gradient reduce-scattered once). Every layout also reports the largest
+``weights + state MB`` any one device keeps (``--optimizer=adam``: two
+moments per weight) and what the gathers and reduce-scatters send.
+
 ``--layout=replicas`` measures ``Pipeline(replicas=2)`` instead (2
 pipelines inside one replica, every later pipeline reading each weight
 from the first pipeline's device per micro-batch), which tfdist
@@ -41,9 +48,10 @@ flags.DEFINE_integer("width", 512, "Units per hidden layer.")
 flags.DEFINE_integer("layers", 4, "Hidden layers (even: 2 stages).")
 flags.DEFINE_integer("micro_batch_rows", 32, "Rows per micro-batch.")
 flags.DEFINE_list("micro_batches", ["2", "4", "8"], "Micro-batch counts m.")
-flags.DEFINE_enum("layout", "strategy", ["strategy", "replicas"],
-                  "strategy: MirroredStrategy(2), a pipeline per replica; replicas: the "
-                  "retired Pipeline(replicas=2).")
+flags.DEFINE_enum("layout", "strategy", ["strategy", "fully_sharded", "replicas"],
+                  "strategy: MirroredStrategy(2), a pipeline per replica; fully_sharded: "
+                  "the same with FullySharded(); replicas: the retired Pipeline(replicas=2).")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"], "The optimizer (its state per device).")
 flags.DEFINE_integer("run_of", None, "(internal) measure one m in this process.")
 FLAGS = flags.FLAGS
 FEATURES = 8
@@ -62,27 +70,32 @@ def measure_one(micro_batches: int) -> dict:
 
     width = 32 if FLAGS.quick else FLAGS.width
     layers, rows = FLAGS.layers, FLAGS.micro_batch_rows
+    replicated = FLAGS.layout != "replicas"
     strategy = (tfdist.make_strategy("mirrored", num_replicas=2)
-                if FLAGS.layout == "strategy" else tf.distribute.get_strategy())
+                if replicated else tf.distribute.get_strategy())
     with strategy.scope():
         keras.utils.set_random_seed(1)
         hidden = [keras.layers.Dense(width, "tanh", name=f"hidden{i}") for i in range(layers)]
         model = keras.Sequential([keras.Input((FEATURES,))] + hidden
                                  + [keras.layers.Dense(1, name="out")])
-        model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
-    options = {} if FLAGS.layout == "strategy" else {"replicas": 2}
+        optimizer = (keras.optimizers.SGD(0.01) if FLAGS.optimizer == "sgd"
+                     else keras.optimizers.Adam(0.001))
+        model.compile(optimizer=optimizer, loss="mse")
+    options = {} if replicated else {"replicas": 2}
     pipeline = tfdist.parallel.Pipeline(cuts=[f"hidden{layers // 2 - 1}"],
                                         micro_batches=micro_batches, **options)
-    trainer = Trainer(model, strategy, parallel=pipeline)
+    communication = (tfdist.communication.FullySharded() if FLAGS.layout == "fully_sharded"
+                     else None)
+    trainer = Trainer(model, strategy, parallel=pipeline, communication=communication)
     per_replica = rows * micro_batches
     global_batch = 2 * per_replica
     x = np.random.default_rng(0).random((global_batch, FEATURES), "float32")
     y = x.sum(axis=1, keepdims=True)
     trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch), epochs=1,
                 verbose=0)
-    traced_rows = per_replica if FLAGS.layout == "strategy" else global_batch
+    traced_rows = per_replica if replicated else global_batch
     batch = tfdist.Batch(tf.constant(x[:traced_rows]), tf.constant(y[:traced_rows]))
-    if FLAGS.layout == "strategy":
+    if replicated:
         batch = strategy.experimental_distribute_values_from_function(
             lambda _: batch.to_structure())
     else:
@@ -95,12 +108,34 @@ def measure_one(micro_batches: int) -> dict:
     other = [c for c in crossings if c not in per_row and c.bytes]
     reduced = sum(int(np.prod(op.inputs[0].shape)) * op.inputs[0].dtype.size
                   for op in graph.get_operations() if op.type == "CollectiveReduceV2")
+    def sent(kind):  # (per replica: each sends its input once)
+        return sum(int(np.prod(op.inputs[0].shape)) * op.inputs[0].dtype.size
+                   for op in graph.get_operations() if op.type == kind) / 2
+
     weights = sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights)
-    return {"layout": FLAGS.layout, "micro_batches": micro_batches,
-            "weights_mb": weights / 2**20,
+    return {"layout": FLAGS.layout, "optimizer": FLAGS.optimizer,
+            "micro_batches": micro_batches, "weights_mb": weights / 2**20,
+            "most_kept_on_a_device_mb": max(_kept_by_device(
+                model.weights + model.optimizer.variables).values()) / 2**20,
+            "gathered_mb_per_replica": sent("CollectiveGatherV2") / 2**20,
+            "reduce_scattered_mb_per_replica": sent("CollectiveAllToAllV2") / 2**20,
             "weight_sized_mb": sum(c.bytes for c in other) / 2**20,
             "per_row_mb": sum(c.bytes or 0 for c in per_row) / 2**20,
             "all_reduce_mb_per_replica": reduced / 2 / 2**20}
+
+
+def _kept_by_device(variables) -> dict:
+    """Bytes of ``variables`` (Keras variables; every replica's copy or
+    slice) that each device keeps."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    kept = {}
+    for variable in variables:
+        value = variable.value
+        for copy in getattr(value, "values", [value]):
+            size = int(np.prod(copy.shape)) * copy.dtype.size
+            kept[copy.device] = kept.get(copy.device, 0) + size
+    return kept
 
 
 def main(argv) -> int:
@@ -114,14 +149,18 @@ def main(argv) -> int:
         command = [sys.executable, __file__, f"--run_of={micro_batches}",
                    f"--quick={FLAGS.quick}", f"--width={FLAGS.width}",
                    f"--layers={FLAGS.layers}", f"--micro_batch_rows={FLAGS.micro_batch_rows}",
-                   f"--layout={FLAGS.layout}"]
+                   f"--layout={FLAGS.layout}", f"--optimizer={FLAGS.optimizer}"]
         rows.append(measure.row_in_fresh_process(command))
         print(rows[-1], flush=True)
-    lines = ["| layout | m | weights MB | weight-sized MB between devices | per-row MB | "
-             "all-reduce MB per replica |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['layout']} | {r['micro_batches']} | {r['weights_mb']:.2f} | "
+    lines = ["| layout | optimizer | m | weights MB | most weights + state MB on a device | "
+             "weight-sized MB between devices | per-row MB | all-reduce MB per replica | "
+             "gathered MB per replica | reduce-scattered MB per replica |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['layout']} | {r['optimizer']} | {r['micro_batches']} | "
+              f"{r['weights_mb']:.2f} | {r['most_kept_on_a_device_mb']:.2f} | "
               f"{r['weight_sized_mb']:.2f} | {r['per_row_mb']:.2f} | "
-              f"{r['all_reduce_mb_per_replica']:.2f} |" for r in rows]
+              f"{r['all_reduce_mb_per_replica']:.2f} | {r['gathered_mb_per_replica']:.2f} | "
+              f"{r['reduce_scattered_mb_per_replica']:.2f} |" for r in rows]
     table = "\n".join(lines) + "\n"
     outputs.write_results(FLAGS.output_dir, "pipeline_traffic_benchmark", {"rows": rows}, table)
     print(table)

@@ -47,6 +47,35 @@ def test_fit_evaluate_and_predict_equal_one_device_keras(optimizer, replicas):
                                model.predict(inputs, verbose=0), atol=1e-6)
 
 
+@pytest.mark.parametrize("reshard", [True, False])
+def test_a_weight_constraint_constrains_the_whole_weight_as_one_device(reshard):
+    """A max-norm constraint (a norm over a kernel's columns, not elementwise)
+    after each update: each replica gathers the updated kernel, constrains it
+    whole and keeps its slice, as one device does (it once waited forever:
+    each replica wrote every replica's slice)."""
+    def build():
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential([
+            keras.Input((ref.NUM_FEATURES,)),
+            keras.layers.Dense(8, "tanh", kernel_constraint=keras.constraints.MaxNorm(0.4)),
+            keras.layers.Dense(ref.NUM_CLASSES, "softmax",
+                               bias_constraint=keras.constraints.NonNeg())])
+        return ref.compile_model(model, "adam")
+
+    dataset = ref.global_batches(EXAMPLES, BATCH)
+    expected = build()
+    expected_history = expected.fit(dataset, epochs=2, verbose=0).history
+    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
+    with strategy.scope():
+        model = build()
+    model = tfdist.attach(model, strategy,
+                          communication=FullySharded(reshard_after_forward=reshard))
+    history = model.fit(dataset, epochs=2, verbose=0).history
+    ref.assert_weight_lists_close(expected.get_weights(), model.get_weights())
+    ref.assert_logs_close(expected_history, history)
+    assert np.linalg.norm(model.get_weights()[0], axis=0).max() <= 0.4 + 1e-6
+
+
 def test_the_trainer_equals_one_device_keras():
     dataset = ref.global_batches(EXAMPLES, BATCH)
     expected, expected_history = ref.keras_fit(dataset, 2, "adam")

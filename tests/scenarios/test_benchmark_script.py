@@ -155,7 +155,7 @@ def test_pipeline_traffic_benchmark_quick_sums_what_crosses_devices(tmp_path):
     row = rows[0]
     assert row["per_row_mb"] > 0 and row["weight_sized_mb"] > 0, row
     assert abs(row["all_reduce_mb_per_replica"] - row["weights_mb"]) < 1e-3, row
-    assert "| strategy | 2 |" in (tmp_path / "pipeline_traffic_benchmark.md").read_text()
+    assert "| strategy | sgd | 2 |" in (tmp_path / "pipeline_traffic_benchmark.md").read_text()
 
 
 @pytest.mark.full_form

@@ -70,6 +70,12 @@ What runs and what is refused (a `ConfigurationError` saying why):
   accumulator (`tfdist.replica.accumulation`) keeps each replica's slice
   of the gradient sums (1/N of the weights' bytes), saved whole in
   checkpoints, and applies them every k-th micro-batch.
+- Weight constraints (``kernel_constraint=MaxNorm(...)``): each replica
+  gathers the updated weight, constrains it whole, as one device does, and
+  keeps its slice.
+- Within a pipeline's stages (``parallel=tfdist.parallel.Pipeline(...)``,
+  data x pipeline x fully sharded): each stage's slices on its devices,
+  gathered once per step (`tfdist.parallel.pipeline`).
 - Not built yet, refused: weights of more than one dtype;
   ParameterServerStrategy, TPUStrategy and LocalSGD as for
   `ShardedOptimizerState`.
@@ -85,13 +91,17 @@ What runs and what is refused (a `ConfigurationError` saying why):
 """
 
 import types
+import warnings
 import weakref
+from typing import Optional
 
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share, sparse_gradients, step_graph
 from tfdist._internal.keras import optimizer as keras_optimizer, sliced_weights
+from tfdist._internal.tensorflow import distributed_variables
 from tfdist.communication import compression, gather_units, sharded_checkpoints
+from tfdist.communication.step_gathers import StepWeights
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.sharding import ShardedOptimizerState
 from tfdist.errors import ConfigurationError
@@ -105,7 +115,7 @@ class FullySharded(ShardedOptimizerState):
 
     shards_weights = True
 
-    def __init__(self, *, reshard_after_forward: bool = True, prefetch: bool = True):
+    def __init__(self, *, reshard_after_forward: Optional[bool] = None, prefetch: bool = True):
         """
         Args:
           reshard_after_forward: free each layer's gathered weights after
@@ -114,14 +124,18 @@ class FullySharded(ShardedOptimizerState):
             of the same name; `tfdist.communication.gather_units`). False:
             the gathered weights stay alive until the backward pass has
             used them (no second forward pass; the whole model's weights
-            are alive at once during a step).
+            are alive at once during a step). None (the default): True,
+            except within a pipeline's stages, which gather each stage's
+            weights once per step for all its micro-batches (an explicit
+            True there warns that it does not apply).
           prefetch: with ``reshard_after_forward``, gather the next layer's
             weights while this one computes (at most two layers' gathered
             weights alive at once); False: one layer at a time, each
             gather waiting for the layer before it.
         """
         super().__init__()
-        self.reshard_after_forward = bool(reshard_after_forward)
+        self.reshard_after_forward = (True if reshard_after_forward is None
+                                      else bool(reshard_after_forward))
         self.prefetch = bool(prefetch)
         self._strategy = None
         self._units = None
@@ -129,6 +143,9 @@ class FullySharded(ShardedOptimizerState):
         # Per traced graph: each (replica, weight)'s gathered weight, until
         # the update (Keras' ops read a variable once per TensorFlow op).
         self._gathered = weakref.WeakKeyDictionary()
+        self._reshard_asked = reshard_after_forward is not None
+        self._per_step = False  # (`_gather_once_per_step`: within a pipeline's stages)
+        self._step_weights = weakref.WeakKeyDictionary()  # graph -> {replica: StepWeights}
 
     def __repr__(self) -> str:
         options = []
@@ -153,7 +170,7 @@ class FullySharded(ShardedOptimizerState):
         # accumulated in slices)
         gradients.clip_slices_in_apply(model.optimizer)
         accumulation.sums_in_slices(model.optimizer, self._accumulation_sums)
-        if self.reshard_after_forward:
+        if self.reshard_after_forward and not self._per_step:
             self._units = gather_units.GatherUnits(
                 in_replica_step=self._replica_step_being_traced, prefetch=self.prefetch)
             self._units.wrap(model)
@@ -172,7 +189,7 @@ class FullySharded(ShardedOptimizerState):
         for index, variable in enumerate(variables):
             whole = variable.numpy()
             old = sliced_weights.storage(variable)
-            with strategy.scope():
+            with strategy.scope(), distributed_variables.on_devices_of(strategy, old):
                 storage = tf.Variable(tf.zeros([self._layout.slice_sizes[index]], variable.dtype),
                                       trainable=True, name=old.name.split(":")[0])
             # (`Shards` reads a state variable's storage from its ``value``)
@@ -181,7 +198,7 @@ class FullySharded(ShardedOptimizerState):
                 read_in_replica=self._gatherer(index, storage),
                 whole=lambda held=held, index=index: slices.whole(held, index),
                 assign_whole=lambda value, held=held, index=index: slices.assign_whole(
-                    held, index, value),
+                    held, index, value, replica=self._replica_index(strategy)),
                 worker_pieces=lambda held=held, index=index: slices.worker_pieces(held, index))
             reads.assign_whole(whole)
             sliced_weights.store_in_slices(variable, storage, reads)
@@ -228,6 +245,9 @@ class FullySharded(ShardedOptimizerState):
                 gathered, after = unit.gathered, unit.after
             else:
                 gathered, after = self._gathered.setdefault(graph, {}), []
+            step = self._step_weights.get(graph, {}).get(replica)
+            if step is not None:  # (a pipelined training step: gathered for it)
+                step.check_read(index)
             if (replica, index) not in gathered:
                 with graph.as_default(), tf.control_dependencies(after):
                     gathered[(replica, index)] = self._gather(index, storage, context, replica)
@@ -270,25 +290,73 @@ class FullySharded(ShardedOptimizerState):
                       else collectives.all_gather_rows(launcher, local_slice))
 
             def reduce_scatter(upstream):
-                scale = replica_share.gradient_scale()
-                compressed = compression.attached_to(self._optimizer)
-                if isinstance(upstream, tf.IndexedSlices):
-                    # (the sharded state's form: every entry in the slice)
-                    return self._sparse_slice(index, upstream, scale, compressed, replica,
-                                              context)
-                upstream = sparse_gradients.scaled_gradient(tf.convert_to_tensor(upstream), scale)
-
-                def exchange(sent):
-                    if launcher is None:  # (no collective ops: the slice of an all-reduce)
-                        return layout.own_slice(
-                            index, context.all_reduce(tf.distribute.ReduceOp.SUM, sent), replica)
-                    return collectives.reduce_scatter_sum(launcher, layout.rows(index, sent))
-
-                return self._exchanged(upstream, compressed, exchange)
+                return self._reduce_scatter(index, upstream, context, replica, launcher)
 
             return layout.whole(index, slices), reduce_scatter
 
         return gathered(local)
+
+    def _reduce_scatter(self, index: int, upstream, context, replica: int, launcher):
+        """Replica ``replica``'s slice of weight ``index``'s gradient
+        ``upstream`` summed over the replicas (the gradient of a gather)."""
+        layout = self._layout
+        scale = replica_share.gradient_scale()
+        compressed = compression.attached_to(self._optimizer)
+        if isinstance(upstream, tf.IndexedSlices):
+            # (the sharded state's form: every entry in the slice)
+            return self._sparse_slice(index, upstream, scale, compressed, replica, context)
+        upstream = sparse_gradients.scaled_gradient(tf.convert_to_tensor(upstream), scale)
+
+        def exchange(sent):
+            if launcher is None:  # (no collective ops: the slice of an all-reduce)
+                return layout.own_slice(
+                    index, context.all_reduce(tf.distribute.ReduceOp.SUM, sent), replica)
+            return collectives.reduce_scatter_sum(launcher, layout.rows(index, sent))
+
+        return self._exchanged(upstream, compressed, exchange)
+
+    # -- within a pipeline's stages (`tfdist.parallel.plan`) ---------------
+
+    def _gather_once_per_step(self) -> None:
+        """Set by `tfdist.parallel.plan.ModelPlan` before attaching, when a
+        pipeline runs each batch as micro-batches: each weight is gathered
+        once per step, on its stage's device, for all its micro-batches, and
+        its gradient summed over them is reduce-scattered once
+        (`_gathered_for_step`, `StepWeights.scattered`), as PyTorch's FSDP does with
+        pipelining. Per layer resharding would gather every weight m times."""
+        if self.reshard_after_forward is True and self._reshard_asked:
+            warnings.warn(
+                f"{self!r} with a pipeline: each stage's weights are gathered once per step "
+                "for all its micro-batches (not again per layer and micro-batch), and freed "
+                "after the step; reshard_after_forward does not apply. The numbers are the "
+                "same.", stacklevel=4)
+        self._per_step = True
+
+    def _gathered_for_step(self, variables) -> "StepWeights":
+        """Inside a replica of a pipelined step (traced): each of
+        ``variables`` (the model's trainable weights, in order) gathered
+        whole on its own device, with no gradient of its own; every read of
+        a weight in this step's graph reads it. The micro-batches' gradients
+        are taken with respect to ``StepWeights.tensors``."""
+        context = tf.distribute.get_replica_context()
+        replica = self._replica_index(self._strategy)
+        launcher = collectives.replica_launcher(self._strategy, replica)
+        gathered = self._gathered.setdefault(step_graph.of_this_replica(), {})
+        tensors = []
+        local_replica = distributed_variables.local_replica()
+        for index, variable in enumerate(variables):
+            storage = sliced_weights.storage(variable)
+            local = tf.convert_to_tensor(storage)
+            device = distributed_variables.local_copies(storage)[local_replica].device
+            with tf.device(device), tf.name_scope("gathered_for_step"):
+                slices = (context.all_gather(local, axis=0) if launcher is None
+                          else collectives.all_gather_rows(launcher, local))
+                whole = self._layout.whole(index, slices)
+            gathered[(replica, index)] = whole
+            tensors.append(whole)
+        steps = self._step_weights.setdefault(step_graph.of_this_replica(), {})
+        steps[replica] = StepWeights(tensors, variables, self, context, replica, launcher)
+        return steps[replica]
 
     def _file_updated_variables(self, optimizer, strategy, variables, stand_ins, dtype) -> None:
         """The updates run in the weights' own slices: each weight is filed

@@ -179,14 +179,21 @@ class Shards:
             self._gathers[id(state)] = collectives.function(gather)
         return self._gathers[id(state)]
 
-    def assign_whole(self, state, weight: int, value) -> None:
-        """Keeps each local replica's slice of ``value`` (``state`` whole)."""
+    def assign_whole(self, state, weight: int, value, replica=None) -> None:
+        """Keeps each local replica's slice of ``value`` (``state`` whole);
+        with ``replica`` (inside that replica of a step: a constraint's
+        result, which every replica computes) only that replica's. (Each
+        replica writing every slice would make a replica's later read of its
+        slice wait for the others' writes, which wait for its collectives.)"""
         rows = self._layout.rows(weight, tf.cast(value, state.dtype))
-        for replica, component in zip(self._replicas, self._components(state)):
+        for index, component in zip(self._replicas, self._components(state)):
+            if replica is not None and index != replica:
+                continue
+            replica_rows = rows[index]
             # A row of ``rows`` is a view of the whole value's buffer, and an
             # assign may keep the buffer it is given: a copy, so that the
             # variable holds its slice, not the whole value.
-            component.assign(tf.raw_ops.DeepCopy(x=rows[replica]))
+            component.assign(tf.raw_ops.DeepCopy(x=replica_rows))
 
 
 def _tensorflow_variable(variable):

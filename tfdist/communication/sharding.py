@@ -80,6 +80,7 @@ import tensorflow as tf
 
 from tfdist._internal import collectives, graph_order, replica_share, sparse_gradients
 from tfdist._internal.keras import optimizer as keras_optimizer, patches
+from tfdist._internal.tensorflow import distributed_variables
 from tfdist.communication import compression, sharded_checkpoints
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.strategy_support import refuse_strategy
@@ -196,10 +197,14 @@ class ShardedOptimizerState:
         # reads their shape and dtype only, so they are emptied first); the
         # slices are then updated in variables that hold their elements only
         # during an update (module doc), made empty, under the same keys.
+        # (Each on its weight's devices: a pipeline stage's state on the stage's.)
+        stand_ins = []
+        for variable, length in zip(variables, self._layout.slice_sizes):
+            with strategy.scope(), distributed_variables.on_devices_of(strategy,
+                                                                       variable.value):
+                stand_ins.append(keras.Variable(tf.zeros([length], dtype), trainable=False,
+                                                name=f"{variable.name}_shard"))
         with strategy.scope():
-            stand_ins = [keras.Variable(tf.zeros([length], dtype), trainable=False,
-                                        name=f"{variable.name}_shard")
-                         for variable, length in zip(variables, self._layout.slice_sizes)]
             for stand_in in stand_ins:
                 for component in strategy.experimental_local_results(stand_in.value):
                     _release(component)
@@ -217,10 +222,13 @@ class ShardedOptimizerState:
         built for ``stand_ins``: here shapeless slice variables (module
         doc); the weights themselves under index 0 (``apply`` checks they
         are known; they are never updated one by one)."""
-        with strategy.scope():
-            self._shards = [tf.Variable(tf.zeros([0], dtype), shape=tf.TensorShape([None]),
-                                        trainable=False, name=f"{variable.name}_shard")
-                            for variable in variables]
+        self._shards = []
+        for variable in variables:
+            with strategy.scope(), distributed_variables.on_devices_of(strategy,
+                                                                       variable.value):
+                self._shards.append(tf.Variable(
+                    tf.zeros([0], dtype), shape=tf.TensorShape([None]), trainable=False,
+                    name=f"{variable.name}_shard"))
         for stand_in, shard in zip(stand_ins, self._shards):
             keras_optimizer.set_state_index(optimizer, shard,
                                             keras_optimizer.state_index(optimizer, stand_in))

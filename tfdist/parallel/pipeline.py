@@ -56,7 +56,17 @@ calls it on each micro-batch and weights its value by the micro-batch's
 rows (`tfdist.replica.own_compute_loss`, which says when that is one
 device's loss and refuses what is not).
 
-Not built yet, refused with a clear error: a ``communication=`` part, a
+**Fully sharded stages**: with ``communication=FullySharded()`` as well,
+each stage's weights, gradients and optimizer state are sharded over the
+strategy's replicas, each replica's slices on its devices for the stage.
+A step gathers each weight once, whole on its stage's device for all the
+replica's micro-batches; each micro-batch's gradient is taken of the
+gathered weights, summed over the micro-batches there, and
+reduce-scattered once into each replica's slice (as PyTorch's FSDP runs
+inside a pipeline's stages: no gather per micro-batch).
+
+Not built yet, refused with a clear error: another ``communication=``
+part (compression, sharded optimizer state alone, local SGD), a
 model that overrides another step method (``train_step``, ``test_step``,
 ``compute_metrics``, ``metrics``). With ``jit_compile=True`` the step
 runs without XLA, with a warning (XLA cannot span devices).
@@ -202,7 +212,7 @@ class Pipeline:
     # -- the step --------------------------------------------------------
 
     def _forward_backward(self, model, batch, global_examples, forward_backward, *,
-                          regularizers_apart: bool = True):
+                          regularizers_apart: bool = True, sharding=None):
         """The batch's gradients, loss parts and outputs from its
         micro-batches (replica context, traced): ``forward_backward`` is
         `tfdist.replica.step.forward_backward`. Returns the summed
@@ -213,20 +223,30 @@ class Pipeline:
         gradients are computed once, on each weight's device
         (`tfdist._internal.keras.weight_regularizers`), not in every
         micro-batch's loss on the last stage (False: a model's own
-        ``compute_loss``, which decides itself whether it adds them)."""
+        ``compute_loss``, which decides itself whether it adds them).
+
+        ``sharding``: `tfdist.communication.FullySharded`, whose weights
+        are gathered once for the step on their stages' devices, the
+        micro-batches' gradients taken of the gathered tensors, summed, and
+        reduce-scattered once per weight into this replica's slices."""
         trace = StepTrace()
         results, sizes = [], []
         replica = distributed_variables.local_replica()
+        variables = model.trainable_variables
+        weights = (None if sharding is None
+                   else sharding._gathered_for_step(variables))  # pylint: disable=protected-access
         with (weight_regularizers.set_apart(model) if regularizers_apart
               else contextlib.nullcontext([])) as regularized:
             last_stage = self._units.devices[replica][-1]
             for index, part in enumerate(micro_batches.cut(batch, self.micro_batches)):
                 inputs = part.structure
-                with tf.device(last_stage), self._units.micro_batch(trace, index, replica), \
+                with tf.device(last_stage), \
+                        self._units.micro_batch(trace, index, replica, weights), \
                         keras_statistics.statistics_over_real_rows(inputs["mask"]):
                     result = forward_backward(
                         model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
-                        inputs["mask"], global_examples, micro_batch=True)
+                        inputs["mask"], global_examples, micro_batch=True,
+                        **({} if weights is None else {"sources": weights.tensors}))
                 results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
                 sizes.append(part.batch().real_examples())
         self.ordering_edges = trace.order(self._orders, pipeline=replica)
@@ -234,9 +254,13 @@ class Pipeline:
         # gradient; the strategy's all-reduce sums the shares to one)
         regularization = weight_regularizers.on_weight_devices(
             regularized, model.optimizer.scale_loss,
-            share=_replica_share(batch.real_examples(), global_examples))
-        return (_summed_gradients([r.gradients for r in results], model.trainable_variables,
-                                  regularization.gradients),
+            share=_replica_share(batch.real_examples(), global_examples),
+            sources=None if weights is None else dict(zip(map(id, variables), weights.tensors)))
+        gradients = _summed_gradients([r.gradients for r in results], variables,
+                                      regularization.gradients)
+        if weights is not None:
+            gradients = weights.scattered(gradients)
+        return (gradients,
                 _summed_loss([r.loss for r in results], sizes, regularization.value),
                 _concatenated_outputs([r.y_pred for r in results]))
 

@@ -19,8 +19,12 @@ Its axes are named as Keras names a ``keras.distribution.DeviceMesh``'s:
   whose layers run sharded, not a mechanism of its own).
 
 Fully sharded weights (``communication=FullySharded()``) shard over the
-data axis; they do not combine with a pipeline yet (a clear error names
-both).
+data axis, within each stage when there is a pipeline (data x pipeline x
+fully sharded): replica r's slice of a stage's weight, and its optimizer
+state, on replica r's device for that stage; each step gathers a stage's
+weights once for all micro-batches and reduce-scatters their summed
+gradients once (`tfdist.parallel.pipeline`). Other communication parts do
+not combine with a pipeline yet (a clear error names them).
 
 A model Keras builds on its first batch (a subclassed model, a
 ``Sequential`` without an ``Input``) has no weights to place when it is
@@ -50,6 +54,7 @@ import tensorflow as tf
 
 from tfdist._internal import collectives
 from tfdist._internal.keras import model_state as keras_model_state
+from tfdist.communication.fully_sharded import FullySharded
 from tfdist.errors import ConfigurationError
 from tfdist.parallel.pipeline import Pipeline
 from tfdist.replica import keras_steps
@@ -69,6 +74,7 @@ class ModelPlan:
         self.pipeline: Optional[Pipeline] = parallel
         self._replicas = 1 if strategy is None else strategy.num_replicas_in_sync
         self._waiting = None  # (model, strategy) a pipeline waits to attach to
+        self.sharding = None  # FullySharded over the data axis, within each stage
 
     @property
     def axes(self) -> Dict[str, int]:
@@ -115,10 +121,7 @@ class ModelPlan:
                 "pipeline runs tfdist's training step, which cuts each batch into "
                 "micro-batches, and cannot cut a model's own step into them yet (a model "
                 "that overrides only compute_loss can be). Drop the Pipeline for this model.")
-        if communication is not None:
-            raise ConfigurationError(
-                f"parallel={pipeline!r} with communication={communication!r} is not built "
-                "yet: a pipeline runs on one replica. Drop one of them.")
+        self.sharding = _sharding_across_stages(pipeline, communication, self._replicas)
         if static_shapes:
             raise ConfigurationError(
                 f"parallel={pipeline!r} is not built for static shapes (TPUStrategy, "
@@ -166,8 +169,26 @@ class ModelPlan:
             global_examples = collectives.all_reduce_sum(batch.real_examples())
         gradients, parts, outputs = pipeline._forward_backward(  # pylint: disable=protected-access
             model, batch, global_examples, micro_batch,
-            regularizers_apart=not own_compute_loss)
+            regularizers_apart=not own_compute_loss, sharding=self.sharding)
         return ForwardBackward(gradients, parts, global_examples, outputs)
+
+
+def _sharding_across_stages(pipeline, communication, replicas: int):
+    """The `FullySharded` part of ``communication`` (one, or None) that
+    shards each stage's weights over the data axis, told to gather once per
+    step; any other part is refused, naming it."""
+    parts = (tuple(communication) if isinstance(communication, (tuple, list))
+             else () if communication is None else (communication,))
+    others = [part for part in parts if not isinstance(part, FullySharded)]
+    if others:
+        raise ConfigurationError(
+            f"parallel={pipeline!r} with communication={others[0]!r} is not built yet: a "
+            "pipeline combines with FullySharded() (each stage's weights sharded over the "
+            "replicas), not with other communication parts. Drop one of them.")
+    if not parts or replicas == 1:
+        return None  # (one replica: nothing to shard, FullySharded leaves Keras' update)
+    parts[0]._gather_once_per_step()  # pylint: disable=protected-access
+    return parts[0]
 
 
 WHOLE = ModelPlan(None)  # (the null plan: every batch whole, on the replica's device)

@@ -97,54 +97,70 @@ class StageUnits:
         for layer in model.layers:
             if layer.name in self.stage_of:
                 layer_units.wrap_call(layer, "stage", functools.partial(
-                    self._stage_call, stage=self.stage_of[layer.name]))
+                    self._stage_call, layer=layer, stage=self.stage_of[layer.name]))
 
     @staticmethod
     @contextlib.contextmanager
-    def micro_batch(trace: StepTrace, index: int, pipeline: int = 0):
+    def micro_batch(trace: StepTrace, index: int, pipeline: int = 0, weights=None):
         """Within this block, the layers' calls are micro-batch ``index``'s
         passes of ``pipeline`` in a pipelined training step traced into
-        ``trace``."""
+        ``trace``. ``weights``: the step's gathered fully sharded weights
+        (`tfdist.communication.fully_sharded.StepWeights`), which each
+        layer's pass reads and gives gradients to."""
         outer = getattr(_THREAD, "site", None)
-        _THREAD.site = (trace, index, pipeline)
+        _THREAD.site = _Site(trace, index, pipeline, weights)
         try:
             yield
         finally:
             _THREAD.site = outer
 
-    def _stage_call(self, original, stage: int):
-        """``original`` (a layer's call) run on its stage's device, as a
+    def _stage_call(self, original, layer, stage: int):
+        """``original`` (``layer``'s call) run on its stage's device, as a
         pass of a pipelined step when inside one (`micro_batch`)."""
         def call(*args, **kwargs):
             site = getattr(_THREAD, "site", None)
-            pipeline = distributed_variables.local_replica() if site is None else site[2]
+            pipeline = distributed_variables.local_replica() if site is None else site.pipeline
             device = self.devices[pipeline][stage]
             with tf.device(device):
                 if site is None or tf.executing_eagerly():
                     return original(*args, **kwargs)
-                return _run_stage_pass(original, args, kwargs, stage, device, *site)
+                return _run_stage_pass(original, layer, args, kwargs, stage, device, site)
 
         return call
 
 
-def _run_stage_pass(original, args, kwargs, stage: int, device: str, trace: StepTrace,
-                    micro_batch: int, pipeline: int):
+@dataclasses.dataclass
+class _Site:
+    """The pipelined step a layer's call is part of: its trace, the
+    micro-batch, the replica's pipeline, the step's gathered weights."""
+
+    trace: StepTrace
+    micro_batch: int
+    pipeline: int
+    weights: object = None
+
+
+def _run_stage_pass(original, layer, args, kwargs, stage: int, device: str, site: _Site):
     """One layer's call as part of stage ``stage``'s forward pass of
-    ``micro_batch`` in ``pipeline``, its gradient part of the backward pass
-    (module doc)."""
+    ``site.micro_batch`` in ``site.pipeline``, its gradient part of the
+    backward pass (module doc)."""
     call = layer_calls.LayerCall(args, kwargs)
     if not call.differentiable:
         raise ConfigurationError(
             "Pipeline: a layer called with a sparse or ragged tensor cannot be placed in a "
             "stage; make its input dense (e.g. tf.sparse.to_dense) before the model.")
-    forward = trace.of(pipeline, stage, schedules.FORWARD, micro_batch)
-    backward = trace.of(pipeline, stage, schedules.BACKWARD, micro_batch)
+    forward = site.trace.of(site.pipeline, stage, schedules.FORWARD, site.micro_batch)
+    backward = site.trace.of(site.pipeline, stage, schedules.BACKWARD, site.micro_batch)
+    # (fully sharded weights gathered for the step: read here, given gradients here)
+    read = [] if site.weights is None else site.weights.of_layer(layer)
 
     def forward_pass(tensors):
         starts = [tf.identity(t) for t in tensors]
         forward.starts += starts
-        with tf.GradientTape(watch_accessed_variables=True) as tape:
-            tape.watch(starts)
+        with tf.GradientTape(watch_accessed_variables=True) as tape, \
+                (site.weights.read_by(layer) if site.weights is not None
+                 else contextlib.nullcontext()):
+            tape.watch(starts + read)
             call_args, call_kwargs = call.arguments(starts, with_masks=True)
             result = original(*call_args, **call_kwargs)
         forward.ends += tf.nest.flatten(result)
@@ -153,7 +169,7 @@ def _run_stage_pass(original, args, kwargs, stage: int, device: str, trace: Step
             with tf.device(device):
                 arrived = [tf.identity(u) for u in upstream]
                 backward.starts += arrived
-                grads = tape.gradient(tf.nest.flatten(result), starts + variables,
+                grads = tape.gradient(tf.nest.flatten(result), starts + read + variables,
                                       output_gradients=arrived,
                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 backward.ends += [g.values if isinstance(g, tf.IndexedSlices) else g
@@ -162,4 +178,4 @@ def _run_stage_pass(original, args, kwargs, stage: int, device: str, trace: Step
 
         return result, gradient
 
-    return layer_units.run_as_unit(call, forward_pass)
+    return layer_units.run_as_unit(call, forward_pass, extra=read)

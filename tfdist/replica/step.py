@@ -76,7 +76,7 @@ def _replica_loss(model, terms, denominators, local_examples, global_examples):
 @tf.autograph.experimental.do_not_convert
 def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
                      count_only: bool = False, micro_batch: bool = False,
-                     own_loss: bool = False) -> ForwardBackward:
+                     own_loss: bool = False, sources=None) -> ForwardBackward:
     """Forward + backward of one replica's batch, its loss scaled by the
     GLOBAL counts: from ``global_examples`` (the batch's carried count, or
     None) when the loss's denominators follow from it, else all-reduced with
@@ -95,8 +95,14 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
 
     ``own_loss=True`` (with ``micro_batch``): the loss is the model's own
     ``compute_loss`` (`tfdist.replica.own_compute_loss`).
+
+    ``sources``: the tensors the gradients are of, one per trainable
+    weight, instead of the weights (a pipeline's fully sharded weights,
+    gathered once for all micro-batches: `tfdist.parallel.pipeline`).
     """
     with tf.GradientTape() as tape:
+        if sources is not None:
+            tape.watch(sources)
         y_pred = model(x, training=True)
         local_examples = Batch(x, mask=mask).real_examples()
         if own_loss:
@@ -117,7 +123,8 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
             loss, parts = _replica_loss(model, terms, denominators, local_examples,
                                         global_examples)
         scaled = model.optimizer.scale_loss(loss)
-    gradients = sharded.gradients(tape, scaled, model.trainable_variables)
+    gradients = (tape.gradient(scaled, sources) if sources is not None
+                 else sharded.gradients(tape, scaled, model.trainable_variables))
     return ForwardBackward(gradients, parts, global_examples, y_pred)
 
 

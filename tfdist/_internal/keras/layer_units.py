@@ -37,7 +37,7 @@ The Keras contract test pins each (`tests/_internal/test_keras_contract.py`).
 """
 
 import functools
-from typing import Callable, Tuple
+from typing import Callable, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -71,27 +71,38 @@ def wrap_call(layer, policy: str, make_call: Callable[[Callable], Callable]) -> 
 
 
 def run_as_unit(call: layer_calls.LayerCall,
-                forward: Callable[[tuple], Tuple[object, Gradient]]):
+                forward: Callable[[tuple], Tuple[object, Gradient]],
+                extra: Sequence[tf.Tensor] = ()):
     """Runs ``call`` (a `layer_calls.LayerCall` of a differentiable call)
     as one ``tf.custom_gradient`` of its tensors: ``forward(tensors)``
     returns the call's result and its `Gradient`. Returns the result with
-    its Keras masks, as the layer's call returns it."""
+    its Keras masks, as the layer's call returns it.
+
+    ``extra``: tensors the call reads besides its arguments (a pipeline
+    stage's fully sharded weights, gathered once per step): inputs of the
+    custom gradient too, so gradients reach them; the `Gradient` then
+    returns, after the inputs', one gradient per extra tensor, before the
+    variables'."""
     masks_of_result = []  # (the identity custom_gradient returns drops Keras' masks)
+    extra = list(extra)
 
     @tf.custom_gradient
     def unit(*tensors):
-        result, gradient_of = forward(tensors)
+        inputs = tensors[:len(tensors) - len(extra)]
+        result, gradient_of = forward(inputs)
         masks_of_result.append(keras_compiled.keras_masks(result))
 
         def gradient(*upstream, variables=None):
             variables = list(variables or [])
             grads = gradient_of(list(upstream), variables)
-            return (layer_calls.input_gradients(tensors, grads[:len(tensors)]),
-                    grads[len(tensors):])
+            read = len(inputs) + len(extra)
+            return (layer_calls.input_gradients(inputs, grads[:len(inputs)])
+                    + list(grads[len(inputs):read]),
+                    grads[read:])
 
         return result, gradient
 
-    outputs = unit(*call.tensors)
+    outputs = unit(*call.tensors, *extra)
     return keras_compiled.with_keras_masks(outputs, masks_of_result.pop())
 
 

@@ -48,19 +48,25 @@ def set_apart(model) -> Iterator[List[Tuple[object, Callable]]]:
             weight.regularizer = regularizer
 
 
-def on_weight_devices(pairs, scale_loss: Callable, share=None) -> WeightRegularization:
+def on_weight_devices(pairs, scale_loss: Callable, share=None,
+                      sources=None) -> WeightRegularization:
     """Each pair's term, and its gradient (of ``scale_loss(term)``, as the
     optimizer's loss scaling wants), computed under its weight's device;
     with ``share`` (a replica's share of the global batch) the gradients
     are that share of it, so the replicas' sum is one (the value stays
-    whole: the metrics weigh it by the replica's rows)."""
+    whole: the metrics weigh it by the replica's rows). ``sources`` (by
+    weight ``id``): the tensor a weight reads as in this step, of which its
+    gradient is taken (a fully sharded weight gathered for the step)."""
     values, gradients = [], {}
     for weight, regularizer in pairs:
+        source = weight if sources is None else sources[id(weight)]
         with tf.device(placed_weights.device_of(weight)):
             with tf.GradientTape() as tape:
+                if sources is not None:
+                    tape.watch(source)
                 value = tf.cast(regularizer(weight), tf.float32)
                 scaled = scale_loss(value)
-            gradient = tape.gradient(scaled, weight)
+            gradient = tape.gradient(scaled, source)
             gradients[id(weight)] = gradient if share is None else gradient * share
         values.append(value)
     return WeightRegularization(tf.add_n(values) if values else tf.constant(0.0), gradients)

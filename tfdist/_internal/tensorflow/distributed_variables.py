@@ -55,6 +55,16 @@ def mirrored_on(strategy: tf.distribute.Strategy, devices: Sequence[str]):
         yield
 
 
+def on_devices_of(strategy: tf.distribute.Strategy, variable):
+    """Within ``strategy.scope()``: variables made in the block have
+    ``variable``'s devices, one copy per replica (a pipeline stage's weight
+    keeps its slices and optimizer state on the stage's devices, not the
+    replicas' own); no change for a variable with one copy."""
+    if not is_distributed(variable):
+        return contextlib.nullcontext()
+    return mirrored_on(strategy, [copy.device for copy in local_copies(variable)])
+
+
 def is_distributed(variable) -> bool:
     """Whether ``variable`` (a ``tf.Variable``) is a strategy's variable
     with one copy per replica."""
