@@ -406,12 +406,16 @@ def test_jit_compile_runs_the_step_without_xla_and_says_so():
     ref.assert_weights_close(expected, model)
 
 
-def test_an_unbuilt_model_is_refused():
+def test_an_unbuilt_model_attached_outside_attach_and_the_trainer_is_refused():
+    """`tfdist.attach` and `tfdist.Trainer` slice a model Keras builds later
+    when tfdist builds it (tests/parallel/test_model_split.py); attached by
+    hand, with nothing to build it, it is refused, naming the fix."""
     strategy = tfdist.make_strategy("mirrored", num_replicas=2)
     with strategy.scope():
         unbuilt = keras.Sequential([keras.layers.Dense(2)])
         unbuilt.compile("sgd", "mse")
-    _refused(unbuilt, strategy, "must be built first")
+    with pytest.raises(ConfigurationError, match="must be built first"):
+        FullySharded().attach_to(unbuilt, strategy)
 
 
 @pytest.mark.parametrize("dtype,replicas", [("bf16", 2), ("fp16", 4)])

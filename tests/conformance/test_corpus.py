@@ -67,7 +67,7 @@ SPLITS = {"fully_sharded": (3, _fully_sharded), "pipeline": (None, _two_stages)}
 # What each way of splitting refuses in the corpus, and why (a change here is
 # a change users see): the rest equal one device.
 REFUSED = {
-    "fully_sharded": {"knowledge_distillation": "must be built first"},   # (no call())
+    "fully_sharded": {"knowledge_distillation": "has no call"},   # (its optimizer built in-step)
     "pipeline": {"knowledge_distillation": "overrides train_step"},
 }
 # Run, with a warning naming why they are not one device's.

@@ -2,8 +2,8 @@
 ``Sequential`` without an ``Input``) under a pipeline: the one added line
 runs where plain ``fit`` runs, the stages take effect when tfdist builds
 the model (`tfdist.parallel.plan`), and the run equals the same
-program on one device with plain Keras. Fully sharded weights still refuse
-such a model, naming the fix."""
+program on one device with plain Keras; so do fully sharded weights, alone
+and within a pipeline's stages."""
 
 import keras
 import numpy as np
@@ -66,13 +66,33 @@ def _assert_equal(expected, actual):
 
 
 @pytest.mark.parametrize("build", sorted(BUILDS))
-def test_fully_sharded_weights_refuse_a_model_built_on_its_first_batch_naming_the_fix(build):
+def test_fully_sharded_weights_of_a_model_built_on_its_first_batch_equal_one_device(build):
+    """The one added line ``communication=FullySharded()`` on 3 replicas:
+    the weights are sliced when tfdist builds the model (it was refused)."""
+    expected = _fit(_compiled(BUILDS[build]))
     strategy = tfdist.make_strategy("mirrored", num_replicas=3)
     with strategy.scope():
         model = _compiled(BUILDS[build])
-    with pytest.raises(tfdist.errors.ConfigurationError, match="must be built first"):
-        tfdist.attach(model, strategy, communication=FullySharded()).fit(
-            *ref.classification_arrays(EXAMPLES)[:2], verbose=0)
+    assert not model.built
+    tfdist.attach(model, strategy, communication=FullySharded())
+    _assert_equal(expected, _fit(model))
+    kernel = model.layers[-1].kernel.value.values  # (8 x 3 = 24 elements: 8 per replica)
+    assert [tuple(c.shape) for c in kernel] == [(8,)] * 3
+
+
+def test_fully_sharded_stages_of_a_model_built_on_its_first_batch_equal_one_device():
+    """Data x pipeline x fully sharded on a subclassed model: 2 replicas x
+    2 stages, each stage's slices on its devices once tfdist builds it."""
+    expected = _fit(_compiled(Subclassed))
+    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    with strategy.scope():
+        model = _compiled(Subclassed)
+    tfdist.attach(model, strategy, communication=FullySharded(),
+                  parallel=tfdist.parallel.Pipeline(cuts=["hidden"], micro_batches=2))
+    _assert_equal(expected, _fit(model))
+    kernel = model.get_layer("out").kernel.value.values
+    assert [(c.device[-5:], tuple(c.shape)) for c in kernel] == [("CPU:2", (12,)),
+                                                                ("CPU:3", (12,))]
 
 
 @pytest.mark.parametrize("build", sorted(BUILDS))

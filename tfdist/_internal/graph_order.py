@@ -108,6 +108,12 @@ def _feeds_a_stateful_op(maker) -> bool:
     return False
 
 
+def depends_on(op, target) -> bool:
+    """Whether op ``op`` already runs after op ``target`` (a dataflow path or
+    a control edge, `run_after`'s included), in one traced graph."""
+    return op.graph is target.graph and _depends_on(op, target)
+
+
 def _depends_on(op, target) -> bool:
     """Whether ``op`` depends on ``target``, directly or not.
 

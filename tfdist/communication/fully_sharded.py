@@ -100,7 +100,7 @@ import tensorflow as tf
 from tfdist._internal import collectives, replica_share, sparse_gradients, step_graph
 from tfdist._internal.keras import optimizer as keras_optimizer, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
-from tfdist.communication import compression, gather_units, sharded_checkpoints
+from tfdist.communication import compression, gather_units, model_support, sharded_checkpoints
 from tfdist.communication.step_gathers import StepWeights
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.sharding import ShardedOptimizerState
@@ -111,7 +111,9 @@ from tfdist.replica import accumulation, gradients
 class FullySharded(ShardedOptimizerState):
     """Each replica keeps 1/N of every weight, gradient and optimizer state
     (module doc). Pass it as ``communication=`` to `tfdist.attach` or
-    `tfdist.Trainer`, before the first ``fit``, with the model built."""
+    `tfdist.Trainer`, before the first ``fit``; a model Keras builds on its
+    first batch (a subclassed model, a ``Sequential`` without an ``Input``)
+    is sliced when tfdist builds it (`tfdist.parallel.plan.ModelPlan`)."""
 
     shards_weights = True
 
@@ -145,6 +147,7 @@ class FullySharded(ShardedOptimizerState):
         self._gathered = weakref.WeakKeyDictionary()
         self._reshard_asked = reshard_after_forward is not None
         self._per_step = False  # (`_gather_once_per_step`: within a pipeline's stages)
+        self._when_built = False  # (`_attach_when_built`: a model Keras builds later)
         self._step_weights = weakref.WeakKeyDictionary()  # graph -> {replica: StepWeights}
 
     def __repr__(self) -> str:
@@ -160,7 +163,10 @@ class FullySharded(ShardedOptimizerState):
         slices and makes its optimizer update the slices in place."""
         if self._keeps_state_of(model.optimizer):
             return  # (a second Trainer over the same model)
-        _refuse_an_unbuilt_model(self, model)
+        if not model.built and self._when_built:
+            return  # (`tfdist.parallel.plan.ModelPlan.when_built` attaches it then)
+        model_support.refuse_an_unbuilt_model(self, model)
+        model_support.refuse_a_model_without_call(self, model)
         super().attach_to(model, strategy)
         if strategy.num_replicas_in_sync == 1:
             return  # one replica: the whole weight is its slice
@@ -317,6 +323,11 @@ class FullySharded(ShardedOptimizerState):
 
     # -- within a pipeline's stages (`tfdist.parallel.plan`) ---------------
 
+    def _attach_when_built(self) -> None:
+        """Set by `tfdist.parallel.plan.ModelPlan` for a model Keras builds on
+        its first batch: `attach_to` waits for the plan to call it again."""
+        self._when_built = True
+
     def _gather_once_per_step(self) -> None:
         """Set by `tfdist.parallel.plan.ModelPlan` before attaching, when a
         pipeline runs each batch as micro-batches: each weight is gathered
@@ -387,10 +398,3 @@ class FullySharded(ShardedOptimizerState):
                     args=(gradient,), group=False)
 
         context.merge_call(update_slices, args=(grads,))
-
-
-def _refuse_an_unbuilt_model(sharding, model) -> None:
-    if not model.built:
-        raise ConfigurationError(
-            f"communication={sharding!r} shards the model's weights, so the model must be "
-            "built first: give it an Input (or call it once on a batch) before attaching.")

@@ -152,6 +152,7 @@ class Pipeline:
                          else schedules.format_orders(self._orders))
         self._units: Optional[StageUnits] = None
         self.ordering_edges = 0  # added in the last traced step (`StepTrace.order`)
+        self._warned_unordered = False
 
     def __getattr__(self, name):
         # (called only for a name the pipeline does not have)
@@ -250,6 +251,17 @@ class Pipeline:
                 results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
                 sizes.append(part.batch().real_examples())
         self.ordering_edges = trace.order(self._orders, pipeline=replica)
+        if trace.unordered and not self._warned_unordered:
+            self._warned_unordered = True
+            passes = ", ".join(f"stage {stage} at {action}"
+                               for stage, action in trace.unordered[:4])
+            warnings.warn(
+                f"{self!r}: the schedule's order is not enforced everywhere in this "
+                f"model's step ({passes}: the pass feeds an update of state, a random "
+                "seed's or batch statistics', that TensorFlow runs in the order it was "
+                "traced, so it cannot also wait for the stage's previous pass). The values "
+                "are the same; the stage may hold more micro-batches' activations than "
+                "the schedule says.", stacklevel=2)
         # (each replica adds its rows' share of the weights' regularization
         # gradient; the strategy's all-reduce sums the shares to one)
         regularization = weight_regularizers.on_weight_devices(

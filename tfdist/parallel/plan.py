@@ -73,7 +73,7 @@ class ModelPlan:
                 f"`parallel` ({parallel!r}) must be a tfdist.parallel.Pipeline or None.")
         self.pipeline: Optional[Pipeline] = parallel
         self._replicas = 1 if strategy is None else strategy.num_replicas_in_sync
-        self._waiting = None  # (model, strategy) a pipeline waits to attach to
+        self._waiting = None  # (model, strategy, FullySharded parts) waiting for the build
         self.sharding = None  # FullySharded over the data axis, within each stage
 
     @property
@@ -112,6 +112,7 @@ class ModelPlan:
         builds it (`when_built`)."""
         pipeline = self.pipeline
         if pipeline is None:
+            self._wait_for_the_build(model, strategy, communication)
             return
         own_steps = keras_steps.overridden(model)
         cannot_cut = [name for name in own_steps if name != "compute_loss"]
@@ -129,7 +130,19 @@ class ModelPlan:
         if model.built:
             pipeline._attach(model, strategy)  # pylint: disable=protected-access
         else:
-            self._waiting = (model, strategy)
+            self._wait_for_the_build(model, strategy, communication)
+
+    def _wait_for_the_build(self, model, strategy, communication) -> None:
+        """For a model Keras builds on its first batch: the pipeline and the
+        fully sharded weights (each ``FullySharded`` in ``communication``,
+        whose ``attach_to`` then waits) attach when tfdist builds it."""
+        if model.built:
+            return
+        sharded = [part for part in _parts(communication) if isinstance(part, FullySharded)]
+        for part in sharded:
+            part._attach_when_built()  # pylint: disable=protected-access
+        if self.pipeline is not None or sharded:
+            self._waiting = (model, strategy, sharded)
 
     def steps_for(self, model, strategy: tf.distribute.Strategy, *, jit_compile: bool,
                   static_shapes: bool):
@@ -146,10 +159,13 @@ class ModelPlan:
         (a no-op when none waited)."""
         if self._waiting is None:
             return
-        model, strategy = self._waiting
+        model, strategy, sharded = self._waiting
         with strategy.scope():
             keras_model_state.build_layers(model, element_spec)
-        self.pipeline._attach(model, strategy)  # pylint: disable=protected-access
+        if self.pipeline is not None:
+            self.pipeline._attach(model, strategy)  # pylint: disable=protected-access
+        for part in sharded:  # (after the pipeline: its slices go where it put the weights)
+            part.attach_to(model, strategy)
         self._waiting = None
 
     # -- the step ----------------------------------------------------------
@@ -173,12 +189,18 @@ class ModelPlan:
         return ForwardBackward(gradients, parts, global_examples, outputs)
 
 
+def _parts(communication) -> tuple:
+    """The parts of ``communication`` (the argument: one, a tuple or None)."""
+    if isinstance(communication, (tuple, list)):
+        return tuple(communication)
+    return () if communication is None else (communication,)
+
+
 def _sharding_across_stages(pipeline, communication, replicas: int):
     """The `FullySharded` part of ``communication`` (one, or None) that
     shards each stage's weights over the data axis, told to gather once per
     step; any other part is refused, naming it."""
-    parts = (tuple(communication) if isinstance(communication, (tuple, list))
-             else () if communication is None else (communication,))
+    parts = _parts(communication)
     others = [part for part in parts if not isinstance(part, FullySharded)]
     if others:
         raise ConfigurationError(

@@ -51,6 +51,9 @@ class StepTrace:
 
     def __init__(self):
         self.passes: Dict[Tuple[int, int, schedules.Action], _Pass] = {}
+        # (stage, action) of each pass `order` could not make wait for the
+        # stage's previous pass (an edge that would close a cycle)
+        self.unordered: List[Tuple[int, schedules.Action]] = []
 
     def of(self, pipeline: int, stage: int, kind: str, micro_batch: int) -> _Pass:
         return self.passes.setdefault(
@@ -62,9 +65,9 @@ class StepTrace:
         stage's previous pass ended. Returns the ordering edges added.
 
         An edge that would close a cycle, or that TensorFlow's order of
-        stateful ops would contradict (`tfdist._internal.graph_order`), is
-        left out: the values are the same, the stage may then run two
-        passes at once.
+        stateful ops would contradict (`tfdist._internal.graph_order`),
+        cannot be added: the pass is listed in ``unordered`` (the pipeline
+        then warns, naming it: never relaxed in silence).
         """
         added = 0
         for stage, order in enumerate(orders):
@@ -79,8 +82,17 @@ class StepTrace:
                     for start in current.starts:
                         if graph_order.run_after(start, ended, exact=True):
                             added += 1
+                        elif not _waits_for(start, previous):
+                            self.unordered.append((stage, action))
+                            break
                 previous = current
         return added
+
+
+def _waits_for(start, previous: _Pass) -> bool:
+    """Whether ``start``'s op already runs after every end of ``previous``
+    (a control edge added before, or a dataflow path)."""
+    return all(graph_order.depends_on(start.op, end.op) for end in previous.ends)
 
 
 class StageUnits:
