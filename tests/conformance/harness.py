@@ -217,3 +217,34 @@ def record(row: dict) -> None:
 
 def largest_difference(reference: Result, result: Result) -> float:
     return max(float(abs(a - b).max()) for a, b in zip(reference.weights, result.weights))
+
+
+def check_split(case, strategy, examples: int, initial, reference: Result, row: dict,
+                attach_options, expected=None) -> None:
+    """A way of splitting the model (``attach_options``, as `run_attached`
+    takes them) against ``reference``, recorded in ``row``: equal within
+    the case's tolerance, or, with ``expected`` ((ConfigurationError,
+    pattern) or (UserWarning, pattern)), refused or warned of as named
+    (then the test is skipped, saying why)."""
+    import pytest  # pylint: disable=import-outside-toplevel
+
+    if expected is not None:
+        kind, message = expected
+        if kind is UserWarning:
+            with pytest.warns(UserWarning, match=message):
+                run_attached(case, strategy, examples, initial, attach_options=attach_options)
+            record(dict(row, outcome="warned"))
+            pytest.skip(f"not exact by design, warned: {message}")
+        with pytest.raises(kind, match=message):
+            run_attached(case, strategy, examples, initial, attach_options=attach_options)
+        record(dict(row, outcome="refused"))
+        pytest.skip(f"refused, naming why: {message}")
+    allowed = tolerance(case, examples, reference)
+    try:
+        result = run_attached(case, strategy, examples, initial, attach_options=attach_options)
+        assert_matches(reference, result, allowed)
+    except BaseException as error:
+        record(dict(row, outcome="failed", error=f"{type(error).__name__}: {error}"[:300]))
+        raise
+    record(dict(row, outcome="passed", difference=largest_difference(reference, result),
+                tolerance=allowed))

@@ -95,26 +95,5 @@ def test_a_composed_layout_equals_one_device(case_name, layout, shape):
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = _reference(case_name, examples)
     strategy = tfdist.make_strategy("mirrored", num_replicas=layout[0])
-    options = _options(layout)
-    if (case_name, layout[-1]) in EXPECTED:
-        kind, message = EXPECTED[(case_name, layout[-1])]
-        if kind is UserWarning:
-            with pytest.warns(UserWarning, match=message):
-                harness.run_attached(case, strategy, examples, initial,
-                                     attach_options=options)
-            harness.record(dict(row, outcome="warned"))
-            pytest.skip(f"not exact by design, warned: {message}")
-        with pytest.raises(kind, match=message):
-            harness.run_attached(case, strategy, examples, initial, attach_options=options)
-        harness.record(dict(row, outcome="refused"))
-        pytest.skip(f"refused, naming why: {message}")
-    tolerance = harness.tolerance(case, examples, reference)
-    try:
-        result = harness.run_attached(case, strategy, examples, initial,
-                                      attach_options=options)
-        harness.assert_matches(reference, result, tolerance)
-    except BaseException as error:
-        harness.record(dict(row, outcome="failed", error=f"{type(error).__name__}: {error}"[:300]))
-        raise
-    harness.record(dict(row, outcome="passed", difference=harness.largest_difference(
-        reference, result), tolerance=tolerance))
+    harness.check_split(case, strategy, examples, initial, reference, row, _options(layout),
+                        EXPECTED.get((case_name, layout[-1])))

@@ -103,30 +103,8 @@ def test_a_pipeline_equals_one_device(case_name, layout, shape):
     examples = harness.BATCH_SHAPES[shape]
     initial, reference = _reference(case_name, examples)
     strategy = tf.distribute.get_strategy()
-    options = _options(layout)
-    if case_name in EXPECTED:
-        kind, message = EXPECTED[case_name]
-        if kind is UserWarning:
-            with pytest.warns(UserWarning, match=message):
-                harness.run_attached(case, strategy, examples, initial,
-                                     attach_options=options)
-            harness.record(dict(row, outcome="warned"))
-            pytest.skip(f"not exact by design, warned: {message}")
-        with pytest.raises(kind, match=message):
-            harness.run_attached(case, strategy, examples, initial,
-                                 attach_options=options)
-        harness.record(dict(row, outcome="refused"))
-        pytest.skip(f"refused, naming why: {message}")
-    tolerance = harness.tolerance(case, examples, reference)
-    try:
-        result = harness.run_attached(case, strategy, examples, initial,
-                                      attach_options=options)
-        harness.assert_matches(reference, result, tolerance)
-    except BaseException as error:
-        harness.record(dict(row, outcome="failed", error=f"{type(error).__name__}: {error}"[:300]))
-        raise
-    harness.record(dict(row, outcome="passed", difference=harness.largest_difference(
-        reference, result), tolerance=tolerance))
+    harness.check_split(case, strategy, examples, initial, reference, row, _options(layout),
+                        EXPECTED.get(case_name))
 
 
 def test_every_family_is_cut_into_two_stages_or_more():
