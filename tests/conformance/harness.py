@@ -248,3 +248,31 @@ def check_split(case, strategy, examples: int, initial, reference: Result, row: 
         raise
     record(dict(row, outcome="passed", difference=largest_difference(reference, result),
                 tolerance=allowed))
+
+
+def takes_its_turn(case_name: str, layout, shape: str, layouts) -> bool:
+    """Whether (``layout``, ``shape``) is ``case_name``'s one combination in
+    a short form: the zoo's families take the layouts and the batch shapes
+    in turn, so each runs with some family."""
+    from conformance import zoo  # pylint: disable=import-outside-toplevel
+
+    turn = [c.name for c in zoo.CASES].index(case_name)
+    return (layout, shape) == (layouts[turn % len(layouts)],
+                               tuple(BATCH_SHAPES)[turn % len(BATCH_SHAPES)])
+
+
+def split_matrix(layouts, in_short_form, layout_id):
+    """Every zoo family x layout x batch shape, as pytest parameters
+    ``(case_name, layout, shape)`` named ``family-<layout_id(layout)>-shape``;
+    those ``in_short_form(case_name, layout, shape)`` leaves out are marked
+    ``conformance_full``."""
+    import pytest  # pylint: disable=import-outside-toplevel
+    from conformance import zoo  # pylint: disable=import-outside-toplevel
+
+    for case in zoo.CASES:
+        for layout in layouts:
+            for shape in BATCH_SHAPES:
+                marks = [] if in_short_form(case.name, layout, shape) else [
+                    pytest.mark.conformance_full]
+                yield pytest.param(case.name, layout, shape, marks=marks,
+                                   id=f"{case.name}-{layout_id(layout)}-{shape}")

@@ -50,21 +50,9 @@ def in_short_form(case_name: str, layout: tuple, shape: str) -> bool:
     """CI: every fourth family (zoo order) and each family a layout refuses
     or warns of, once, layouts and batch shapes in turn."""
     turn = [c.name for c in zoo.CASES].index(case_name)
-    expected = (case_name, layout[-1]) in EXPECTED
-    if turn % 4 and not expected:
+    if turn % 4 and (case_name, layout[-1]) not in EXPECTED:
         return False
-    return (layout, shape) == (LAYOUTS[turn % len(LAYOUTS)],
-                               tuple(harness.BATCH_SHAPES)[turn % len(harness.BATCH_SHAPES)])
-
-
-def _matrix():
-    for case in zoo.CASES:
-        for layout in LAYOUTS:
-            for shape in harness.BATCH_SHAPES:
-                marks = [] if in_short_form(case.name, layout, shape) else [
-                    pytest.mark.conformance_full]
-                yield pytest.param(case.name, layout, shape, marks=marks,
-                                   id=f"{case.name}-{_layout_id(layout)}-{shape}")
+    return harness.takes_its_turn(case_name, layout, shape, LAYOUTS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,7 +75,7 @@ def _options(layout):
     return options
 
 
-@pytest.mark.parametrize("case_name,layout,shape", list(_matrix()))
+@pytest.mark.parametrize("case_name,layout,shape", list(harness.split_matrix(LAYOUTS, in_short_form, _layout_id)))
 def test_a_composed_layout_equals_one_device(case_name, layout, shape):
     case = zoo.BY_NAME[case_name]
     row = dict(case=case_name, strategy=f"composed_{_layout_id(layout)}", shape=shape,

@@ -65,20 +65,12 @@ def in_short_form(case_name: str, layout: tuple, shape: str) -> bool:
     turn = [c.name for c in zoo.CASES].index(case_name)
     if turn % 2 and case_name not in EXPECTED:
         return False
-    return (layout, shape) == (LAYOUTS[turn % len(LAYOUTS)],
-                               tuple(harness.BATCH_SHAPES)[turn % len(harness.BATCH_SHAPES)])
+    return harness.takes_its_turn(case_name, layout, shape, LAYOUTS)
 
 
-def _matrix():
-    for case in zoo.CASES:
-        for layout in LAYOUTS:
-            for shape in harness.BATCH_SHAPES:
-                stages, micro_batches, schedule = layout
-                marks = [] if in_short_form(case.name, layout, shape) else [
-                    pytest.mark.conformance_full]
-                yield pytest.param(case.name, layout, shape, marks=marks,
-                                   id=f"{case.name}-{stages}stages-m{micro_batches}-"
-                                      f"{schedule}-{shape}")
+def _layout_id(layout) -> str:
+    stages, micro_batches, schedule = layout
+    return f"{stages}stages-m{micro_batches}-{schedule}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,7 +86,7 @@ def _options(layout):
         cuts=cuts_for(model, stages), micro_batches=micro_batches, schedule=schedule)}
 
 
-@pytest.mark.parametrize("case_name,layout,shape", list(_matrix()))
+@pytest.mark.parametrize("case_name,layout,shape", list(harness.split_matrix(LAYOUTS, in_short_form, _layout_id)))
 def test_a_pipeline_equals_one_device(case_name, layout, shape):
     case = zoo.BY_NAME[case_name]
     stages, micro_batches, schedule = layout

@@ -31,8 +31,9 @@ from tfdist.communication.sharding import ShardedOptimizerState
 from tfdist.errors import ConfigurationError
 
 
-def _items(communication) -> tuple:
-    """The parts in ``communication`` (the argument: one, a tuple or None)."""
+def parts_of(communication) -> tuple:
+    """The parts in ``communication`` (the argument: one, a tuple or None);
+    `tfdist.parallel.plan` reads them too."""
     if isinstance(communication, (tuple, list)):
         return tuple(communication)
     return () if communication is None else (communication,)
@@ -53,7 +54,7 @@ class Communication:
                strategy: tf.distribute.Strategy) -> "Communication":
         """Checks ``communication`` (the argument), attaches its parts to
         ``model``'s optimizer and returns them as one object."""
-        items = _items(communication)
+        items = parts_of(communication)
         kinds = (Compression, LocalSGD, ShardedOptimizerState)
         unknown = [item for item in items if not isinstance(item, kinds)]
         if unknown:
@@ -99,7 +100,7 @@ class Communication:
         XLA on mirrored CPU and GPU strategies: the step then runs without
         XLA, with a warning (the numbers are the same; only the speed
         differs)."""
-        shards_weights = [item for item in _items(communication)
+        shards_weights = [item for item in parts_of(communication)
                           if getattr(item, "shards_weights", False)]
         if compiled and shards_weights:
             warnings.warn(

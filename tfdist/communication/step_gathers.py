@@ -40,10 +40,17 @@ class StepWeights:
         self._sharding = sharding
         self._context, self._replica, self._launcher = context, replica, launcher
 
+    def _owned_by(self, layer) -> list:
+        """The indices of ``layer``'s trainable weights among the gathered."""
+        return [self._index[id(w)] for w in layer.trainable_weights if id(w) in self._index]
+
     def of_layer(self, layer) -> list:
         """The gathered tensors of ``layer``'s trainable weights."""
-        return [self.tensors[self._index[id(w)]] for w in layer.trainable_weights
-                if id(w) in self._index]
+        return [self.tensors[index] for index in self._owned_by(layer)]
+
+    def by_weight_id(self) -> dict:
+        """The gathered tensors by ``id`` of their Keras weight."""
+        return {key: self.tensors[index] for key, index in self._index.items()}
 
     @contextlib.contextmanager
     def read_by(self, layer):
@@ -51,8 +58,7 @@ class StepWeights:
         ``layer`` does not own is an error naming both: its gradient would
         not reach it."""
         outer = getattr(_THREAD, "reader", None)
-        _THREAD.reader = (layer, {self._index[id(w)] for w in layer.trainable_weights
-                                  if id(w) in self._index})
+        _THREAD.reader = (layer, set(self._owned_by(layer)))
         try:
             yield
         finally:

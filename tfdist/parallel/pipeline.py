@@ -247,7 +247,7 @@ class Pipeline:
                     result = forward_backward(
                         model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
                         inputs["mask"], global_examples, micro_batch=True,
-                        **({} if weights is None else {"sources": weights.tensors}))
+                        sources=None if weights is None else weights.tensors)
                 results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
                 sizes.append(part.batch().real_examples())
         self.ordering_edges = trace.order(self._orders, pipeline=replica)
@@ -267,7 +267,7 @@ class Pipeline:
         regularization = weight_regularizers.on_weight_devices(
             regularized, model.optimizer.scale_loss,
             share=_replica_share(batch.real_examples(), global_examples),
-            sources=None if weights is None else dict(zip(map(id, variables), weights.tensors)))
+            sources=None if weights is None else weights.by_weight_id())
         gradients = _summed_gradients([r.gradients for r in results], variables,
                                       regularization.gradients)
         if weights is not None:

@@ -55,6 +55,7 @@ import tensorflow as tf
 from tfdist._internal import collectives
 from tfdist._internal.keras import model_state as keras_model_state
 from tfdist.communication.fully_sharded import FullySharded
+from tfdist.communication.plan import parts_of
 from tfdist.errors import ConfigurationError
 from tfdist.parallel.pipeline import Pipeline
 from tfdist.replica import keras_steps
@@ -138,7 +139,7 @@ class ModelPlan:
         whose ``attach_to`` then waits) attach when tfdist builds it."""
         if model.built:
             return
-        sharded = [part for part in _parts(communication) if isinstance(part, FullySharded)]
+        sharded = [part for part in parts_of(communication) if isinstance(part, FullySharded)]
         for part in sharded:
             part._attach_when_built()  # pylint: disable=protected-access
         if self.pipeline is not None or sharded:
@@ -189,18 +190,11 @@ class ModelPlan:
         return ForwardBackward(gradients, parts, global_examples, outputs)
 
 
-def _parts(communication) -> tuple:
-    """The parts of ``communication`` (the argument: one, a tuple or None)."""
-    if isinstance(communication, (tuple, list)):
-        return tuple(communication)
-    return () if communication is None else (communication,)
-
-
 def _sharding_across_stages(pipeline, communication, replicas: int):
     """The `FullySharded` part of ``communication`` (one, or None) that
     shards each stage's weights over the data axis, told to gather once per
     step; any other part is refused, naming it."""
-    parts = _parts(communication)
+    parts = parts_of(communication)
     others = [part for part in parts if not isinstance(part, FullySharded)]
     if others:
         raise ConfigurationError(
