@@ -198,7 +198,9 @@ def test_freed_after_forward_at_most_two_layers_are_gathered_at_once():
     process of its own) over 4 replicas and 12 equal layers, in units of
     one layer's weight per replica: freed after the forward pass, it holds
     the gradients' slices (12/4) plus at most two gathered layers and one
-    whole gradient being reduce-scattered; kept whole, all 12 layers."""
+    whole gradient being reduce-scattered; kept whole, all 12 layers. The
+    same 12 layers inside one layer of the model are one unit (all 12
+    gathered at once) unless ``units=`` names them by path."""
     program = pathlib.Path(__file__).parents[1] / "programs" / "fully_sharded_peak.py"
     done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
                           timeout=300, check=False)
@@ -207,6 +209,8 @@ def test_freed_after_forward_at_most_two_layers_are_gathered_at_once():
     assert peaks["keep_gathered"] >= 12, peaks
     assert peaks["reshard"] <= 12 / 4 + 3, peaks
     assert peaks["reshard_no_prefetch"] <= 12 / 4 + 3, peaks
+    assert peaks["nested_one_unit"] >= 12, peaks
+    assert peaks["nested_units"] <= 12 / 4 + 3, peaks
 
 
 def test_a_layer_that_updates_statistics_keeps_its_gathered_weights_and_says_so():

@@ -111,5 +111,5 @@ def test_what_does_not_compose_yet_is_refused_and_what_does_not_apply_is_named()
                 tfdist.Trainer(model, strategy, parallel=pipeline, communication=communication)
         else:
             with pytest.warns(UserWarning, match=r"gathered once per step.*"
-                                                 r"reshard_after_forward does not apply"):
+                                                 r"reshard_after_forward and units do not apply"):
                 tfdist.Trainer(model, strategy, parallel=pipeline, communication=communication)

@@ -350,7 +350,8 @@ def test_batch_normalization_is_named_as_seeing_micro_batches():
 
 def test_what_a_pipeline_cannot_do_yet_is_refused_naming_it(make_strategy):
     x, y, _ = ref.classification_arrays(8)
-    with pytest.raises(ConfigurationError, match=r"no top-level layer named \['h9'\]"):
+    with pytest.raises(ConfigurationError,
+                       match=r"no layer at path 'h9'; the model's layers are \['h1', 'h2'"):
         tfdist.attach(_model(), parallel=tfdist.parallel.Pipeline(cuts=["h9"], micro_batches=2)
                       ).fit(x, y, verbose=0)
     with pytest.raises(ConfigurationError, match="not its last layer"):

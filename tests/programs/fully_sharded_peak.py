@@ -24,15 +24,21 @@ import tfdist  # noqa: E402
 from tfdist.communication import FullySharded  # noqa: E402
 
 REPLICAS, LAYERS, UNITS, BATCH = 4, 12, 256, 8
-SETTINGS = {"reshard": {}, "reshard_no_prefetch": {"prefetch": False},
-            "keep_gathered": {"reshard_after_forward": False}}
+# (options, whether the layers sit inside one layer, "stack")
+SETTINGS = {"reshard": ({}, False), "reshard_no_prefetch": ({"prefetch": False}, False),
+            "keep_gathered": ({"reshard_after_forward": False}, False),
+            "nested_one_unit": ({}, True),
+            "nested_units": ({"units": [r"stack/layer_\d+"]}, True)}
 
 
-def peak_in_layers(options: dict) -> float:
+def peak_in_layers(options: dict, nested: bool) -> float:
     strategy = tfdist.make_strategy("mirrored", num_replicas=REPLICAS)
     with strategy.scope():
-        model = keras.Sequential([keras.Input((UNITS,))] + [
-            keras.layers.Dense(UNITS, use_bias=False) for _ in range(LAYERS)])
+        layers = [keras.layers.Dense(UNITS, use_bias=False, name=f"layer_{index}")
+                  for index in range(LAYERS)]
+        if nested:  # (the stack is one layer of the model: one unit unless `units` opens it)
+            layers = [keras.Sequential(layers, name="stack")]
+        model = keras.Sequential([keras.Input((UNITS,))] + layers)
         model.compile("sgd", "mse")
     model = tfdist.attach(model, strategy, communication=FullySharded(**options))
     x = np.random.default_rng(0).random((BATCH, UNITS), "float32")
@@ -46,7 +52,7 @@ def peak_in_layers(options: dict) -> float:
 
 def main():
     tfdist.strategies.configure_logical_cpus(REPLICAS)
-    print(json.dumps({name: peak_in_layers(options) for name, options in SETTINGS.items()}))
+    print(json.dumps({name: peak_in_layers(*setting) for name, setting in SETTINGS.items()}))
 
 
 if __name__ == "__main__":

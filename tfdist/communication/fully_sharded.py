@@ -83,17 +83,18 @@ What runs and what is refused (a `ConfigurationError` saying why):
   convert a variable at each TensorFlow op, a regularizer reads it again,
   an RNN reads its kernels at every time step inside a loop: the gather
   runs in the step, before the loop, `tfdist._internal.step_graph`).
-- ``reshard_after_forward`` (the default): each top-level layer's gathered
-  weights are freed after its forward pass and gathered again in the
-  backward pass, which computes the layer's forward pass again; with
-  ``prefetch``, at most two layers' gathered weights are alive at once
+- ``reshard_after_forward`` (the default): each layer's gathered weights
+  (each unit's: the model's layers, or nested ones by path, ``units=``)
+  are freed after its forward pass and gathered again in the backward
+  pass, which computes the layer's forward pass again; with ``prefetch``,
+  at most two units' gathered weights are alive at once
   (`tfdist.communication.gather_units`).
 """
 
 import types
 import warnings
 import weakref
-from typing import Optional
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -101,6 +102,7 @@ from tfdist._internal import collectives, replica_share, sparse_gradients, step_
 from tfdist._internal.keras import optimizer as keras_optimizer, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.communication import compression, gather_units, model_support, sharded_checkpoints
+from tfdist.communication import step_gathers
 from tfdist.communication.step_gathers import StepWeights
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.sharding import ShardedOptimizerState
@@ -117,7 +119,8 @@ class FullySharded(ShardedOptimizerState):
 
     shards_weights = True
 
-    def __init__(self, *, reshard_after_forward: Optional[bool] = None, prefetch: bool = True):
+    def __init__(self, *, reshard_after_forward: Optional[bool] = None, prefetch: bool = True,
+                 units: Optional[Sequence[str]] = None):
         """
         Args:
           reshard_after_forward: free each layer's gathered weights after
@@ -134,11 +137,20 @@ class FullySharded(ShardedOptimizerState):
             weights while this one computes (at most two layers' gathered
             weights alive at once); False: one layer at a time, each
             gather waiting for the layer before it.
+          units: with ``reshard_after_forward``, the layers gathered and
+            freed as one, by path (regular expressions matched whole, as
+            `keras.distribution.LayoutMap` keys are: ``"backbone/block_\\d+"``
+            makes each block inside layer ``backbone`` a unit, as PyTorch
+            users call ``fully_shard`` on each block); the other layers
+            beside them are units too
+            (`tfdist._internal.keras.layer_paths.units`). Default: each of
+            the model's layers.
         """
         super().__init__()
         self.reshard_after_forward = (True if reshard_after_forward is None
                                       else bool(reshard_after_forward))
         self.prefetch = bool(prefetch)
+        self.units = gather_units.unit_patterns(units, self.reshard_after_forward)
         self._strategy = None
         self._units = None
         self._optimizer = None
@@ -156,6 +168,8 @@ class FullySharded(ShardedOptimizerState):
             options.append("reshard_after_forward=False")
         if not self.prefetch:
             options.append("prefetch=False")
+        if self.units is not None:
+            options.append(f"units={self.units!r}")
         return f"FullySharded({', '.join(options)})"
 
     def attach_to(self, model, strategy: tf.distribute.Strategy) -> None:
@@ -179,7 +193,7 @@ class FullySharded(ShardedOptimizerState):
         if self.reshard_after_forward and not self._per_step:
             self._units = gather_units.GatherUnits(
                 in_replica_step=self._replica_step_being_traced, prefetch=self.prefetch)
-            self._units.wrap(model)
+            self._units.wrap(model, self.units or [], what=repr(self))
 
     def _slice_weights(self, model, strategy) -> None:
         """Replaces every trainable weight's storage (a whole copy per
@@ -335,39 +349,18 @@ class FullySharded(ShardedOptimizerState):
         its gradient summed over them is reduce-scattered once
         (`_gathered_for_step`, `StepWeights.scattered`), as PyTorch's FSDP does with
         pipelining. Per layer resharding would gather every weight m times."""
-        if self.reshard_after_forward is True and self._reshard_asked:
+        if self.reshard_after_forward is True and (self._reshard_asked or self.units):
             warnings.warn(
                 f"{self!r} with a pipeline: each stage's weights are gathered once per step "
                 "for all its micro-batches (not again per layer and micro-batch), and freed "
-                "after the step; reshard_after_forward does not apply. The numbers are the "
-                "same.", stacklevel=4)
+                "after the step; reshard_after_forward and units do not apply. The numbers "
+                "are the same.", stacklevel=4)
         self._per_step = True
 
-    def _gathered_for_step(self, variables) -> "StepWeights":
-        """Inside a replica of a pipelined step (traced): each of
-        ``variables`` (the model's trainable weights, in order) gathered
-        whole on its own device, with no gradient of its own; every read of
-        a weight in this step's graph reads it. The micro-batches' gradients
-        are taken with respect to ``StepWeights.tensors``."""
-        context = tf.distribute.get_replica_context()
-        replica = self._replica_index(self._strategy)
-        launcher = collectives.replica_launcher(self._strategy, replica)
-        gathered = self._gathered.setdefault(step_graph.of_this_replica(), {})
-        tensors = []
-        local_replica = distributed_variables.local_replica()
-        for index, variable in enumerate(variables):
-            storage = sliced_weights.storage(variable)
-            local = tf.convert_to_tensor(storage)
-            device = distributed_variables.local_copies(storage)[local_replica].device
-            with tf.device(device), tf.name_scope("gathered_for_step"):
-                slices = (context.all_gather(local, axis=0) if launcher is None
-                          else collectives.all_gather_rows(launcher, local))
-                whole = self._layout.whole(index, slices)
-            gathered[(replica, index)] = whole
-            tensors.append(whole)
-        steps = self._step_weights.setdefault(step_graph.of_this_replica(), {})
-        steps[replica] = StepWeights(tensors, variables, self, context, replica, launcher)
-        return steps[replica]
+    def _gathered_for_step(self, variables) -> StepWeights:
+        """Each of ``variables`` gathered whole for a pipelined step
+        (`tfdist.communication.step_gathers.gathered_for_step`)."""
+        return step_gathers.gathered_for_step(self, variables, self._layout)
 
     def _file_updated_variables(self, optimizer, strategy, variables, stand_ins, dtype) -> None:
         """The updates run in the weights' own slices: each weight is filed

@@ -8,7 +8,8 @@ whole weights. TensorFlow keeps every input of an op alive until the
 op's gradient has run: a ``MatMul`` keeps its weight operand for the
 backward pass. Freeing a gathered weight after the forward pass
 therefore means the backward pass must not use the forward's tensors.
-Each unit (a top-level layer of the model that owns trainable weights)
+Each unit (a layer of the model that owns trainable weights, or a nested
+one named by path: `tfdist._internal.keras.layer_paths.units`)
 runs as one ``tf.custom_gradient`` whose gradient gathers the unit's
 weights again and recomputes the unit's forward pass from its inputs
 (as ``tf.recompute_grad`` does, which Keras' ``RematScope`` uses): the
@@ -32,12 +33,13 @@ import functools
 import threading
 import warnings
 import weakref
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import tensorflow as tf
 
 from tfdist._internal import state_writes
-from tfdist._internal.keras import compiled as keras_compiled, layer_calls, layer_units
+from tfdist._internal.keras import compiled as keras_compiled, layer_calls, layer_paths, layer_units
+from tfdist.errors import ConfigurationError
 
 _THREAD = threading.local()
 
@@ -80,10 +82,26 @@ class _Anchors:
         self.backward = None
 
 
+def unit_patterns(units, reshard_after_forward: bool) -> Optional[List[str]]:
+    """``FullySharded(units=...)`` checked: a list of layer paths (regular
+    expressions), which only resharding after the forward pass uses."""
+    if units is None:
+        return None
+    if isinstance(units, str) or not all(isinstance(u, str) for u in units):
+        raise ConfigurationError(
+            f"FullySharded: `units` ({units!r}) must be a list of layer paths (regular "
+            "expressions), e.g. ['backbone/block_\\d+'].")
+    if not reshard_after_forward:
+        raise ConfigurationError(
+            "FullySharded(units=...) chooses what is gathered and freed as one, which only "
+            "reshard_after_forward=True does; drop `units` or reshard_after_forward=False.")
+    return list(units)
+
+
 class GatherUnits:
-    """Wraps the ``call`` of a model's top-level layers that own trainable
-    weights, so that each runs as a unit (module doc) inside a replica of a
-    step; anywhere else they run as before.
+    """Wraps the ``call`` of a model's units that own trainable weights,
+    so that each runs as a unit (module doc) inside a replica of a step;
+    anywhere else they run as before.
 
     Args:
       in_replica_step: returns the (graph, replica) of the replica step
@@ -99,15 +117,22 @@ class GatherUnits:
         self.kept_whole = []  # names of units whose gathered weights stay through the step
         self._lock = threading.Lock()
 
-    def wrap(self, model) -> List[str]:
-        """Makes each top-level layer of ``model`` with trainable weights a
-        unit; returns their names."""
-        names = []
-        for layer in model.layers:
-            if layer.trainable_weights and layer_units.wrap_call(
-                    layer, "gather", functools.partial(self._unit_call, layer)):
-                names.append(layer.name)
-        return names
+    def wrap(self, model, patterns: Sequence[str] = (), what: str = "FullySharded") -> List[str]:
+        """Makes each layer of ``model`` whose path one of ``patterns``
+        matches, and each layer beside them, a unit if it has trainable
+        weights (`tfdist._internal.keras.layer_paths.units`; no patterns:
+        the model's layers); returns their paths."""
+        named = layer_paths.matching(model, patterns)
+        if patterns and not named:
+            raise ConfigurationError(
+                f"{what}: `units` {list(patterns)} match no layer's path; the model's layers "
+                f"are {[path for path, _ in layer_paths.walk(model)][:24]}.")
+        paths = []
+        for unit in layer_paths.units(model, named, what=what):
+            if unit.layer.trainable_weights and layer_units.wrap_call(
+                    unit.layer, "gather", functools.partial(self._unit_call, unit.layer)):
+                paths.append(unit.path)
+        return paths
 
     def _unit_call(self, layer, original):
         """``original`` (``layer``'s call) run as a unit inside a replica

@@ -21,6 +21,9 @@ import threading
 
 import tensorflow as tf
 
+from tfdist._internal import collectives, step_graph
+from tfdist._internal.keras import sliced_weights
+from tfdist._internal.tensorflow import distributed_variables
 from tfdist.errors import ConfigurationError
 
 _THREAD = threading.local()
@@ -85,3 +88,34 @@ class StepWeights:
                 sliced.append(self._sharding._reduce_scatter(  # pylint: disable=protected-access
                     index, gradient, self._context, self._replica, self._launcher))
         return sliced
+
+
+def gathered_for_step(sharding, variables, layout) -> StepWeights:
+    """Inside a replica of a pipelined step (traced): each of ``variables``
+    (the model's trainable weights, in order), sharded by ``sharding`` (a
+    `tfdist.communication.FullySharded`, in ``layout``: its
+    `tfdist.communication.shard_layout.ShardLayout`), gathered whole on its own device,
+    with no gradient of its own; every read of a weight in this step's
+    graph reads it. The micro-batches' gradients are taken with respect to
+    ``StepWeights.tensors``."""
+    # pylint: disable=protected-access
+    context = tf.distribute.get_replica_context()
+    replica = sharding._replica_index(sharding._strategy)
+    launcher = collectives.replica_launcher(sharding._strategy, replica)
+    graph = step_graph.of_this_replica()
+    gathered = sharding._gathered.setdefault(graph, {})
+    tensors = []
+    local_replica = distributed_variables.local_replica()
+    for index, variable in enumerate(variables):
+        storage = sliced_weights.storage(variable)
+        local = tf.convert_to_tensor(storage)
+        device = distributed_variables.local_copies(storage)[local_replica].device
+        with tf.device(device), tf.name_scope("gathered_for_step"):
+            slices = (context.all_gather(local, axis=0) if launcher is None
+                      else collectives.all_gather_rows(launcher, local))
+            whole = layout.whole(index, slices)
+        gathered[(replica, index)] = whole
+        tensors.append(whole)
+    steps = sharding._step_weights.setdefault(graph, {})
+    steps[replica] = StepWeights(tensors, variables, sharding, context, replica, launcher)
+    return steps[replica]

@@ -12,11 +12,20 @@ batch cut into micro-batches that flow through them (GPipe; 1F1B).
 >>> [w.value.device.endswith(d) for w, d in zip(model.weights, ["CPU:0"] * 2 + ["CPU:1"] * 2)]
 [True, True, True, True]
 
-``cuts`` names the layers after which a new stage starts (top-level layers
-of the model, in order): here ``first`` on the first device, ``second`` on
-the second. Each stage's weights (and so its optimizer state) live on its
+``cuts`` names the layers after which a new stage starts, in the
+model's order: here ``first`` on the first device, ``second`` on the
+second. Each stage's weights (and so its optimizer state) live on its
 device, and its layers run there, forward and backward
 (`tfdist.parallel.stage_units`).
+
+A cut may name a nested layer by its path, ``"outer/inner"``
+(`tfdist._internal.keras.layer_paths`): a model whose blocks sit inside
+one layer (a backbone model used as a layer, a stack of blocks written
+as one layer) is cut between its blocks, e.g.
+``cuts=["backbone/block_1"]``: stage 0 holds the layers before the
+backbone and its blocks up to ``block_1``, stage 1 the rest. The
+backbone's own operations between its blocks (an addition, a reshape)
+run on the last stage's device; the values are the same.
 
 **Exact.** Each micro-batch's loss is its examples' share of the global
 batch's loss (divided by the global batch's example count, not the
@@ -81,7 +90,7 @@ import tensorflow as tf
 
 from tfdist._internal import graph_order, sparse_gradients
 from tfdist._internal.keras import batch_statistics as keras_statistics
-from tfdist._internal.keras import compiled as keras_compiled
+from tfdist._internal.keras import compiled as keras_compiled, layer_paths
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
 from tfdist._internal.keras import weight_regularizers
 from tfdist._internal.tensorflow import distributed_variables
@@ -99,8 +108,9 @@ class Pipeline:
     to `tfdist.attach` or `tfdist.Trainer`.
 
     Args:
-      cuts: names of top-level layers, in the model's order; a stage ends
-        after each. S = len(cuts) + 1 stages.
+      cuts: the layers a stage ends after, in the model's order: names of
+        the model's layers, or paths of nested ones (``"backbone/block_1"``).
+        S = len(cuts) + 1 stages.
       micro_batches: m, the micro-batches each batch is cut into (the
         first ones one row longer when m does not divide it).
       schedule: ``"1f1b"`` or ``"gpipe"`` (`tfdist.parallel.schedules.REGISTRY`),
@@ -183,9 +193,8 @@ class Pipeline:
             return
         stage_of = self._stage_of(model)
         per_replica = stage_devices.per_replica(self.devices, self.stages, strategy)
-        for layer in model.layers:
-            stage = stage_of[layer.name]
-            for weight in layer.weights:
+        for unit, stage in stage_of:
+            for weight in unit.layer.weights:
                 placed_weights.place_copies(
                     weight, [devices[stage] for devices in per_replica], strategy)
         stage_updates.run_on_weight_devices(model.optimizer)
@@ -193,22 +202,22 @@ class Pipeline:
         _warn_batch_statistics(model)
         self.devices = [device for devices in per_replica for device in devices]
         self._units = StageUnits(per_replica, stage_of)
-        self._units.wrap(model)
+        self._units.wrap()
 
-    def _stage_of(self, model) -> dict:
-        names = [layer.name for layer in model.layers]
-        missing = [cut for cut in self.cuts if cut not in names]
-        if missing:
-            raise ConfigurationError(
-                f"{self!r}: no top-level layer named {missing}; the model's layers are "
-                f"{names}.")
-        positions = [names.index(cut) for cut in self.cuts]
-        if positions != sorted(set(positions)) or positions[-1] == len(names) - 1:
+    def _stage_of(self, model) -> list:
+        """[(`layer_paths.Unit`, stage), ...]: the layers the cuts make
+        units (the cut layers and those beside them in every layer opened
+        to reach one), each unit's stage."""
+        units = layer_paths.units(model, self.cuts, what=repr(self))
+        paths = [unit.path for unit in units]
+        positions = [paths.index(cut) for cut in self.cuts]
+        if positions != sorted(set(positions)) or positions[-1] == len(paths) - 1:
             raise ConfigurationError(
                 f"{self!r}: the cuts must name different layers in the model's order, not "
-                f"its last layer ({names[-1]!r}: the last stage would be empty).")
-        return {name: sum(position < index for position in positions)
-                for index, name in enumerate(names)}
+                f"its last layer ({paths[-1]!r}: the last stage would be empty); the layers "
+                f"in order are {paths}.")
+        return [(unit, sum(position < index for position in positions))
+                for index, unit in enumerate(units)]
 
     # -- the step --------------------------------------------------------
 

@@ -1,8 +1,9 @@
-"""A model's top-level layers as pipeline stages: each layer runs on its
-stage's device, forward and backward, and each stage's passes of a step's
+"""A model's layers as pipeline stages: each unit (a layer the cuts
+name, or one beside them: `tfdist._internal.keras.layer_paths.units`,
+nested layers by path) runs on its stage's device, forward and backward, and each stage's passes of a step's
 micro-batches run in the schedule's order (`tfdist.parallel.pipeline`).
 
-Every top-level layer's ``call`` is wrapped. Wherever it runs, its ops are
+Every unit's ``call`` is wrapped. Wherever it runs, its ops are
 placed on its stage's device (``tf.device``). Inside a pipelined training
 step (`StageUnits.micro_batch`) the call also runs as one
 ``tf.custom_gradient`` whose gradient is computed under the same device:
@@ -96,20 +97,20 @@ def _waits_for(start, previous: _Pass) -> bool:
 
 
 class StageUnits:
-    """Wraps the ``call`` of each of ``model``'s top-level layers to run on
-    ``devices[pipeline][stage_of[layer name]]`` (module doc): ``devices``
-    has one list of stage devices per local replica; each replica's calls
-    run on its own pipeline's (evaluation and prediction too)."""
+    """Wraps the ``call`` of each unit of ``stage_of`` (pairs of a
+    `tfdist._internal.keras.layer_paths.Unit` and its stage) to run on
+    ``devices[pipeline][stage]`` (module doc): ``devices`` has one list of
+    stage devices per local replica; each replica's calls run on its own
+    pipeline's (evaluation and prediction too)."""
 
-    def __init__(self, devices: Sequence[Sequence[str]], stage_of: Dict[str, int]):
+    def __init__(self, devices: Sequence[Sequence[str]], stage_of: Sequence[tuple]):
         self.devices = [list(stages) for stages in devices]
-        self.stage_of = dict(stage_of)
+        self.stage_of = list(stage_of)
 
-    def wrap(self, model) -> None:
-        for layer in model.layers:
-            if layer.name in self.stage_of:
-                layer_units.wrap_call(layer, "stage", functools.partial(
-                    self._stage_call, layer=layer, stage=self.stage_of[layer.name]))
+    def wrap(self) -> None:
+        for unit, stage in self.stage_of:
+            layer_units.wrap_call(unit.layer, "stage", functools.partial(
+                self._stage_call, layer=unit.layer, stage=stage))
 
     @staticmethod
     @contextlib.contextmanager

@@ -144,7 +144,7 @@ PRIVATES: Tuple[Private, ...] = (
     Private("keras.src.trainers.data_adapters.tf_dataset_adapter",
             "make_class_weight_map_fn", "data_adapters"),
     Private("keras.src.utils.python_utils", "is_default", "callbacks"),
-    Private("keras", "Layer._flatten_layers", "model_state.all_layers"),
+    Private("keras", "Layer._flatten_layers", "model_state.all_layers, layer_paths.children"),
     Private("keras", "Model._symbolic_build", "model_state.build_model_state"),
     Private("keras", "Variable._maybe_autocast", "sliced_weights"),
     Private(_OPS + ".core", "Variable._direct_assign", "sliced_weights"),
