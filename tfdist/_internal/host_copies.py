@@ -16,31 +16,28 @@ holds more than its own slices.
 """
 
 import contextlib
-import threading
 from typing import Callable
 
 import tensorflow as tf
 from tensorflow.python.trackable import base as trackable_base
 
+from tfdist._internal.thread_values import ThreadValue
+
 _VALUE = "VARIABLE_VALUE"  # the name a variable's value is saved under
-_MODE = threading.local()
+_PIECES = ThreadValue(default=False)  # within `worker_pieces_only`
 
 
 @contextlib.contextmanager
 def worker_pieces_only():
     """Within this block (on this thread), host copies of values stored in
     slices hold this worker's pieces only."""
-    before = getattr(_MODE, "pieces", False)
-    _MODE.pieces = True
-    try:
+    with _PIECES.set_to(True):
         yield
-    finally:
-        _MODE.pieces = before
 
 
 def copying_pieces() -> bool:
     """True within `worker_pieces_only`."""
-    return getattr(_MODE, "pieces", False)
+    return _PIECES.get()
 
 
 class PiecesCopy(trackable_base.Trackable):

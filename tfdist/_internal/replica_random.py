@@ -19,20 +19,20 @@ Installed on first use, never at import.
 """
 
 import contextlib
-import threading
 
 import tensorflow as tf
 
 from tfdist._internal.keras import patches
+from tfdist._internal.once import once
+from tfdist._internal.thread_values import ThreadValue
 
-_state = threading.local()
-_installed = []
+_DRAWING = ThreadValue(default=0)  # depth of `independent_draws` blocks
 
 
 def _fold_in_replica(draw_seed):
     def draw(seed):
         drawn = draw_seed(seed)
-        if not getattr(_state, "depth", 0):
+        if not _DRAWING.get():
             return drawn
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync < 2:
@@ -42,20 +42,15 @@ def _fold_in_replica(draw_seed):
     return draw
 
 
+@once
 def install() -> None:
     """Wraps the seed draw of Keras' TensorFlow random ops, once per process."""
-    if _installed:
-        return
     patches.wrap_seed_draw(_fold_in_replica)
-    _installed.append(True)
 
 
 @contextlib.contextmanager
 def independent_draws():
     """Keras random ops traced inside draw per-replica streams (this thread)."""
     install()
-    _state.depth = getattr(_state, "depth", 0) + 1
-    try:
+    with _DRAWING.deeper():
         yield
-    finally:
-        _state.depth -= 1

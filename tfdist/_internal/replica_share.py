@@ -37,9 +37,12 @@ import tensorflow as tf
 
 from tfdist._internal import sparse_gradients
 from tfdist._internal.keras import patches
+from tfdist._internal.once import once
+from tfdist._internal.thread_values import ThreadValue
 
-_state = threading.local()
-_installed = []
+_SHARE = ThreadValue()  # the traced replica's share, within `replica_share`
+_WHOLE = ThreadValue(default=0)  # depth of `keras_losses_whole` blocks
+_IN_COMPUTE_LOSS = ThreadValue(default=0)  # depth of a scaled compute_loss's calls
 # Traces inside `replica_share`, over all threads. A LossScaleOptimizer
 # under MirroredStrategy applies gradients through ``merge_call``, which
 # runs each replica's update in a fresh thread (no thread-local share): the
@@ -50,22 +53,20 @@ _active_lock = threading.Lock()
 
 def current_share():
     """The share of the replica whose step is being traced, or None."""
-    return getattr(_state, "share", None)
+    return _SHARE.get()
 
 
 @contextlib.contextmanager
 def replica_share(share: tf.Tensor, num_replicas: int):
     """Traces a user's step in one replica with ``share = N * n_r / G``."""
     install()
-    previous = getattr(_state, "share", None)
-    _state.share = share
     with _active_lock:
         _active["traces"] += 1
         _active["replicas"] = num_replicas
     try:
-        yield
+        with _SHARE.set_to(share):
+            yield
     finally:
-        _state.share = previous
         with _active_lock:
             _active["traces"] -= 1
 
@@ -77,12 +78,8 @@ def keras_losses_whole():
     value by the rows' share itself (a pipeline's micro-batch through a
     model's own ``compute_loss``, `tfdist.replica.own_compute_loss`)."""
     install()
-    depth = getattr(_state, "whole_depth", 0)
-    _state.whole_depth = depth + 1
-    try:
+    with _WHOLE.deeper():
         yield
-    finally:
-        _state.whole_depth = depth
 
 
 def _by_share(original, operation):
@@ -90,12 +87,12 @@ def _by_share(original, operation):
     share)``, except inside ``compute_loss``, whose result is scaled whole;
     within `keras_losses_whole`, the value as it is."""
     def by_share(value):
-        if getattr(_state, "whole_depth", 0):
+        if _WHOLE.get():
             return value
         share = current_share()
         if share is None:
             return original(value)
-        if getattr(_state, "compute_loss_depth", 0):
+        if _IN_COMPUTE_LOSS.get():
             return value
         return operation(value, tf.cast(share, value.dtype))
     return by_share
@@ -144,11 +141,8 @@ def scale_compute_loss(model) -> None:
         share = current_share()
         if share is None:
             return compute_loss(*args, **kwargs)
-        _state.compute_loss_depth = getattr(_state, "compute_loss_depth", 0) + 1
-        try:
+        with _IN_COMPUTE_LOSS.deeper():
             loss = compute_loss(*args, **kwargs)
-        finally:
-            _state.compute_loss_depth -= 1
         return tf.math.multiply_no_nan(loss, tf.cast(share, loss.dtype))
 
     patches.replace_methods_of(model, {"compute_loss": compute_loss_by_share})
@@ -172,14 +166,12 @@ def _averaging(original):
     return all_reduce_gradients
 
 
+@once
 def install() -> None:
     """Wraps Keras' scaling functions and its TensorFlow optimizer's gradient
     all-reduce once per process (they defer to Keras outside `replica_share`,
     except that sparse gradients always reduce to one device's form:
     `tfdist._internal.sparse_gradients`)."""
-    if _installed:
-        return
     patches.wrap_loss_scaling(lambda scale: _by_share(scale, tf.math.multiply_no_nan),
                               lambda unscale: _by_share(unscale, tf.math.divide_no_nan))
     patches.wrap_optimizer_all_reduce(_averaging)
-    _installed.append(True)

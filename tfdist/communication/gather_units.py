@@ -39,9 +39,10 @@ import tensorflow as tf
 
 from tfdist._internal import state_writes
 from tfdist._internal.keras import compiled as keras_compiled, layer_calls, layer_paths, layer_units
+from tfdist._internal.thread_values import ThreadValue
 from tfdist.errors import ConfigurationError
 
-_THREAD = threading.local()
+_SCOPE = ThreadValue()  # the unit pass being traced on this thread (`GatherScope`)
 
 
 class GatherScope:
@@ -56,21 +57,7 @@ class GatherScope:
 
 def current_scope() -> Optional[GatherScope]:
     """The unit pass being traced on this thread, if any."""
-    return getattr(_THREAD, "scope", None)
-
-
-class _InScope:
-    def __init__(self, scope: GatherScope):
-        self._scope = scope
-        self._outer = None
-
-    def __enter__(self):
-        self._outer = current_scope()
-        _THREAD.scope = self._scope
-        return self._scope
-
-    def __exit__(self, *exc):
-        _THREAD.scope = self._outer
+    return _SCOPE.get()
 
 
 class _Anchors:
@@ -167,7 +154,7 @@ class GatherUnits:
             writes = state_writes.Writes(tf.compat.v1.get_default_graph())
             with tf.GradientTape(watch_accessed_variables=True) as forward_tape:
                 forward_tape.watch(tensors)
-                with _InScope(GatherScope(after)):
+                with _SCOPE.set_to(GatherScope(after)):
                     call_args, call_kwargs = call.arguments(tensors)
                     result = original(*call_args, **call_kwargs)
             written = writes.found()
@@ -197,7 +184,7 @@ class GatherUnits:
         with tf.GradientTape(watch_accessed_variables=False) as tape:
             tape.watch(inputs)
             tape.watch(variables)
-            with _InScope(GatherScope(after)):
+            with _SCOPE.set_to(GatherScope(after)):
                 call_args, call_kwargs = call.arguments(inputs, with_masks=True)
                 result = original(*call_args, **call_kwargs)
         return tape.gradient(tf.nest.flatten(result), inputs + variables,

@@ -17,16 +17,16 @@ schedule (gradients reduced on the last micro-batch).
 """
 
 import contextlib
-import threading
 
 import tensorflow as tf
 
 from tfdist._internal import collectives, step_graph
 from tfdist._internal.keras import sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
+from tfdist._internal.thread_values import ThreadValue
 from tfdist.errors import ConfigurationError
 
-_THREAD = threading.local()
+_READER = ThreadValue()  # (layer, its weights' indices) within `StepWeights.read_by`
 
 
 class StepWeights:
@@ -60,15 +60,11 @@ class StepWeights:
         """Within the block (``layer``'s pass), reading a sharded weight
         ``layer`` does not own is an error naming both: its gradient would
         not reach it."""
-        outer = getattr(_THREAD, "reader", None)
-        _THREAD.reader = (layer, set(self._owned_by(layer)))
-        try:
+        with _READER.set_to((layer, set(self._owned_by(layer)))):
             yield
-        finally:
-            _THREAD.reader = outer
 
     def check_read(self, index: int) -> None:
-        reader = getattr(_THREAD, "reader", None)
+        reader = _READER.get()
         if reader is not None and index not in reader[1]:
             raise ConfigurationError(
                 f"FullySharded with a pipeline: layer {reader[0].name!r} reads weight "

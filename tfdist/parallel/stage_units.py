@@ -24,7 +24,6 @@ memory, whatever the schedule). The order never changes a value.
 import contextlib
 import dataclasses
 import functools
-import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
@@ -32,10 +31,11 @@ import tensorflow as tf
 from tfdist._internal import graph_order
 from tfdist._internal.keras import layer_calls, layer_units
 from tfdist._internal.tensorflow import distributed_variables
+from tfdist._internal.thread_values import ThreadValue
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import schedules
 
-_THREAD = threading.local()
+_SITE = ThreadValue()  # the pipelined step being traced on this thread (`_Site`)
 
 
 @dataclasses.dataclass
@@ -120,18 +120,14 @@ class StageUnits:
         ``trace``. ``weights``: the step's gathered fully sharded weights
         (`tfdist.communication.fully_sharded.StepWeights`), which each
         layer's pass reads and gives gradients to."""
-        outer = getattr(_THREAD, "site", None)
-        _THREAD.site = _Site(trace, index, pipeline, weights)
-        try:
+        with _SITE.set_to(_Site(trace, index, pipeline, weights)):
             yield
-        finally:
-            _THREAD.site = outer
 
     def _stage_call(self, original, layer, stage: int):
         """``original`` (``layer``'s call) run on its stage's device, as a
         pass of a pipelined step when inside one (`micro_batch`)."""
         def call(*args, **kwargs):
-            site = getattr(_THREAD, "site", None)
+            site = _SITE.get()
             pipeline = distributed_variables.local_replica() if site is None else site.pipeline
             device = self.devices[pipeline][stage]
             with tf.device(device):

@@ -27,27 +27,23 @@ to Keras outside `agreement` (plain Keras runs unchanged).
 """
 
 import contextlib
-import threading
 
 import tensorflow as tf
 
 from tfdist._internal import collectives
 from tfdist._internal.keras import patches
+from tfdist._internal.once import once
+from tfdist._internal.thread_values import ThreadValue
 
-_state = threading.local()
-_installed = []
+_AGREEING = ThreadValue(default=False)  # within `agreement`
 
 
 @contextlib.contextmanager
 def agreement():
     """While tracing a tfdist replica step: loss-scale checks agree."""
     _install()
-    previous = getattr(_state, "active", False)
-    _state.active = True
-    try:
+    with _AGREEING.set_to(True):
         yield
-    finally:
-        _state.active = previous
 
 
 def agree_on_finite(gradients):
@@ -77,7 +73,7 @@ def _plus(gradient, poison):
 
 
 def _needs_agreement() -> bool:
-    if not getattr(_state, "active", False) or tf.distribute.in_cross_replica_context():
+    if not _AGREEING.get() or tf.distribute.in_cross_replica_context():
         return False
     strategy = tf.distribute.get_strategy()
     if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
@@ -85,9 +81,8 @@ def _needs_agreement() -> bool:
     return strategy.num_replicas_in_sync > 1
 
 
+@once
 def _install() -> None:
-    if _installed:
-        return
     def agreeing(keras_apply):
         def apply(self, grads, trainable_variables=None):
             if _needs_agreement():
@@ -96,4 +91,3 @@ def _install() -> None:
         return apply
 
     patches.wrap_loss_scale_apply(agreeing)
-    _installed.append(True)

@@ -38,9 +38,9 @@ import threading
 import tensorflow as tf
 
 from tfdist._internal.keras import model_state as keras_model_state, patches
+from tfdist._internal.once import once
 
 _lock = threading.Lock()
-_installed = []
 # Process-wide, not per thread: strategies may run a replica's updates in
 # other threads than the one tracing the step.
 _active = [0]
@@ -60,12 +60,9 @@ def atomic():
             _active[0] -= 1
 
 
+@once
 def _install() -> None:
-    with _lock:
-        if _installed:
-            return
-        patches.wrap_variable_increments(_one_op)
-        _installed.append(True)
+    patches.wrap_variable_increments(_one_op)
 
 
 def _one_op(keras_method, name: str, in_stateless_scope):

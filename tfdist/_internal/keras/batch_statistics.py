@@ -4,12 +4,12 @@ Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins w
 """
 
 import contextlib
-import threading
 
 import tensorflow as tf
 
 from tfdist._internal import collectives
 from tfdist._internal.keras import privates
+from tfdist._internal.thread_values import ThreadValue
 
 _tf_nn = privates.tensorflow_ops("nn")  # Keras' TensorFlow backend's nn module
 
@@ -23,12 +23,12 @@ _tf_nn = privates.tensorflow_ops("nn")  # Keras' TensorFlow backend's nn module
 # replica traces its step in its own thread), moments over the batch axis
 # weight each row by the mask; outside it Keras' functions run unchanged.
 
-_ROW_MASK = threading.local()
+_ROW_MASK = ThreadValue()  # within `statistics_over_real_rows`
 _KERAS_MOMENTS = (_tf_nn._compute_moments, _tf_nn._compute_moments_sync)
 
 
 def _row_weights(x, axes):
-    mask = getattr(_ROW_MASK, "mask", None)
+    mask = _ROW_MASK.get()
     if mask is None or 0 not in [a % x.shape.rank for a in axes]:
         return None
     shape = tf.concat([[-1], tf.ones([x.shape.rank - 1], tf.int32)], 0)
@@ -81,9 +81,5 @@ def statistics_over_real_rows(mask):
     ``mask`` is 0. ``mask=None`` changes nothing."""
     if mask is not None:
         _install_moments()
-    previous = getattr(_ROW_MASK, "mask", None)
-    _ROW_MASK.mask = mask
-    try:
+    with _ROW_MASK.set_to(mask):
         yield
-    finally:
-        _ROW_MASK.mask = previous
