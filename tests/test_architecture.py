@@ -187,6 +187,57 @@ def test_only_internal_keras_reaches_into_keras_src():
     assert found == []
 
 
+_TENSORFLOW_INTERNALS = ("tensorflow.python", "tensorflow.core", "tensorflow.compiler")
+
+
+def _tensorflow_internals_in(source: str) -> set:
+    """The TensorFlow internal modules ``source`` imports (module level or
+    in a function, ``from tensorflow.python.x import y`` as
+    ``tensorflow.python.x.y`` and ``tensorflow.python.x``) or names in a
+    string (a module looked up in ``sys.modules``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found.add(node.value)
+    return {name for name in found if name.startswith(_TENSORFLOW_INTERNALS)}
+
+
+def _listed_tensorflow_internals() -> set:
+    spec = importlib.util.spec_from_file_location(
+        "tensorflow_privates", PACKAGE / "_internal" / "tensorflow" / "privates.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return set(module.modules())
+
+
+def test_every_tensorflow_internal_tfdist_imports_is_pinned():
+    """Each TensorFlow internal module tfdist imports is listed in
+    `tfdist._internal.tensorflow.privates`, which the TensorFlow contract
+    test checks entry by entry: no import of one goes unpinned."""
+    listed = _listed_tensorflow_internals()
+    unlisted = []
+    for name, path in _modules().items():
+        if name == "tfdist._internal.tensorflow.privates":
+            continue
+        for module in sorted(_tensorflow_internals_in(path.read_text())):
+            # (``from package import module``: the module, or the package, is listed)
+            if module not in listed and not any(m.startswith(module + ".") for m in listed) \
+                    and module.rsplit(".", 1)[0] not in listed:
+                unlisted.append(f"{name}: {module}")
+    assert unlisted == [], (
+        "list these in tfdist/_internal/tensorflow/privates.py (what is read, and by whom):")
+
+
+def test_the_tensorflow_internals_check_sees_them():
+    source = "from tensorflow.python.ops import gen_math_ops\nX = 'tensorflow.core.foo'\n"
+    assert _tensorflow_internals_in(source) == {
+        "tensorflow.python.ops", "tensorflow.python.ops.gen_math_ops", "tensorflow.core.foo"}
+
+
 def test_the_tests_mirror_the_package():
     """Each test folder is a tfdist package, or one of the four shared ones."""
     tests = pathlib.Path(__file__).resolve().parent

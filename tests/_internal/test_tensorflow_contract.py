@@ -2,9 +2,29 @@
 (`tfdist._internal.tensorflow`): a TensorFlow upgrade that moves one fails
 here first, naming the function to update."""
 
+import pytest
 import tensorflow as tf
 
-from tfdist._internal.tensorflow import distributed_variables
+from tfdist._internal.tensorflow import distributed_variables, privates
+
+
+@pytest.mark.parametrize("private", privates.PRIVATES, ids=lambda p: p.name)
+def test_internal_is_where_tfdist_reads_it(private):
+    """Each TensorFlow internal tfdist imports
+    (`tfdist._internal.tensorflow.privates`), one test each: a TensorFlow
+    that moved it fails here, naming it and the tfdist module to update."""
+    try:
+        private.find()
+    except (ImportError, AttributeError) as error:
+        pytest.fail(f"TensorFlow {tf.__version__} has no {private.name} (read by "
+                    f"tfdist.{private.user}): {type(error).__name__}: {error}")
+
+
+def test_a_moved_internal_is_reported_with_its_reader():
+    moved = privates.Private("tensorflow.python.ops.collective_ops", "all_to_all_v9",
+                             "_internal.collectives")
+    [(private, why)] = privates.missing((moved,))
+    assert private is moved and "all_to_all_v9" in why
 
 
 def test_mirrored_on_puts_each_replicas_copy_on_the_device_given():

@@ -5,6 +5,9 @@ name, one module per job, behind named functions: `distributed_variables`
 TensorFlow upgrade that moves one fails there first, naming the function
 to update.
 
-(Older modules still import ``tensorflow.python`` where they use it; they
-move here as they are next changed.)
+`privates` lists every TensorFlow internal module tfdist imports (and what
+it takes from each, and who reads it); the contract test checks each
+entry and the architecture test fails on an unlisted import. (Older
+modules still import ``tensorflow.python`` where they use it; they move
+behind functions here as they are next changed.)
 """

@@ -1,0 +1,96 @@
+"""Every TensorFlow internal that tfdist reads by name (a module under
+``tensorflow.python`` / ``tensorflow.core`` / ``tensorflow.compiler``, and
+what it takes from it), with the tfdist module that reads it.
+
+TensorFlow's public API has no name for these (a collective launcher, the
+checkpoint's object graph, the coordination service's configuration,
+device filters...). `tests/_internal/test_tensorflow_contract.py` checks
+each one, one test per entry, so a TensorFlow upgrade that moves one fails
+there first, naming it and the module to update; `tests/test_architecture.py`
+fails on an import of a TensorFlow internal that is not listed here.
+(`distributed_variables` in this package wraps private attributes of
+TensorFlow's distributed variables behind named functions, pinned by
+behaviour tests there; the modules listed below still import their
+internals where they use them.)
+
+>>> from tfdist._internal.tensorflow import privates
+>>> privates.missing()
+[]
+"""
+
+import dataclasses
+import importlib
+from typing import List, Tuple
+
+__all__ = ["PRIVATES", "Private", "missing"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Private:
+    """``attribute`` (dotted, may be empty: the module itself) of TensorFlow
+    module ``module``, read by tfdist module ``user``."""
+
+    module: str
+    attribute: str
+    user: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.attribute}" if self.attribute else self.module
+
+    def find(self):
+        found = importlib.import_module(self.module)
+        for part in self.attribute.split(".") if self.attribute else []:
+            found = getattr(found, part)
+        return found
+
+
+_DISTRIBUTE = "tensorflow.python.distribute"
+
+PRIVATES: Tuple[Private, ...] = (
+    Private(_DISTRIBUTE + ".collective_all_reduce_strategy",
+            "CollectiveAllReduceExtended._initialize_local_devices", "strategies.multi_worker"),
+    Private(_DISTRIBUTE + ".sharded_variable", "ShardedVariable", "strategies.sharded"),
+    Private(_DISTRIBUTE + ".cross_device_utils", "CollectiveReplicaLauncher",
+            "_internal.collectives, _internal.collective_shapes"),
+    Private(_DISTRIBUTE + ".multi_worker_util", "coordination_leader", "cluster.peers"),
+    Private("tensorflow.python.ops.collective_ops", "all_to_all_v2", "_internal.collectives"),
+    Private("tensorflow.python.ops.collective_ops", "all_gather_v2",
+            "_internal.collectives, _internal.collective_shapes"),
+    Private("tensorflow.python.ops.collective_ops", "all_reduce_v2",
+            "_internal.collective_shapes"),
+    Private("tensorflow.python.training.server_lib", "ClusterDeviceFilters",
+            "parallel.cluster_stages"),
+    Private("tensorflow.python.trackable.base", "Trackable", "_internal.host_copies"),
+    Private("tensorflow.python.trackable.data_structures", "ListWrapper",
+            "communication.sharded_checkpoints"),
+    Private("tensorflow.python.trackable.trackable_utils", "checkpoint_key",
+            "_internal.checkpoint_keys"),
+    Private("tensorflow.python.trackable.trackable_utils", "object_path_to_string",
+            "_internal.checkpoint_keys"),
+    Private("tensorflow.python.checkpoint.graph_view", "ObjectGraphView",
+            "_internal.checkpoint_keys"),
+    Private("tensorflow.python.eager.context", "context", "cluster.peers, _internal.runtime_start"),
+    Private("tensorflow.python.eager.context", "Context.configure_coordination_service",
+            "cluster.peers"),
+    Private("tensorflow.python.eager.context", "Context.coordination_service", "cluster.peers"),
+    Private("tensorflow.core.framework.attr_value_pb2", "AttrValue", "_internal.graph_order"),
+    Private("tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2", "CoordinatedJob",
+            "cluster.peers"),
+)
+
+
+def missing(privates=PRIVATES) -> List[Tuple[Private, str]]:
+    """``[(private, why), ...]`` for each internal not where tfdist reads it."""
+    gone = []
+    for private in privates:
+        try:
+            private.find()
+        except (ImportError, AttributeError) as error:
+            gone.append((private, f"{type(error).__name__}: {error}"))
+    return gone
+
+
+def modules() -> List[str]:
+    """The TensorFlow internal modules listed (what tfdist may import)."""
+    return sorted({private.module for private in PRIVATES})
