@@ -17,8 +17,9 @@ Keras that moved one fails before any model is touched, never with an
 compiled model's loss container, a callback's file paths) is pinned by the
 behaviour tests of ``tests/_internal/test_keras_contract.py``.
 
-This module imports only the standard library and Keras, so that the
-contract test can read it on a Keras where ``import tfdist`` fails.
+This module imports only the standard library, Keras and
+`tfdist._internal.named_internals` (standard library only), so that the
+contract test can read it on a Keras where tfdist's Keras room refuses to load.
 
 >>> from tfdist._internal.keras import privates
 >>> privates.tensorflow_ops("nn").__name__ in (
@@ -33,6 +34,8 @@ import importlib
 from typing import List, Optional, Tuple
 
 import keras
+
+from tfdist._internal import named_internals
 
 __all__ = ["KERAS_LAYOUTS", "PRIVATES", "Private", "layout", "missing", "report",
            "tensorflow_ops"]
@@ -98,10 +101,7 @@ class Private:
 
     def find(self):
         """The object, or raises ImportError / AttributeError."""
-        found = importlib.import_module(self.module.replace("{ops}", _LAYOUT))
-        for part in filter(None, self.attribute.split(".")):
-            found = getattr(found, part)
-        return found
+        return named_internals.found(self.module.replace("{ops}", _LAYOUT), self.attribute)
 
 
 _OPS, _OPTIMIZER = "{ops}", "keras.src.backend.tensorflow.optimizer"
@@ -155,13 +155,7 @@ PRIVATES: Tuple[Private, ...] = (
 
 def missing(privates=PRIVATES) -> List[Tuple[Private, str]]:
     """``[(private, why), ...]`` for each private not where tfdist reads it."""
-    gone = []
-    for private in privates:
-        try:
-            private.find()
-        except (ImportError, AttributeError) as error:
-            gone.append((private, f"{type(error).__name__}: {error}"))
-    return gone
+    return named_internals.missing(privates)
 
 
 def report(supported: Tuple[str, ...], gone: Optional[List[Tuple[Private, str]]] = None) -> str:

@@ -19,8 +19,9 @@ internals where they use them.)
 """
 
 import dataclasses
-import importlib
 from typing import List, Tuple
+
+from tfdist._internal import named_internals
 
 __all__ = ["PRIVATES", "Private", "missing"]
 
@@ -39,10 +40,8 @@ class Private:
         return f"{self.module}.{self.attribute}" if self.attribute else self.module
 
     def find(self):
-        found = importlib.import_module(self.module)
-        for part in self.attribute.split(".") if self.attribute else []:
-            found = getattr(found, part)
-        return found
+        """The object, or raises ImportError / AttributeError."""
+        return named_internals.found(self.module, self.attribute)
 
 
 _DISTRIBUTE = "tensorflow.python.distribute"
@@ -82,13 +81,7 @@ PRIVATES: Tuple[Private, ...] = (
 
 def missing(privates=PRIVATES) -> List[Tuple[Private, str]]:
     """``[(private, why), ...]`` for each internal not where tfdist reads it."""
-    gone = []
-    for private in privates:
-        try:
-            private.find()
-        except (ImportError, AttributeError) as error:
-            gone.append((private, f"{type(error).__name__}: {error}"))
-    return gone
+    return named_internals.missing(privates)
 
 
 def modules() -> List[str]:
