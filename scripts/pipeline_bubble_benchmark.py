@@ -1,8 +1,10 @@
-"""Benchmark: a pipeline's bubble, each stage's busy and idle time per
-step, against the theory (S - 1) / (m + S - 1).
+"""Benchmark: a pipeline's bubble, each device's busy and idle time per
+step, against the theory: (p - 1) / (m + p - 1) with one stage on each of
+p devices (GPipe, 1F1B), (p - 1) / (v·m + p - 1) with v stages on each
+(interleaved 1F1B).
 
-    python -m scripts.bench pipeline_bubble            # S = 2, 4; m = 4, 8, 16; ~5 min here
-    python -m scripts.bench pipeline_bubble --quick    # every path, S = 2, m = 2
+    python -m scripts.bench pipeline_bubble            # p = 2, 4; m = 4, 8, 16; v = 1, 2; ~8 min
+    python -m scripts.bench pipeline_bubble --quick    # every path, p = 2, m = 2
 
 This machine has 2 cores, and S stages on S logical CPUs share them: real
 compute on one stage would slow the others, and the schedule's overlap
@@ -15,19 +17,24 @@ figures come from. The rest of a stage (a small Dense layer) takes
 microseconds.
 
 The model: per stage a Dense layer and a ``TimedWork``, cut after each
-stage's ``TimedWork``; the batch is m micro-batches of 8 rows; SGD. Each
-(S, m, schedule) trains ``--steps`` steps after a first (traced) one, in a
-fresh process (the logical CPUs are fixed when TensorFlow starts), with
-enough inter-op threads for every stage's pass to run at once.
+stage's ``TimedWork``; the batch is m micro-batches of 8 rows; SGD. With v
+stages per device the model has p·v stages, each holding its device for
+``--forward_ms`` / v: each device does the same work per micro-batch as
+with one stage, in v chunks. Each (p, m, schedule, v) trains ``--steps``
+steps after a first (traced) one, in a fresh process (the logical CPUs
+are fixed when TensorFlow starts), with enough inter-op threads for every
+stage's pass to run at once.
 
 Per step, from the recorded passes: the span (the first pass's start to
-the last one's end), each stage's busy time (the sum of its passes) and
+the last one's end), each device's busy time (the sum of its passes) and
 its idle fraction, 1 - busy / span. With balanced stages, forward time F
-and backward B, both schedules take (m + S - 1)(F + B) and leave each
-stage idle (S - 1) / (m + S - 1) of it: GPipe and 1F1B have the same
-bubble and differ in memory (`python -m scripts.bench pipeline`). A row
-reports the medians over steps, the theory beside them, and the step's
-wall time (the host's, from the step's start to its logs).
+and backward B per device and micro-batch, GPipe and 1F1B take
+(m + p - 1)(F + B) and leave each device idle (p - 1) / (m + p - 1) of it:
+the same bubble, different memory (`python -m scripts.bench pipeline`).
+Interleaved 1F1B fills and drains in chunks of 1/v: (v·m + p - 1)(F + B) / v
+(Narayanan et al. 2021). A row reports the medians over steps, the theory
+beside them, and the step's wall time (the host's, from the step's start
+to its logs).
 
 Outputs in ``--output_dir``: pipeline_bubble_benchmark.json and .md.
 """
@@ -45,14 +52,16 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from bench import flags as bench_flags, measure, outputs  # noqa: E402
 
-bench_flags.define_common("pipeline_bubble_benchmark", quick="S = 2, m = 2, 2 steps.")
-flags.DEFINE_list("stages", ["2", "4"], "Stage counts S.")
+bench_flags.define_common("pipeline_bubble_benchmark", quick="p = 2, m = 2, 2 steps.")
+flags.DEFINE_list("stages", ["2", "4"], "Device counts p (the stages with one per device).")
+flags.DEFINE_list("stages_per_device", ["1", "2"], "v: 1 runs GPipe and 1F1B, more runs "
+                  "interleaved 1F1B (where m is a multiple of p).")
 flags.DEFINE_list("micro_batches", ["4", "8", "16"], "Micro-batch counts m.")
 flags.DEFINE_float("forward_ms", 20.0, "Each stage's forward time per micro-batch (the "
                    "backward's is twice it).")
 flags.DEFINE_integer("steps", 5, "Steps measured after the first.")
 flags.DEFINE_string("run_of", None, "(internal) measure one run in this process: "
-                    "'<stages>:<m>:<schedule>'.")
+                    "'<devices>:<m>:<schedule>:<stages per device>'.")
 FLAGS = flags.FLAGS
 ROWS_PER_MICRO_BATCH = 8
 
@@ -126,38 +135,41 @@ def timed_work_layer():
     return TimedWork
 
 
-def step_figures(passes: list, stages: int) -> dict:
-    """One step's span, and each stage's busy seconds and idle fraction."""
+def step_figures(passes: list, devices: int) -> dict:
+    """One step's span, and each device's busy seconds and idle fraction
+    (stage s on device s mod p)."""
     span = max(end for *_, end in passes) - min(start for _, _, start, _ in passes)
-    busy = [sum(end - start for stage, _, start, end in passes if stage == s)
-            for s in range(stages)]
+    busy = [sum(end - start for stage, _, start, end in passes if stage % devices == d)
+            for d in range(devices)]
     return {"span": span, "busy": busy, "idle": [1 - b / span for b in busy],
             "passes": len(passes)}
 
 
-def measure_one(stages: int, micro_batches: int, schedule: str) -> dict:
-    """One (S, m, schedule), in this process."""
+def measure_one(pipeline_devices: int, micro_batches: int, schedule: str,
+                per_device: int) -> dict:
+    """One (p, m, schedule, v), in this process."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
+    stages = pipeline_devices * per_device
     tf.config.threading.set_inter_op_parallelism_threads(2 * stages + 2)
     import tfdist  # pylint: disable=import-outside-toplevel
 
-    devices = tfdist.strategies.configure_logical_cpus(stages)
+    devices = tfdist.strategies.configure_logical_cpus(pipeline_devices)
     import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
 
     timed_work = timed_work_layer()
-    forward = FLAGS.forward_ms / 1000
+    forward = FLAGS.forward_ms / 1000  # (per device and micro-batch)
     keras.utils.set_random_seed(1)
     layers = [keras.Input((8,))]
     for stage in range(stages):
         layers += [keras.layers.Dense(8, "tanh", name=f"dense{stage}"),
-                   timed_work(stage, forward, name=f"work{stage}")]
+                   timed_work(stage, forward / per_device, name=f"work{stage}")]
     model = keras.Sequential(layers + [keras.layers.Dense(1, name="out")])
     model.compile(optimizer="sgd", loss="mse")
     pipeline = tfdist.parallel.Pipeline(
         cuts=[f"work{stage}" for stage in range(stages - 1)], micro_batches=micro_batches,
-        schedule=schedule, devices=devices)
+        schedule=schedule, devices=devices, stages_per_device=per_device)
     model = tfdist.attach(model, parallel=pipeline)
     batch = ROWS_PER_MICRO_BATCH * micro_batches
     steps = 2 if FLAGS.quick else FLAGS.steps
@@ -175,7 +187,7 @@ def measure_one(stages: int, micro_batches: int, schedule: str) -> dict:
         walls.append(time.perf_counter() - began[-1])
         passes = LOG.take()
         if index > 0:  # (the first step traces)
-            figures.append(step_figures(passes, stages))
+            figures.append(step_figures(passes, pipeline_devices))
 
     model.fit(x, y, batch_size=batch, shuffle=False, verbose=0, callbacks=[
         keras.callbacks.LambdaCallback(on_train_batch_begin=on_begin,
@@ -184,26 +196,29 @@ def measure_one(stages: int, micro_batches: int, schedule: str) -> dict:
     if any(f["passes"] != expected_passes for f in figures):
         raise RuntimeError(f"a step recorded {[f['passes'] for f in figures]} passes, "
                            f"not {expected_passes}")
-    theory_span = (micro_batches + stages - 1) * 3 * forward
+    theory_span = (per_device * micro_batches + pipeline_devices - 1) * 3 * forward / per_device
     return {
-        "stages": stages, "micro_batches": micro_batches, "schedule": schedule,
+        "devices": pipeline_devices, "stages_per_device": per_device, "stages": stages,
+        "micro_batches": micro_batches, "schedule": schedule,
         "forward_ms": FLAGS.forward_ms,
         "span_ms": 1000 * statistics.median(f["span"] for f in figures),
         "theory_span_ms": 1000 * theory_span,
         "wall_ms": 1000 * statistics.median(walls[1:]),
-        "idle_per_stage": [statistics.median(f["idle"][s] for f in figures)
-                           for s in range(stages)],
-        "theory_idle": (stages - 1) / (micro_batches + stages - 1),
+        "idle_per_device": [statistics.median(f["idle"][d] for f in figures)
+                            for d in range(pipeline_devices)],
+        "theory_idle": tfdist.parallel.schedules.bubble_fraction(
+            stages, micro_batches, per_device),
         "steps": len(figures),
     }
 
 
 def table(rows: list) -> str:
-    lines = ["| S | m | schedule | span ms (theory) | step wall ms | idle per stage | "
-             "theory (S-1)/(m+S-1) |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['stages']} | {r['micro_batches']} | {r['schedule']} | "
+    lines = ["| p | v | m | schedule | span ms (theory) | step wall ms | idle per device | "
+             "theory (p-1)/(v·m+p-1) |", "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['devices']} | {r['stages_per_device']} | {r['micro_batches']} | "
+              f"{r['schedule']} | "
               f"{r['span_ms']:.0f} ({r['theory_span_ms']:.0f}) | {r['wall_ms']:.0f} | "
-              f"{' / '.join(f'{i:.3f}' for i in r['idle_per_stage'])} | "
+              f"{' / '.join(f'{i:.3f}' for i in r['idle_per_device'])} | "
               f"{r['theory_idle']:.3f} |" for r in rows]
     return "\n".join(lines) + "\n"
 
@@ -211,21 +226,26 @@ def table(rows: list) -> str:
 def main(argv) -> int:
     del argv  # every option is a flag
     if FLAGS.run_of:
-        stages, micro_batches, schedule = FLAGS.run_of.split(":")
-        print(json.dumps(measure_one(int(stages), int(micro_batches), schedule)))
+        devices, micro_batches, schedule, per_device = FLAGS.run_of.split(":")
+        print(json.dumps(measure_one(int(devices), int(micro_batches), schedule,
+                                     int(per_device))))
         return 0
-    stage_counts = ["2"] if FLAGS.quick else FLAGS.stages
+    device_counts = ["2"] if FLAGS.quick else FLAGS.stages
     counts = ["2"] if FLAGS.quick else FLAGS.micro_batches
     rows = []
-    for stages in stage_counts:
-        for micro_batches in counts:
-            for schedule in ("gpipe", "1f1b"):
-                command = [sys.executable, __file__,
-                           f"--run_of={stages}:{micro_batches}:{schedule}",
-                           f"--quick={FLAGS.quick}", f"--forward_ms={FLAGS.forward_ms}",
-                           f"--steps={FLAGS.steps}"]
-                rows.append(measure.row_in_fresh_process(command))
-                print(rows[-1], flush=True)
+    for devices in map(int, device_counts):
+        for micro_batches in map(int, counts):
+            for per_device in map(int, FLAGS.stages_per_device):
+                if per_device > 1 and micro_batches % devices:
+                    continue  # (interleaved 1F1B takes the micro-batches p at a time)
+                for schedule in (("gpipe", "1f1b") if per_device == 1
+                                 else ("interleaved_1f1b",)):
+                    command = [sys.executable, __file__,
+                               f"--run_of={devices}:{micro_batches}:{schedule}:{per_device}",
+                               f"--quick={FLAGS.quick}", f"--forward_ms={FLAGS.forward_ms}",
+                               f"--steps={FLAGS.steps}"]
+                    rows.append(measure.row_in_fresh_process(command))
+                    print(rows[-1], flush=True)
     text = table(rows)
     outputs.write_results(FLAGS.output_dir, "pipeline_bubble_benchmark", {"rows": rows}, text)
     print(text)

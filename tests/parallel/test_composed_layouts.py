@@ -10,19 +10,19 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tests.parallel.test_pipeline import (REPLICATED, _assert_equal_to, _fit, _model,
-                                          _replicated, _traced_replica_step)
+from tests.parallel.test_pipeline import (ONE_STAGE_PER_DEVICE, REPLICATED, _assert_equal_to,
+                                          _fit, _model, _replicated, _traced_replica_step)
 from tests.support import short_form
 from tfdist.communication import Compression, FullySharded
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import device_traffic, schedules
+from tfdist.parallel import device_traffic
 
 
 def _device_index(device: str) -> int:
     return tf.DeviceSpec.from_string(device).device_index
 
 
-@pytest.mark.parametrize("schedule", short_form.only(schedules.SCHEDULES, in_ci=("1f1b",)))
+@pytest.mark.parametrize("schedule", short_form.only(ONE_STAGE_PER_DEVICE, in_ci=("1f1b",)))
 @pytest.mark.parametrize("cuts,micro_batches,batch_size", REPLICATED,
                          ids=[f"2x{len(c) + 1}-m{m}-b{b}" for c, m, b in REPLICATED])
 def test_pipeline_stages_fully_sharded_over_replicas_equal_one_device(

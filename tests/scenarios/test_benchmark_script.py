@@ -161,17 +161,18 @@ def test_pipeline_traffic_benchmark_quick_sums_what_crosses_devices(tmp_path):
 @pytest.mark.full_form
 def test_pipeline_bubble_benchmark_quick_records_every_pass(tmp_path):
     """scripts/pipeline_bubble_benchmark.py --quick: each schedule in its
-    own process; every step records each stage's forward and backward pass
-    of every micro-batch (the script refuses a step that does not), and the
-    idle fractions are fractions (no timing asserted)."""
+    own process (interleaved 1F1B with 2 stages on each of the 2 devices);
+    every step records each stage's forward and backward pass of every
+    micro-batch (the script refuses a step that does not), and the idle
+    fractions are fractions (no timing asserted)."""
     _run_benchmark(tmp_path, ["--quick"], 600, "pipeline_bubble_benchmark.py")
     rows = json.loads((tmp_path / "pipeline_bubble_benchmark.json").read_text())["rows"]
-    assert [(r["stages"], r["micro_batches"], r["schedule"]) for r in rows] == [
-        (2, 2, "gpipe"), (2, 2, "1f1b")]
+    assert [(r["devices"], r["stages"], r["micro_batches"], r["schedule"]) for r in rows] == [
+        (2, 2, 2, "gpipe"), (2, 2, 2, "1f1b"), (2, 4, 2, "interleaved_1f1b")]
     for row in rows:
-        assert row["steps"] == 2 and len(row["idle_per_stage"]) == 2, row
-        assert all(0 <= idle < 1 for idle in row["idle_per_stage"]), row
-        assert row["theory_idle"] == 1 / 3
+        assert row["steps"] == 2 and len(row["idle_per_device"]) == 2, row
+        assert all(0 <= idle < 1 for idle in row["idle_per_device"]), row
+    assert [row["theory_idle"] for row in rows] == [1 / 3, 1 / 3, 1 / 5]
 
 
 @pytest.mark.full_form

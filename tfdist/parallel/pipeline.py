@@ -83,19 +83,19 @@ runs without XLA, with a warning (XLA cannot span devices).
 
 import contextlib
 import warnings
-from typing import List, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import keras
 import tensorflow as tf
 
-from tfdist._internal import graph_order, sparse_gradients
 from tfdist._internal.keras import batch_statistics as keras_statistics
-from tfdist._internal.keras import compiled as keras_compiled, layer_paths
+from tfdist._internal.keras import layer_paths
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
 from tfdist._internal.keras import weight_regularizers
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import micro_batches, schedules, stage_devices, stage_updates
+from tfdist.parallel import micro_batch_results, micro_batches, schedules, stage_devices
+from tfdist.parallel import stage_updates
 from tfdist.parallel.stage_units import StageUnits, StepTrace
 
 
@@ -113,29 +113,46 @@ class Pipeline:
         S = len(cuts) + 1 stages.
       micro_batches: m, the micro-batches each batch is cut into (the
         first ones one row longer when m does not divide it).
-      schedule: ``"1f1b"`` or ``"gpipe"`` (`tfdist.parallel.schedules.REGISTRY`),
-        or an order of one's own: one line per stage of its passes in order,
-        ``F<k>`` / ``B<k>`` for micro-batch k's forward / backward pass
-        (``["F0 F1 B0 B1", "F0 B0 F1 B1"]``: what
-        `tfdist.parallel.schedules.format_orders` prints). An order that
-        would wait forever is refused, naming each stage's waiting pass.
+      schedule: ``"1f1b"`` (the default with one stage per device),
+        ``"gpipe"``, ``"interleaved_1f1b"`` (the default with several)
+        (`tfdist.parallel.schedules.REGISTRY`), or an order of one's own:
+        one line per device of its passes in order, ``F<k>`` / ``B<k>`` for
+        micro-batch k's forward / backward pass (``["F0 F1 B0 B1",
+        "F0 B0 F1 B1"]``: what `tfdist.parallel.schedules.format_orders`
+        prints; ``F<k>@<stage>`` with several stages per device). An order
+        that would wait forever is refused, naming each waiting pass.
       devices: one device per stage (default: S GPUs when there are, else
         S logical CPUs, `tfdist.strategies.configure_logical_cpus`); under a
         strategy with d local replicas, S per replica, replica 0's first
         (default: replica r's stage 0 on its own device, its other stages
-        on the next devices of that kind the strategy does not use).
+        on the next devices of that kind the strategy does not use). With
+        ``stages_per_device=v``, S / v per pipeline.
+      stages_per_device: v, the stages each device runs (interleaved
+        1F1B's virtual stages): S = len(cuts) + 1 stages on S / v devices,
+        stage s on device s mod (S / v), so each device holds v chunks of
+        the model spread along it and the bubble shrinks from
+        (p - 1) / (m + p - 1) to (p - 1) / (v·m + p - 1) for p devices.
       replicas: retired (module doc): give a strategy with d replicas.
     """
 
     def __init__(self, cuts: Sequence[str], *, micro_batches: int,
-                 schedule: Union[str, Sequence[str]] = "1f1b",
-                 devices: Optional[Sequence[str]] = None, replicas: Optional[int] = None):
+                 schedule: Union[str, Sequence[str], None] = None,
+                 devices: Optional[Sequence[str]] = None, replicas: Optional[int] = None,
+                 stages_per_device: int = 1):
         if isinstance(cuts, str) or not all(isinstance(c, str) for c in cuts):
             raise ConfigurationError(
                 f"Pipeline: `cuts` ({cuts!r}) must be a list of layer names.")
         if not isinstance(micro_batches, int) or micro_batches < 1:
             raise ConfigurationError(
                 f"Pipeline: `micro_batches` ({micro_batches!r}) must be a positive integer.")
+        if (not isinstance(stages_per_device, int) or stages_per_device < 1
+                or (len(cuts) + 1) % stages_per_device):
+            raise ConfigurationError(
+                f"Pipeline: `stages_per_device` ({stages_per_device!r}) must divide the "
+                f"{len(cuts) + 1} stages the cuts make (stage s runs on device s mod "
+                "stages / stages_per_device).")
+        if schedule is None:
+            schedule = "1f1b" if stages_per_device == 1 else "interleaved_1f1b"
         if isinstance(schedule, str) and schedule not in schedules.SCHEDULES:
             raise ConfigurationError(
                 f"Pipeline: `schedule` ({schedule!r}) must be one of {schedules.SCHEDULES}, "
@@ -152,9 +169,11 @@ class Pipeline:
         self.cuts = list(cuts)
         self.micro_batches = micro_batches
         self.devices = None if devices is None else list(devices)
+        self.stages_per_device = stages_per_device
         try:  # (an order that would wait forever: an error now, naming the stage and action)
             self._orders = schedules.orders_for(schedule, stages=self.stages,
-                                                micro_batches=micro_batches)
+                                                micro_batches=micro_batches,
+                                                stages_per_device=stages_per_device)
         except ValueError as error:
             raise ConfigurationError(f"Pipeline: `schedule`: {error}") from None
         # A name, or the order given, as lines (`schedules.format_orders`).
@@ -176,11 +195,19 @@ class Pipeline:
 
     @property
     def stages(self) -> int:
+        """S: the stages the cuts make."""
         return len(self.cuts) + 1
 
+    @property
+    def devices_per_pipeline(self) -> int:
+        """p: the devices one pipeline's stages run on (S / stages_per_device)."""
+        return self.stages // self.stages_per_device
+
     def __repr__(self) -> str:
+        per_device = ("" if self.stages_per_device == 1
+                      else f", stages_per_device={self.stages_per_device}")
         return (f"Pipeline(cuts={self.cuts!r}, micro_batches={self.micro_batches}, "
-                f"schedule={self.schedule!r})")
+                f"schedule={self.schedule!r}{per_device})")
 
     # -- attaching -------------------------------------------------------
 
@@ -192,11 +219,13 @@ class Pipeline:
         if self._units is not None:
             return
         stage_of = self._stage_of(model)
-        per_replica = stage_devices.per_replica(self.devices, self.stages, strategy)
+        per_replica = stage_devices.per_replica(self.devices, self.stages, strategy,
+                                                stages_per_device=self.stages_per_device)
         for unit, stage in stage_of:
             for weight in unit.layer.weights:
                 placed_weights.place_copies(
-                    weight, [devices[stage] for devices in per_replica], strategy)
+                    weight, [devices[stage % len(devices)] for devices in per_replica],
+                    strategy)
         stage_updates.run_on_weight_devices(model.optimizer)
         stage_updates.constrain_on_weight_devices(model.trainable_weights)
         _warn_batch_statistics(model)
@@ -257,7 +286,8 @@ class Pipeline:
                         model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
                         inputs["mask"], global_examples, micro_batch=True,
                         sources=None if weights is None else weights.tensors)
-                results.append(result._replace(y_pred=_real_rows(part, result.y_pred)))
+                results.append(result._replace(
+                    y_pred=micro_batch_results.real_rows(part, result.y_pred)))
                 sizes.append(part.batch().real_examples())
         self.ordering_edges = trace.order(self._orders, pipeline=replica)
         if trace.unordered and not self._warned_unordered:
@@ -277,13 +307,14 @@ class Pipeline:
             regularized, model.optimizer.scale_loss,
             share=_replica_share(batch.real_examples(), global_examples),
             sources=None if weights is None else weights.by_weight_id())
-        gradients = _summed_gradients([r.gradients for r in results], variables,
-                                      regularization.gradients)
+        gradients = micro_batch_results.summed_gradients(
+            [r.gradients for r in results], variables, regularization.gradients)
         if weights is not None:
             gradients = weights.scattered(gradients)
         return (gradients,
-                _summed_loss([r.loss for r in results], sizes, regularization.value),
-                _concatenated_outputs([r.y_pred for r in results]))
+                micro_batch_results.summed_loss([r.loss for r in results], sizes,
+                                                regularization.value),
+                micro_batch_results.concatenated_outputs([r.y_pred for r in results]))
 
 
 def _replica_share(local_examples, global_examples):
@@ -304,73 +335,3 @@ def _warn_batch_statistics(model) -> None:
             "their moving statistics once per micro-batch), not the batch's as on one "
             "device; results differ from one device's. Use LayerNormalization, or one "
             "micro-batch.", stacklevel=3)
-
-
-def _summed_gradients(per_micro_batch: List[list], variables, regularization: dict) -> list:
-    """Each variable's gradient summed over the micro-batches on the
-    variable's own device (its stage's): unplaced, the sums would run on
-    the step's default device, and a stage's gradients would travel there
-    and back (to the chief and back, with stages on other tasks). Then
-    its regularization's gradient (``regularization``, by ``id``) is
-    added, once.
-
-    A dense gradient is a running sum, in micro-batch order (the order
-    both schedules run the backward passes in): each micro-batch's
-    gradient is added as soon as it exists and then freed. One sum of all
-    m (``add_n``) would keep every micro-batch's gradient alive until the
-    last backward pass: m copies of the stage's weights."""
-    summed = []
-    for grads, variable in zip(zip(*per_micro_batch), variables):
-        present = [g for g in grads if g is not None]
-        regularizing = regularization.get(id(variable))
-        with tf.device(placed_weights.device_of(variable)), \
-                tf.name_scope("micro_batch_gradient_sum"):
-            if not present:
-                total = None
-            elif isinstance(present[0], tf.IndexedSlices):
-                total = sparse_gradients.combine_micro_batches(present)
-            else:
-                total = tf.convert_to_tensor(present[0])
-                for gradient in present[1:]:
-                    total = total + tf.convert_to_tensor(gradient)
-                    graph_order.keep_as_written(total)  # (not one AddN: graph_order)
-            if regularizing is not None:  # (dense, as one device's tape adds the two)
-                total = regularizing if total is None else (
-                    tf.convert_to_tensor(total) + regularizing)
-            summed.append(total)
-    return summed
-
-
-def _summed_loss(parts: list, sizes: list, weight_regularization):
-    """The batch's `LossParts` from its micro-batches': shares add up; the
-    regularization is each micro-batch's (activity terms, ``add_loss``)
-    weighted by its rows, plus the weights' (``weight_regularization``,
-    computed once)."""
-    rows = tf.add_n(sizes)
-    regularization = tf.math.divide_no_nan(
-        tf.add_n([p.regularization * size for p, size in zip(parts, sizes)]), rows)
-    return parts[0]._replace(
-        data_share=tf.add_n([p.data_share for p in parts]),
-        output_shares=[tf.add_n(list(shares))
-                       for shares in zip(*[p.output_shares for p in parts])],
-        regularization=regularization + weight_regularization)
-
-
-def _real_rows(part, outputs):
-    """``outputs`` of micro-batch ``part`` without the masked row an empty
-    one ran on, their Keras masks alike."""
-    masks = keras_compiled.keras_masks(outputs)
-    return keras_compiled.with_keras_masks(
-        part.real_outputs(outputs),
-        tf.nest.map_structure(lambda m: None if m is None else m[:part.rows], masks))
-
-
-def _concatenated_outputs(outputs: list):
-    masks = [keras_compiled.keras_masks(output) for output in outputs]
-    joined = tf.nest.map_structure(lambda *parts: tf.concat(parts, 0), *outputs)
-
-    def joined_mask(*parts):
-        return None if any(m is None for m in parts) else tf.concat(parts, 0)
-
-    return keras_compiled.with_keras_masks(
-        joined, tf.nest.map_structure(joined_mask, *masks))

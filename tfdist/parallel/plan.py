@@ -13,7 +13,9 @@ Its axes are named as Keras names a ``keras.distribution.DeviceMesh``'s:
   pipeline, each replica runs one of its own (a data x pipeline layout:
   replica r's stage s on a device of its own, each stage's gradient
   all-reduced over the replicas once per step);
-- ``"pipeline"``: the stages of ``parallel=tfdist.parallel.Pipeline(...)``;
+- ``"pipeline"``: the devices the stages of
+  ``parallel=tfdist.parallel.Pipeline(...)`` run on (one per stage, or one
+  per v stages with ``stages_per_device=v``);
 - ``"model"``: tensor parallelism, a weight split by Keras' ``LayoutMap``
   rules; 1 until it is built (the plan is where it joins: one more axis
   whose layers run sharded, not a mechanism of its own).
@@ -79,10 +81,11 @@ class ModelPlan:
 
     @property
     def axes(self) -> Dict[str, int]:
-        """Each axis' size (module doc): replicas, stages, model shards."""
+        """Each axis' size (module doc): replicas, pipeline devices, model shards."""
         pipeline = self.pipeline
         return {"data": self._replicas,
-                "pipeline": pipeline.stages if pipeline is not None else 1, "model": 1}
+                "pipeline": pipeline.devices_per_pipeline if pipeline is not None else 1,
+                "model": 1}
 
     @property
     def cuts_batches(self) -> bool:

@@ -61,9 +61,10 @@ class StepTrace:
             (pipeline, stage, schedules.Action(kind, micro_batch)), _Pass())
 
     def order(self, orders: Sequence[Sequence[schedules.Action]], pipeline: int = 0) -> int:
-        """Makes each stage of ``pipeline`` (this replica's) run its passes
-        in ``orders`` (one list per stage): each pass starts after the
-        stage's previous pass ended. Returns the ordering edges added.
+        """Makes each device of ``pipeline`` (this replica's) run its passes
+        in ``orders`` (one list per device; per stage with one stage per
+        device): each pass starts after the device's previous pass ended.
+        Returns the ordering edges added.
 
         An edge that would close a cycle, or that TensorFlow's order of
         stateful ops would contradict (`tfdist._internal.graph_order`),
@@ -71,10 +72,11 @@ class StepTrace:
         then warns, naming it: never relaxed in silence).
         """
         added = 0
-        for stage, order in enumerate(orders):
+        for device, order in enumerate(orders):
             previous = None
             for action in order:
-                current = self.passes.get((pipeline, stage, action))
+                stage = action.on_stage(device)
+                current = self.passes.get((pipeline, stage, action.pass_))
                 if current is None or not current.ends:
                     continue  # (a stage without weights or ops in this direction)
                 if previous is not None:
@@ -99,9 +101,10 @@ def _waits_for(start, previous: _Pass) -> bool:
 class StageUnits:
     """Wraps the ``call`` of each unit of ``stage_of`` (pairs of a
     `tfdist._internal.keras.layer_paths.Unit` and its stage) to run on
-    ``devices[pipeline][stage]`` (module doc): ``devices`` has one list of
-    stage devices per local replica; each replica's calls run on its own
-    pipeline's (evaluation and prediction too)."""
+    ``devices[pipeline][stage mod p]`` (module doc): ``devices`` has one
+    list of p devices per local replica (one per stage, or one per v
+    stages: `tfdist.parallel.schedules`); each replica's calls run on its
+    own pipeline's (evaluation and prediction too)."""
 
     def __init__(self, devices: Sequence[Sequence[str]], stage_of: Sequence[tuple]):
         self.devices = [list(stages) for stages in devices]
@@ -129,7 +132,8 @@ class StageUnits:
         def call(*args, **kwargs):
             site = _SITE.get()
             pipeline = distributed_variables.local_replica() if site is None else site.pipeline
-            device = self.devices[pipeline][stage]
+            devices = self.devices[pipeline]
+            device = devices[stage % len(devices)]
             with tf.device(device):
                 if site is None or tf.executing_eagerly():
                     return original(*args, **kwargs)
