@@ -19,6 +19,7 @@ from tests.support import reference as ref
 from tests.support.launcher_harness import LauncherRun
 
 PROGRAM = ["python", "tests/programs/pipeline_on_tasks.py"]
+PER_WORKER = ["python", "tests/programs/pipeline_per_worker.py"]
 
 
 @pytest.mark.parametrize("workers,schedule,micro_batches", [
@@ -54,8 +55,7 @@ def test_a_pipeline_per_worker_equals_one_device(tmp_path):
     pipeline over its own 2 logical CPUs; every worker ends at one device's
     weights and history, each stage's copy on its worker's device for it."""
     expected = in_process._fit(in_process._model())  # pylint: disable=protected-access
-    program = ["python", "tests/programs/pipeline_per_worker.py",
-               f"--output_dir={tmp_path / 'out'}"]
+    program = PER_WORKER + [f"--output_dir={tmp_path / 'out'}"]
     with LauncherRun(["--num_workers=2"], program) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     for task in (0, 1):
@@ -68,6 +68,60 @@ def test_a_pipeline_per_worker_equals_one_device(tmp_path):
             stage = 0 if path.split("/")[0] in ("h1", "h2") else 1
             assert [c.split("/device:")[1] for c in copies] == [f"CPU:{stage}"], (path, copies)
             assert all(f"/task:{task}/" in c for c in copies), (path, copies)
+
+
+@pytest.mark.full_form
+def test_four_stages_per_worker_on_two_devices_fully_sharded_equal_one_device(tmp_path):
+    """Data x interleaved pipeline x fully sharded on 2 processes: each
+    worker's pipeline of 4 stages over its 2 logical CPUs (2 stages each,
+    interleaved 1F1B), each stage's weights and Adam state sharded over the
+    2 workers; every worker ends at one device's weights and history."""
+    expected = in_process._fit(in_process._model())  # pylint: disable=protected-access
+    program = PER_WORKER + [f"--output_dir={tmp_path / 'out'}", "--fully_sharded",
+                            "--stages_per_device=2", "--micro_batches=4"]
+    with LauncherRun(["--num_workers=2"], program) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for task in (0, 1):
+        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
+        ref.assert_weight_lists_close(expected[0],
+                                      [np.asarray(w, np.float32) for w in result["weights"]])
+        ref.assert_logs_close(expected[1], result["history"])
+        np.testing.assert_allclose(result["evaluation"], expected[2], rtol=1e-5)
+
+
+def test_a_killed_worker_of_a_fully_sharded_pipeline_per_worker_restarts_and_ends_equal(
+        tmp_path):
+    """The composed layout on processes (2 MultiWorkerMirroredStrategy
+    workers x 2 stages, each stage fully sharded over the workers): SIGKILL
+    of worker 1 mid-epoch loses its slices of every weight and of Adam's
+    state. tfdist-run names it and restarts the group; the workers restore
+    from the last checkpoint and end where one uninterrupted device ends."""
+    expected = in_process._fit(in_process._model(), epochs=3)  # pylint: disable=protected-access
+    program = PER_WORKER + [
+        f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
+        "--checkpoint_every_steps=2", "--step_delay=0.3", "--epochs=3", "--fully_sharded"]
+    launcher = ["--num_workers=2", "--max_restarts=1", "--grace_period=5"]
+    with LauncherRun(launcher, program) as run:
+        run.wait_for(r"\[worker-0\] epoch step 3 done", timeout=240)
+        killed = time.monotonic()
+        os.kill(run.pids()["worker-1"], signal.SIGKILL)
+        run.wait_for(r"restart 1/1", timeout=90)
+        assert time.monotonic() - killed < 60
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    assert "worker-1: exited (exit code 137)" in run.output, run.output[-4000:]
+    # the restarted workers resumed from a checkpoint (2 or 4 updates), not from the start
+    for task in (0, 1):
+        starts = re.findall(rf"\[worker-{task}\] first step after (\d+) updates", run.output)
+        assert starts[0] == "0" and int(starts[-1]) in (2, 4), (task, starts)
+    weights, history, evaluation, _ = expected
+    for task in (0, 1):
+        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
+        ref.assert_weight_lists_close(
+            weights, [np.asarray(w, np.float32) for w in result["weights"]])
+        np.testing.assert_allclose(result["evaluation"], evaluation, rtol=1e-5)
+        # (the history after a restart holds the epochs the restarted run trained)
+        np.testing.assert_allclose(result["history"]["loss"], history["loss"][-len(
+            result["history"]["loss"]):], rtol=1e-5)
 
 
 @pytest.mark.parametrize("interruption", [
@@ -96,6 +150,8 @@ def test_an_interrupted_stage_restarts_from_the_checkpoint_and_ends_equal_to_one
     named = {"SIGKILL": r"worker-0: exited \(exit code 137\)",
              "SIGSTOP": r"worker-0.*hung: stopped \(SIGSTOP\)"}[interruption]
     assert re.search(named, run.output), run.output[-4000:]
+    starts = re.findall(r"\[chief-0\] first step after (\d+) updates", run.output)
+    assert starts[0] == "0" and int(starts[-1]) >= 2, starts  # (resumed from a checkpoint)
     result = json.loads((tmp_path / "out" / "chief-0.json").read_text())
     weights, history, _, _ = expected
     ref.assert_weight_lists_close(

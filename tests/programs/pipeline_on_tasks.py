@@ -45,6 +45,14 @@ def main():
         args.checkpoint_dir, every_steps=args.checkpoint_every_steps))
     import keras  # pylint: disable=import-outside-toplevel
 
+    started = []
+
+    def before_step(batch, logs):  # (the updates a restored checkpoint brought)
+        del batch, logs
+        if not started:
+            started.append(int(model.optimizer.iterations.numpy()))
+            print(f"first step after {started[0]} updates", flush=True)
+
     def after_step(batch, logs):
         print(f"epoch step {batch + 1} done", flush=True)
         time.sleep(args.step_delay)
@@ -52,7 +60,8 @@ def main():
     x, y, w = ref.classification_arrays(test_pipeline.EXAMPLES)
     history = model.fit(x, y, sample_weight=w, batch_size=args.batch_size, epochs=args.epochs,
                         shuffle=False, verbose=0,
-                        callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=after_step)]
+                        callbacks=[keras.callbacks.LambdaCallback(
+                            on_train_batch_begin=before_step, on_train_batch_end=after_step)]
                         ).history
     result = {
         "history": history,
