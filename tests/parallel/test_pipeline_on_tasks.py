@@ -49,6 +49,20 @@ def test_stages_on_other_processes_equal_one_device(tmp_path, workers, schedule,
         assert device == wanted, (path, device, wanted)
 
 
+def _each_worker_equals(expected, output_dir) -> list:
+    """Asserts each of the 2 workers' results (``<task>.json``) holds one
+    device's weights, history and evaluation; returns them."""
+    results = []
+    for task in (0, 1):
+        result = json.loads((output_dir / f"worker-{task}.json").read_text())
+        ref.assert_weight_lists_close(expected[0],
+                                      [np.asarray(w, np.float32) for w in result["weights"]])
+        ref.assert_logs_close(expected[1], result["history"])
+        np.testing.assert_allclose(result["evaluation"], expected[2], rtol=1e-5)
+        results.append(result)
+    return results
+
+
 def test_a_pipeline_per_worker_equals_one_device(tmp_path):
     """Data x pipeline on 2 processes: MultiWorkerMirroredStrategy with one
     replica per worker (real TF_CONFIGs from ``tfdist-run``), each worker's
@@ -58,12 +72,7 @@ def test_a_pipeline_per_worker_equals_one_device(tmp_path):
     program = PER_WORKER + [f"--output_dir={tmp_path / 'out'}"]
     with LauncherRun(["--num_workers=2"], program) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
-    for task in (0, 1):
-        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
-        ref.assert_weight_lists_close(expected[0],
-                                      [np.asarray(w, np.float32) for w in result["weights"]])
-        ref.assert_logs_close(expected[1], result["history"])
-        np.testing.assert_allclose(result["evaluation"], expected[2], rtol=1e-5)
+    for task, result in enumerate(_each_worker_equals(expected, tmp_path / "out")):
         for path, copies in result["copies"].items():
             stage = 0 if path.split("/")[0] in ("h1", "h2") else 1
             assert [c.split("/device:")[1] for c in copies] == [f"CPU:{stage}"], (path, copies)
@@ -81,12 +90,7 @@ def test_four_stages_per_worker_on_two_devices_fully_sharded_equal_one_device(tm
                             "--stages_per_device=2", "--micro_batches=4"]
     with LauncherRun(["--num_workers=2"], program) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
-    for task in (0, 1):
-        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
-        ref.assert_weight_lists_close(expected[0],
-                                      [np.asarray(w, np.float32) for w in result["weights"]])
-        ref.assert_logs_close(expected[1], result["history"])
-        np.testing.assert_allclose(result["evaluation"], expected[2], rtol=1e-5)
+    _each_worker_equals(expected, tmp_path / "out")
 
 
 def test_a_killed_worker_of_a_fully_sharded_pipeline_per_worker_restarts_and_ends_equal(
