@@ -3,6 +3,7 @@
 import os
 import re
 import statistics
+import sys
 import time
 
 import keras
@@ -197,7 +198,7 @@ def test_parameter_server_saves_do_not_grow_memory(tmp_path):
     saved = re.compile(r"save (\d+) rss_kb (\d+)")
     ps = []
     with LauncherRun(["--num_ps=1", "--num_workers=1"],
-                     ["python", "tests/programs/ps_checkpoint_saves.py",
+                     [sys.executable, "tests/programs/ps_checkpoint_saves.py",
                       f"--checkpoint_dir={tmp_path}", "--saves=600"]) as run:
         run.wait_for(r"save 1 ", timeout=180)
         ps_pid = run.pids()["ps-0"]
@@ -225,7 +226,7 @@ def test_async_checkpoints_under_parameter_servers_are_a_clear_error(tmp_path):
     save, which TensorFlow's background writer does not use. A real 1-ps
     cluster; the first save names the option and the fix."""
     with LauncherRun(["--num_ps=1", "--num_workers=1"],
-                     ["python", "tests/programs/ps_checkpoint_saves.py",
+                     [sys.executable, "tests/programs/ps_checkpoint_saves.py",
                       f"--checkpoint_dir={tmp_path}", "--saves=1", "--async_write"]) as run:
         assert run.wait(timeout=300) != 0
     assert ("async_write=True (background writes) is not supported under "

@@ -127,11 +127,18 @@ def _scalar_function(y_true, y_pred):
 
 def tagging_model():
     """Sequence labelling: a masked embedding, an LSTM per time step and a
-    per-time-step softmax; the mask reaches the output (loss and metrics)."""
+    per-time-step softmax; the mask reaches the output (loss and metrics).
+
+    Keras 3.16 stopped passing a mask on from recurrent layers
+    (keras-team/keras#23235: they still read it, their outputs carry none);
+    setting ``supports_masking`` passes it on again, as Keras 3.15 did, so
+    the loss and metrics see the mask on every supported Keras."""
+    recurrent = keras.layers.LSTM(6, return_sequences=True)
+    recurrent.supports_masking = True
     return keras.Sequential([
         keras.Input((None,), dtype="int32"),
         keras.layers.Embedding(VOCABULARY, 8, mask_zero=True),
-        keras.layers.LSTM(6, return_sequences=True),
+        recurrent,
         keras.layers.Dense(CLASSES, activation="softmax")])
 
 

@@ -176,6 +176,21 @@ def test_form_equals_one_device(form, strategy_name, shape, entry):
         case, _strategy(strategy_name), examples, initial))
 
 
+def test_the_tagging_forms_mask_reaches_the_loss():
+    """The masked forms test a mask at the output only if one gets there:
+    on one device, labels under the padding do not change the loss."""
+    import numpy as np
+
+    model = axes.tagging_model()
+    model.compile(loss="sparse_categorical_crossentropy")
+    x, y = next(iter(axes.tagged_sequences(8, 8)))
+    padding = x.numpy() == 0
+    assert padding.any()
+    other_labels = np.where(padding, (y.numpy() + 1) % axes.CLASSES, y.numpy())
+    assert model.evaluate(x, y, verbose=0) == pytest.approx(
+        model.evaluate(x, other_labels, verbose=0), abs=1e-7)
+
+
 # -- input containers x feeds ---------------------------------------------------------
 
 CONTAINER_FACTORS = {"container": containers.CONTAINERS, "feed": containers.FEEDS,

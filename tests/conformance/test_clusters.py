@@ -17,6 +17,7 @@ combination on every batch shape.
 
 import json
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from tests.support.launcher_harness import LauncherRun
 
 pytestmark = pytest.mark.conformance  # and serial: tests/conftest.py SERIAL_MODULES
 
-PROGRAM = ["python", "tests/conformance/cluster_program.py"]
+PROGRAM = [sys.executable, "tests/conformance/cluster_program.py"]
 CLUSTERS = strategy_columns.CLUSTERS
 # (Sparse gradients summed across workers and under parameter servers: the
 # axes' rows below.)

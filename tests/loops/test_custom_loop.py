@@ -7,6 +7,7 @@ import os
 import pathlib
 import re
 import signal
+import sys
 
 import keras
 import numpy as np
@@ -237,7 +238,7 @@ def _keras_on_the_programs_data(data_dir):
 def test_program_on_two_workers_stopped_by_sigterm_resumes_and_equals_one_device(
         tmp_path, synthetic_data_dir):
     expected = _keras_on_the_programs_data(synthetic_data_dir)
-    command = ["python", "strategies/custom_loop.py", "--strategy=multi_worker_mirrored",
+    command = [sys.executable, "strategies/custom_loop.py", "--strategy=multi_worker_mirrored",
                "--num_replicas=1", "--optimizer=sgd", f"--epochs={PROGRAM_EPOCHS}",
                f"--batch_size={PROGRAM_BATCH}",
                f"--train_examples={TRAIN_EXAMPLES}", f"--data_dir={synthetic_data_dir}",

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 
 import numpy as np
@@ -18,8 +19,8 @@ from tests.programs import pipeline_on_tasks
 from tests.support import reference as ref
 from tests.support.launcher_harness import LauncherRun
 
-PROGRAM = ["python", "tests/programs/pipeline_on_tasks.py"]
-PER_WORKER = ["python", "tests/programs/pipeline_per_worker.py"]
+PROGRAM = [sys.executable, "tests/programs/pipeline_on_tasks.py"]
+PER_WORKER = [sys.executable, "tests/programs/pipeline_per_worker.py"]
 
 
 @pytest.mark.parametrize("workers,schedule,micro_batches", [

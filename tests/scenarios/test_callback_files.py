@@ -9,6 +9,7 @@ device.
 
 import csv
 import json
+import sys
 
 import keras
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from tests.support import reference as ref
 from tests.support.launcher_harness import LauncherRun
 
-PROGRAM = ["python", "tests/programs/callback_files.py"]
+PROGRAM = [sys.executable, "tests/programs/callback_files.py"]
 EPOCHS, STOP_AFTER = 4, 2
 
 

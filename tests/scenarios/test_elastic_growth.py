@@ -9,6 +9,7 @@ same, so the final weights of every worker equal one device's.
 import json
 import re
 import stat
+import sys
 import time
 
 import pytest
@@ -47,7 +48,7 @@ def discovery(tmp_path):
 def test_the_group_shrinks_and_grows_back_with_the_discovered_workers(tmp_path, discovery):
     script, available = discovery
     available(3)
-    command = ["python", "tests/programs/train_reference_mlp.py",
+    command = [sys.executable, "tests/programs/train_reference_mlp.py",
                f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'ckpt'}",
                f"--epochs={EPOCHS}", "--step_delay=0.3", "--log_every_steps=1"]
     launcher = ["--num_workers=3", "--min_workers=2", f"--host_discovery={script}",

@@ -11,6 +11,7 @@ the launcher ends it after ``--evaluator_timeout``.
 import json
 import os
 import signal
+import sys
 
 import numpy as np
 import psutil
@@ -18,7 +19,7 @@ import pytest
 
 from tests.support.launcher_harness import LauncherRun
 
-PROGRAM = ["python", "tests/programs/train_reference_mlp.py"]
+PROGRAM = [sys.executable, "tests/programs/train_reference_mlp.py"]
 EPOCHS = 3
 
 

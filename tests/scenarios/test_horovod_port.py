@@ -13,6 +13,7 @@ semantics guide). The sizes are small (``--steps=8``: 4 steps per epoch on
 import json
 import pathlib
 import re
+import sys
 
 import keras
 
@@ -40,7 +41,7 @@ def _plain_keras(program):
 
 def test_the_ported_horovod_example_on_two_workers_equals_one_device(tmp_path):
     program = load_program("horovod_keras_mnist")
-    command = ["python", "strategies/horovod_keras_mnist.py", "--synthetic", "--no_dropout",
+    command = [sys.executable, "strategies/horovod_keras_mnist.py", "--synthetic", "--no_dropout",
                f"--batch_per_replica={BATCH_PER_REPLICA}", f"--steps={STEPS}",
                f"--epochs={EPOCHS}", f"--warmup_epochs={WARMUP_EPOCHS}", f"--seed={SEED}",
                f"--checkpoint_dir={tmp_path / 'checkpoints'}",

@@ -8,6 +8,7 @@ global batches (70 examples, batch 16: a partial last batch).
 import json
 import os
 import signal
+import sys
 import time
 
 import keras
@@ -19,7 +20,7 @@ import tfdist
 from tests.support import reference as ref, short_form
 from tests.support.launcher_harness import LauncherRun
 
-PROGRAM = ["python", "tests/programs/train_reference_mlp.py"]
+PROGRAM = [sys.executable, "tests/programs/train_reference_mlp.py"]
 EPOCHS, EXAMPLES, BATCH = 3, 70, 16
 
 

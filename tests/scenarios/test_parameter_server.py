@@ -21,7 +21,7 @@ from tests.support import reference as ref
 from tests.support.launcher_harness import REPO, LauncherRun
 from tests.support.program_loader import load_program
 
-PROGRAM = ["python", "tests/programs/train_ps.py"]
+PROGRAM = [sys.executable, "tests/programs/train_ps.py"]
 EPOCHS, STEPS, EXAMPLES, BATCH = 3, 5, 70, 16  # 5 steps: one pass per epoch
 
 
@@ -247,7 +247,7 @@ def test_server_refuses_a_chief_task():
 
 
 def test_parameter_server_program_runs_on_a_local_cluster(tmp_path, synthetic_data_dir):
-    command = ["python", "strategies/parameter_server.py", "--epochs=1", "--steps_per_epoch=10",
+    command = [sys.executable, "strategies/parameter_server.py", "--epochs=1", "--steps_per_epoch=10",
                "--log_every_steps=5", f"--model_dir={tmp_path / 'model'}",
                f"--data_dir={synthetic_data_dir}"]
     with LauncherRun(["--num_workers=2", "--num_ps=2"], command) as run:

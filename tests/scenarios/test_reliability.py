@@ -8,6 +8,7 @@ by SIGSTOP must be found by the launcher and by its peers within bounds.
 import json
 import os
 import signal
+import sys
 import time
 
 import numpy as np
@@ -17,7 +18,7 @@ from tests.support import reference as ref
 from tests.support import short_form
 from tests.support.launcher_harness import LauncherRun
 
-PROGRAM = ["python", "tests/programs/train_reference_mlp.py"]
+PROGRAM = [sys.executable, "tests/programs/train_reference_mlp.py"]
 LONG = ["--examples=80000", "--batch_size=8", "--epochs=1", "--log_every_steps=10"]
 
 

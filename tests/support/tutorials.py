@@ -32,6 +32,7 @@ moves the one-device run itself.
 """
 
 import json
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -63,7 +64,7 @@ def launch(tmp_path, program, launcher_args, *args):
     """Runs ``tests/programs/<program>`` under ``tfdist-run`` (``launcher_args``);
     returns (its output directory, the run)."""
     output_dir = tmp_path / "out"
-    command = ["python", f"tests/programs/{program}", f"--output_dir={output_dir}", *args]
+    command = [sys.executable, f"tests/programs/{program}", f"--output_dir={output_dir}", *args]
     with LauncherRun(launcher_args, command) as run:
         assert run.wait(timeout=CLUSTER_TIMEOUT) == 0, run.output[-4000:]
     return output_dir, run

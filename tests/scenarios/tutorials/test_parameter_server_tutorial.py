@@ -9,6 +9,7 @@ Published: tensorflow/docs site/en/tutorials/distribute/parameter_server_trainin
 import doctest
 import json
 import re
+import sys
 
 import keras
 import numpy as np
@@ -154,7 +155,7 @@ def test_parameter_server_loop_docstring_example_runs_on_two_workers(tmp_path):
     program = tmp_path / "example.py"
     program.write_text("".join(example.source.replace("# doctest: +SKIP", "")
                                for example in examples))
-    with LauncherRun(["--num_workers=2", "--num_ps=1"], ["python", str(program)]) as run:
+    with LauncherRun(["--num_workers=2", "--num_ps=1"], [sys.executable, str(program)]) as run:
         assert run.wait(timeout=tutorials.CLUSTER_TIMEOUT) == 0, run.output[-4000:]
     epochs = re.findall(r"\[chief-0\] (\d) (\S+) (\S+)\n", run.output)
     assert [int(epoch) for epoch, _, _ in epochs] == [0, 1, 2], run.output[-4000:]
