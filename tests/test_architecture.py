@@ -232,6 +232,56 @@ def test_every_tensorflow_internal_tfdist_imports_is_pinned():
         "list these in tfdist/_internal/tensorflow/privates.py (what is read, and by whom):")
 
 
+def _tensorflow_reaches_in(source: str, attributes) -> list:
+    """(line, code) of each import of a TensorFlow internal in ``source``,
+    and each ``x.name`` with ``name`` among ``attributes`` (TensorFlow's
+    private attributes tfdist reads) on anything but ``self`` (tfdist's own
+    attributes may share a name)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and _tensorflow_internals_in(
+                ast.unparse(node)):
+            found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Attribute) and node.attr in attributes and not (
+                isinstance(node.value, ast.Name) and node.value.id == "self"):
+            found.append((node.lineno, ast.unparse(node)))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "setattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and node.args[1].value in attributes):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def _tensorflow_private_attributes() -> dict:
+    spec = importlib.util.spec_from_file_location(
+        "tensorflow_privates", PACKAGE / "_internal" / "tensorflow" / "privates.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ATTRIBUTES
+
+
+def test_tensorflow_internals_are_reached_in_internal_only():
+    """No module above the ground floor (`tfdist/_internal/`) imports a
+    TensorFlow internal or reaches a private attribute of a TensorFlow
+    object that tfdist reads (`privates.ATTRIBUTES`): each is behind a
+    named function in `tfdist/_internal/tensorflow/`."""
+    attributes = _tensorflow_private_attributes()
+    found = [f"{path.relative_to(PACKAGE.parent)}:{line}: {code[:80]}"
+             for name, path in _modules().items() if not name.startswith("tfdist._internal")
+             for line, code in _tensorflow_reaches_in(path.read_text(), attributes)]
+    assert found == [], ("move these behind a named function in tfdist/_internal/tensorflow/ "
+                         "(and list them in its privates.py):\n" + "\n".join(found))
+
+
+def test_the_tensorflow_reaches_check_sees_them():
+    source = ("from tensorflow.python.ops import gen_math_ops\n"
+              "def f(self, coordinator):\n"
+              "    self._saver = coordinator._cluster\n"
+              "    return getattr(coordinator, '_saver', None)\n")
+    assert [line for line, _ in _tensorflow_reaches_in(source, {"_cluster", "_saver"})] == [
+        1, 3, 4]
+
+
 def test_the_tensorflow_internals_check_sees_them():
     source = "from tensorflow.python.ops import gen_math_ops\nX = 'tensorflow.core.foo'\n"
     assert _tensorflow_internals_in(source) == {

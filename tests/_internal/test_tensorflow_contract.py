@@ -5,7 +5,8 @@ here first, naming the function to update."""
 import pytest
 import tensorflow as tf
 
-from tfdist._internal.tensorflow import distributed_variables, privates
+from tfdist._internal.tensorflow import (checkpoint_internals, coordinator_workers,
+                                       distributed_variables, privates)
 
 
 @pytest.mark.parametrize("private", privates.PRIVATES, ids=lambda p: p.name)
@@ -54,3 +55,46 @@ def test_mirrored_on_puts_each_replicas_copy_on_the_device_given():
 
 def test_outside_a_replica_the_local_replica_is_the_first():
     assert distributed_variables.local_replica() == 0
+
+
+def test_a_checkpoints_background_writer_is_read_through_its_view(tmp_path):
+    """``checkpoint_internals.AsyncWriter``: the background writer TensorFlow
+    makes at the first ``enable_async`` save, its thread, its host copies,
+    and ending it (a new one at the next save)."""
+    variable = tf.Variable([1.0, 2.0])
+    checkpoint = tf.train.Checkpoint(v=variable)
+    assert checkpoint_internals.AsyncWriter.of(checkpoint) is None
+    checkpoint.write(str(tmp_path / "a"), options=tf.train.CheckpointOptions(enable_async=True))
+    writer = checkpoint_internals.AsyncWriter.of(checkpoint)
+    assert writer is not None
+    writer.sync()
+    assert not writer.writing() and writer.thread() is not None and writer.thread().is_alive()
+    assert len(writer.copies()) >= 1 and writer.take_error() is None
+    writer.end(checkpoint)
+    assert checkpoint_internals.AsyncWriter.of(checkpoint) is None
+    assert tf.train.load_variable(str(tmp_path / "a"), "v/.ATTRIBUTES/VARIABLE_VALUE").tolist() \
+        == [1.0, 2.0]
+
+
+def test_a_checkpoint_saves_children_added_for_its_background_writer(tmp_path):
+    """``checkpoint_internals.saver`` / ``add_written_children``: the saver a
+    checkpoint saves through, and the constructor arguments a background
+    write saves (an attribute set later is saved once added there)."""
+    checkpoint = tf.train.Checkpoint(v=tf.Variable(1.0))
+    assert hasattr(checkpoint_internals.saver(checkpoint), "save")
+    checkpoint.extra = tf.Variable(7.0)
+    checkpoint_internals.add_written_children(checkpoint, {"extra": checkpoint.extra})
+    path = checkpoint.write(str(tmp_path / "b"), options=tf.train.CheckpointOptions(
+        enable_async=True))
+    checkpoint_internals.AsyncWriter.of(checkpoint).end(checkpoint)
+    assert tf.train.load_variable(path, "extra/.ATTRIBUTES/VARIABLE_VALUE") == 7.0
+
+
+def test_a_datasets_variant_tensor_rebuilds_it():
+    """``coordinator_workers.variant_tensor``: the tensor a dataset is
+    serialised from (a parameter-server worker rebuilds it)."""
+    dataset = tf.data.Dataset.range(3)
+    graph = tf.raw_ops.DatasetToGraphV2(input_dataset=coordinator_workers.variant_tensor(dataset))
+    rebuilt = tf.data.experimental.from_variant(tf.raw_ops.DatasetFromGraph(graph_def=graph),
+                                                dataset.element_spec)
+    assert [int(x) for x in rebuilt] == [0, 1, 2]

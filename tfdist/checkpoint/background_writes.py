@@ -43,7 +43,6 @@ does:
 (True, 1.0)
 """
 
-import atexit
 import os
 import time
 from typing import Callable, Optional
@@ -52,6 +51,7 @@ import tensorflow as tf
 
 from tfdist._internal import host_copies
 from tfdist._internal.keras.checkpoint_copies import host_copies_reused
+from tfdist._internal.tensorflow import checkpoint_internals
 from tfdist.errors import CheckpointWriteError
 
 
@@ -77,14 +77,13 @@ class BackgroundWrites:
         self.waits, self.wait_seconds = 0, 0.0
         self._lowered = None  # the writer thread whose priority was lowered
 
-    def _helper(self):
-        return getattr(self._checkpoint, "_async_checkpointer_impl", None)
+    def _writer(self) -> Optional[checkpoint_internals.AsyncWriter]:
+        return checkpoint_internals.AsyncWriter.of(self._checkpoint)
 
     def writing(self) -> bool:
         """True while a background write runs."""
-        helper = self._helper()
-        queue = getattr(helper, "_queue", None)  # TensorFlow's queue of one write
-        return queue is not None and queue.unfinished_tasks > 0
+        writer = self._writer()
+        return writer is not None and writer.writing()
 
     def save(self, manager: tf.train.CheckpointManager, number: int,
              before_latest: Optional[Callable[[str], None]] = None) -> str:
@@ -115,8 +114,8 @@ class BackgroundWrites:
         per thread. Training threads no longer wait behind the writer, so
         background saves cost training less (figures:
         docs/performance.md#measurements-behind-design-choices)."""
-        helper = self._helper()
-        thread = getattr(helper, "_async_save_thread", None)
+        writer = self._writer()
+        thread = None if writer is None else writer.thread()
         if thread is None or thread.native_id is None or thread.native_id == self._lowered:
             return
         self._lowered = thread.native_id
@@ -127,7 +126,8 @@ class BackgroundWrites:
         the first save, kept until `close`): a whole copy of every saved
         value, or of this worker's slices of values stored in slices across
         workers (`tfdist.checkpoint.slice_writes`)."""
-        object_map = getattr(self._helper(), "_object_map", None) or {}
+        writer = self._writer()
+        object_map = {} if writer is None else writer.copies()
         copies = {id(copy): copy for copy in object_map.values()
                   if isinstance(copy, (tf.Variable, host_copies.PiecesCopy))}
         return sum(host_copies.nbytes(copy) for copy in copies.values())
@@ -136,17 +136,16 @@ class BackgroundWrites:
         """Returns when no write runs; raises the last one's error if it failed."""
         if self.writing():
             start = time.monotonic()
-            self._helper().sync()
+            self._writer().sync()
             self.waits += 1
             self.wait_seconds += time.monotonic() - start
         self.raise_error()
 
     def raise_error(self) -> None:
         """Raises a failed background write's error (once), naming its path."""
-        helper = self._helper()
-        error = getattr(helper, "_async_error", None)
+        writer = self._writer()
+        error = None if writer is None else writer.take_error()
         if error is not None:
-            helper._async_error = None  # pylint: disable=protected-access
             raise CheckpointWriteError(
                 f"Writing checkpoint {self.in_flight} in the background failed: "
                 f"{type(error).__name__}: {str(error).strip()[:500]}. The checkpoints "
@@ -161,11 +160,9 @@ class BackgroundWrites:
         ends; closing unregisters it, so a finished Trainer's model can go.
         The next save makes a new helper."""
         self.wait_for_write()
-        helper = self._helper()
-        if helper is not None:
-            helper._join_async_save_thread()  # pylint: disable=protected-access
-            atexit.unregister(helper._join_async_save_thread)  # pylint: disable=protected-access
-            self._checkpoint._async_checkpointer_impl = None  # pylint: disable=protected-access
+        writer = self._writer()
+        if writer is not None:
+            writer.end(self._checkpoint)
         self._graph = None
 
     def _prepare(self) -> None:

@@ -27,6 +27,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from tfdist._internal.tensorflow import checkpoint_internals
 from tfdist.strategies import sharded
 
 
@@ -48,7 +49,7 @@ class TracedSaves:
 
     def __init__(self, checkpoint: tf.train.Checkpoint, variables):
         self._checkpoint = checkpoint
-        self._saver = checkpoint._saver  # pylint: disable=protected-access
+        self._saver = checkpoint_internals.saver(checkpoint)
         self._variables = variables  # returns the variables to check
         self._traced_for = None  # the object graph the function was traced for
         self._function = None
@@ -61,7 +62,7 @@ class TracedSaves:
         whether the traced path is needed (checked at each save).
         """
         saves = cls(checkpoint, variables)
-        checkpoint._saver = saves  # pylint: disable=protected-access
+        checkpoint_internals.replace_saver(checkpoint, saves)
         return saves
 
     def __getattr__(self, name):

@@ -58,6 +58,7 @@ import tensorflow as tf
 from tfdist import cluster
 from tfdist._internal import host_values
 from tfdist._internal.keras import model_state as keras_model_state
+from tfdist._internal.tensorflow import checkpoint_internals
 from tfdist.checkpoint.state_snapshot import TotalsSnapshot
 from tfdist.checkpoint.traced_saves import TracedSaves, spans_tasks
 from tfdist.checkpoint.worker_writes import WorkerWrites
@@ -218,7 +219,7 @@ class TrainingCheckpoint:
             setattr(self._checkpoint, name, tracked)
         # TensorFlow's background writer saves a Checkpoint made of the
         # constructor's arguments: it must list these too.
-        self._checkpoint._kwargs.update(added)  # pylint: disable=protected-access
+        checkpoint_internals.add_written_children(self._checkpoint, added)
 
     def _saved_variables(self) -> list:
         """The model's, its optimizer's and the position counters' variables."""

@@ -30,11 +30,9 @@ import re
 from typing import Optional
 
 import tensorflow as tf
-from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
-from tensorflow.python.distribute import multi_worker_util
-from tensorflow.python.eager import context
 
 from tfdist import cluster
+from tfdist._internal.tensorflow import coordination
 from tfdist.errors import ParameterServerLostError, PeerLostError
 
 _COORDINATED_JOBS = ("chief", "worker")
@@ -53,22 +51,12 @@ def configure_heartbeats(config: cluster.TFConfig, peer_timeout_seconds: float) 
     service with TensorFlow's defaults. A process that already configured
     it keeps its own settings.
     """
-    if context.context().coordination_service is not None:
-        return
-    spec = tf.train.ClusterSpec(config.cluster)
-    jobs = [
-        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=spec.num_tasks(job))
-        for job in _COORDINATED_JOBS if job in spec.jobs
-    ]
-    context.context().configure_coordination_service(
-        service_type="standalone",
-        service_leader=multi_worker_util.coordination_leader(spec),
-        heartbeat_timeout_in_ms=int(peer_timeout_seconds * 1000),
+    coordination.configure(
+        tf.train.ClusterSpec(config.cluster), _COORDINATED_JOBS,
+        heartbeat_timeout_ms=int(peer_timeout_seconds * 1000),
         # At exit every task waits at a shutdown barrier for the others; a
         # task whose peers already left waits this long, then exits.
-        shutdown_barrier_timeout_in_ms=SHUTDOWN_BARRIER_SECONDS * 1000,
-        coordinated_jobs=jobs,
-    )
+        shutdown_barrier_timeout_ms=SHUTDOWN_BARRIER_SECONDS * 1000)
 
 
 def lost_peer(message: str) -> Optional[str]:
@@ -84,7 +72,7 @@ def lost_peer(message: str) -> Optional[str]:
         config = cluster.parse_tf_config()
         if config is not None:
             match = _TASK.search(
-                multi_worker_util.coordination_leader(tf.train.ClusterSpec(config.cluster))
+                coordination.coordination_leader(tf.train.ClusterSpec(config.cluster))
             )
     return f"{match.group(1)}-{match.group(2)}" if match else "a peer task"
 

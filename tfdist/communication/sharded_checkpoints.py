@@ -50,10 +50,10 @@ import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
-from tensorflow.python.trackable import data_structures
 
 from tfdist._internal import collectives, flat_pieces, host_copies
 from tfdist._internal.keras import optimizer as keras_optimizer
+from tfdist._internal.tensorflow import trackable_lists
 
 _VALUE = "VARIABLE_VALUE"  # the name a variable's value is saved under
 
@@ -269,10 +269,10 @@ class OrdinaryLayout:
                 else:
                     children[name] = child
                     continue
-                children[name] = data_structures.ListWrapper(child)
+                children[name] = trackable_lists.tracked_list(child)
             self._children = children
         return self._children
 
 
 def _is_list(child) -> bool:
-    return isinstance(child, (list, tuple, data_structures.ListWrapper))
+    return trackable_lists.is_list(child)

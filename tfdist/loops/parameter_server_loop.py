@@ -92,6 +92,7 @@ import tensorflow as tf
 
 from tfdist._internal import validation
 from tfdist._internal.bounded_cache import BoundedCache
+from tfdist._internal.tensorflow import coordinator_workers
 from tfdist.cluster import peers
 from tfdist.data import epochs
 from tfdist.data.batch import Batch
@@ -208,7 +209,7 @@ class ParameterServerLoop:
             metrics created under ``strategy.scope()`` (read them after).
           num_shards: closures to schedule (default: the number of workers).
         """
-        workers = self.coordinator._cluster.workers  # pylint: disable=protected-access
+        workers = coordinator_workers.workers(self.coordinator)
         num_shards = len(workers) if num_shards is None else num_shards
         validation.positive_int("num_shards", num_shards)
         def shard_functions():

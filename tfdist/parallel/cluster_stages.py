@@ -30,9 +30,9 @@ stopped (SIGSTOP) is named after ``--hang_timeout``.
 from typing import List
 
 import tensorflow as tf
-from tensorflow.python.training import server_lib  # ClusterDeviceFilters: no public name
 
 from tfdist import cluster, errors
+from tfdist._internal.tensorflow import cluster_views
 from tfdist.strategies import parameter_server
 
 
@@ -63,9 +63,8 @@ def task_devices(timeout_seconds: float = 120.0) -> List[str]:
     # Each worker sees the chief and the other workers (stages send to
     # their neighbours), as ParameterServerStrategy filters its workers'
     # view; without a filter the chief waits forever as it connects.
-    view = server_lib.ClusterDeviceFilters()
-    for index in range(len(config.cluster["worker"])):
-        view.set_device_filters("worker", index, ["/job:chief", "/job:worker"])
+    view = cluster_views.workers_seeing(len(config.cluster["worker"]),
+                                        ["/job:chief", "/job:worker"])
     tf.config.experimental_connect_to_cluster(
         resolver.cluster_spec(), job_name="chief", protocol=resolver.rpc_layer or "grpc",
         cluster_device_filters=view)

@@ -15,14 +15,13 @@ launcher asked for it (``TFDIST_READY_FILE``), the task reports that it
 joined, so `tfdist-run` can tell a task that never joins from a slow one.
 """
 
-import contextlib
 from typing import Optional
 
 import tensorflow as tf
-from tensorflow.python.distribute import collective_all_reduce_strategy as _cars
 
 from tfdist import cluster
 from tfdist._internal import collectives
+from tfdist._internal.tensorflow import multi_worker_devices
 from tfdist.cluster import peers, stop_signals
 from tfdist.errors import ConfigurationError
 from tfdist.strategies import local_devices
@@ -33,29 +32,6 @@ _IMPLEMENTATIONS = {
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
     "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
 }
-
-
-@contextlib.contextmanager
-def _local_cpu_devices(count: int):
-    """Makes MultiWorkerMirroredStrategy use ``count`` local CPUs.
-
-    TensorFlow's MWMS uses every local GPU but always exactly one CPU. Its
-    device choice lives in one method, called once, while the strategy is
-    built; this swaps it for that duration only.
-    """
-    original = _cars.CollectiveAllReduceExtended._initialize_local_devices
-
-    def with_logical_cpus(self, cluster_resolver, worker_device):
-        devices, kind = original(self, cluster_resolver, worker_device)
-        if kind == "CPU":
-            devices = tuple(f"{worker_device}/device:CPU:{i}" for i in range(count))
-        return devices, kind
-
-    _cars.CollectiveAllReduceExtended._initialize_local_devices = with_logical_cpus
-    try:
-        yield
-    finally:
-        _cars.CollectiveAllReduceExtended._initialize_local_devices = original
 
 
 def multi_worker_mirrored(
@@ -103,7 +79,7 @@ def multi_worker_mirrored(
     )
     if config is not None:
         peers.configure_heartbeats(config, peer_timeout_seconds)
-    with _local_cpu_devices(cpus):
+    with multi_worker_devices.local_cpus(cpus):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     # TensorFlow's coordination agent now catches SIGTERM and only logs it;
     # a stop request must still stop this task.

@@ -27,18 +27,11 @@ from typing import List, Sequence
 import tensorflow as tf
 
 from tfdist._internal.keras import model_state as keras_model_state
-
-try:  # ShardedVariable has no public class to test against.
-    from tensorflow.python.distribute.sharded_variable import (  # pylint: disable=no-name-in-module
-        ShardedVariable,
-    )
-except ImportError:  # pragma: no cover - TF moved it; nothing is sharded then.
-    ShardedVariable = ()
+from tfdist._internal.tensorflow import sharded_variables
 
 
 def is_sharded(variable) -> bool:
-    return bool(ShardedVariable) and isinstance(
-        keras_model_state.tensorflow_variable(variable), ShardedVariable)
+    return sharded_variables.is_sharded_variable(keras_model_state.tensorflow_variable(variable))
 
 
 def shards(variable) -> List[tf.Variable]:
@@ -70,42 +63,14 @@ def gradients(tape: tf.GradientTape, target, variables: Sequence) -> list:
 
 
 def allow_sharded_updates(strategy: tf.distribute.Strategy) -> None:
-    """Lets ``strategy.extended.update`` update a ShardedVariable.
-
-    Changes only this strategy object: its ``_update`` runs ``fn`` directly
-    on a ShardedVariable (whose assign methods place each slice on its own
-    shard) and defers to the strategy for everything else.
-    """
-    extended = strategy.extended
-    original = extended._update  # pylint: disable=protected-access
-
-    def update(var, fn, args, kwargs, group):
-        if not (ShardedVariable and isinstance(var, ShardedVariable)):
-            return original(var, fn, args, kwargs, group)
-        select = extended._select_single_value  # pylint: disable=protected-access
-        result = fn(var, *select(args), **select(kwargs))
-        if group:
-            return result
-        return tf.nest.map_structure(extended._local_results, result)  # pylint: disable=protected-access
-
-    extended._update = update  # pylint: disable=protected-access
+    """Lets ``strategy.extended.update`` update a ShardedVariable (this
+    strategy object only; `tfdist._internal.tensorflow.sharded_variables`)."""
+    sharded_variables.allow_sharded_updates(strategy)
 
 
 def save_as_full_tensors(variables: Sequence) -> None:
     """Makes the sharded ones among ``variables`` checkpoint as full tensors."""
     for variable in variables:
-        if not is_sharded(variable):
-            continue
-        storage = keras_model_state.tensorflow_variable(variable)
-        if getattr(storage, "_tfdist_full_tensor", False):
-            continue
-
-        def serialize(storage=storage):
-            return {"VARIABLE_VALUE": tf.concat([tf.convert_to_tensor(v) for v in storage.variables], 0)}
-
-        def restore(tensors, storage=storage):
-            return storage.assign(tensors["VARIABLE_VALUE"])
-
-        storage._serialize_to_tensors = serialize  # pylint: disable=protected-access
-        storage._restore_from_tensors = restore  # pylint: disable=protected-access
-        storage._tfdist_full_tensor = True  # pylint: disable=protected-access
+        if is_sharded(variable):
+            sharded_variables.save_as_full_tensors(
+                keras_model_state.tensorflow_variable(variable))

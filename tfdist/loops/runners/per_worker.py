@@ -21,6 +21,7 @@ from typing import Callable, List, Optional
 
 import tensorflow as tf
 
+from tfdist._internal.tensorflow import coordinator_workers
 from tfdist.data import distributed
 
 MakeDataset = Callable[[int, int], tf.data.Dataset]
@@ -29,7 +30,7 @@ MakeDataset = Callable[[int, int], tf.data.Dataset]
 def rebuilder(dataset: tf.data.Dataset) -> Callable[[], tf.data.Dataset]:
     """A function that rebuilds ``dataset`` wherever it runs (on a worker)."""
     graph = tf.raw_ops.DatasetToGraphV2(
-        input_dataset=dataset._variant_tensor,  # pylint: disable=protected-access
+        input_dataset=coordinator_workers.variant_tensor(dataset),
         external_state_policy=tf.data.experimental.ExternalStatePolicy.WARN.value,
         strip_device_assignment=True,
     )
@@ -113,7 +114,7 @@ class PerWorkerIterators:
                  make_dataset: MakeDataset):
         # Worker.create_resource is the one way to create a resource on one
         # worker only (ClusterCoordinator has no public per-worker variant).
-        workers = coordinator._cluster.workers  # pylint: disable=protected-access
+        workers = coordinator_workers.workers(coordinator)
         num_workers = len(workers)
         self._functions = []
         for worker in workers:
@@ -129,7 +130,7 @@ class PerWorkerIterators:
         for worker, function in self._functions:
             remote = worker.create_resource(function)
             # Lets functions that take this iterator be traced on the coordinator.
-            remote._type_spec = function.structured_outputs._type_spec  # pylint: disable=protected-access
+            coordinator_workers.give_type_spec(remote, function)
             remote_iterators.append(remote)
         return tf.distribute.experimental.coordinator.PerWorkerValues(tuple(remote_iterators))
 
