@@ -609,3 +609,15 @@ def test_a_keras_variables_constraint_is_what_apply_runs_after_the_update():
     keras.optimizers.SGD(1.0).apply([tf.constant([[1.0, 1.0]])], [variable])
     assert ran, message
     np.testing.assert_allclose(variable.numpy(), [[2.0, 0.0]], err_msg=message)
+
+
+def test_a_model_parallel_distribution_keeps_its_layout_map():
+    """``distributions.layout_map_of``: the LayoutMap a ModelParallel was
+    made with (its rules, checked against a model by tfdist.parallel.layouts)."""
+    from tfdist._internal.keras import distributions
+
+    mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], ["cpu:0", "cpu:1"])
+    rules = keras.distribution.LayoutMap(mesh)
+    rules["d1/kernel"] = (None, "model")
+    distribution = keras.distribution.ModelParallel(layout_map=rules, batch_dim_name="batch")
+    assert distributions.layout_map_of(distribution) is rules

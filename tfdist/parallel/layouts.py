@@ -1,0 +1,263 @@
+"""Keras' layout API read for tensor parallelism: what a
+``keras.distribution.ModelParallel`` asks of each weight of a built model,
+checked before anything runs (`ModelLayout.of`).
+
+A Keras-on-JAX user writes the layout once::
+
+    mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map["d1/kernel"] = (None, "model")     # column: output features split
+    layout_map["d2/kernel"] = ("model", None)     # row: input features split
+    distribution = keras.distribution.ModelParallel(layout_map=layout_map,
+                                                    batch_dim_name="batch")
+
+Keras matches each rule against ``variable.path`` as `LayoutMap` does (an
+exact key, else a regular expression matched whole), and a weight no rule
+matches is replicated. This module reads the same rules into one record
+per sharded weight: which dimension the mesh's model axis splits, and the
+Megatron-LM form that gives the layer (`FORMS`):
+
+- ``Dense`` / ``EinsumDense``: ``"column"`` when the split dimension is
+  one of the output's (no communication in the forward pass; the bias is
+  split with it), ``"row"`` when it is contracted (partial products summed
+  across the model axis; the bias whole);
+- ``MultiHeadAttention``: its query, key and value projections by heads
+  (their kernels' heads dimension: column) and its output projection by
+  heads (row), as Keras' own ``EinsumDense`` sublayers;
+- ``Embedding``: ``"vocabulary"`` (rows: each device looks up the ids in
+  its range) or ``"embedding_columns"``.
+
+A layout it cannot honour is a `tfdist.errors.ConfigurationError` naming
+the weight and the rule: a weight two rules match, a split that does not divide the
+dimension, two dimensions on the model axis, a sharded weight of a layer
+without a sharded form, a bias split without its kernel, a weight split
+over the data axis (fully sharded weights are
+``communication=FullySharded()``), a mesh other than data x model. A rule
+that matches no weight and no layer output changes nothing, as in Keras,
+and is named in a warning (keras.io's distribution guide has one: a bias
+rule for a layer without a bias).
+
+>>> import keras
+>>> inputs = keras.Input((6,))
+>>> hidden = keras.layers.Dense(8, activation="relu", name="d1")(inputs)
+>>> model = keras.Model(inputs, keras.layers.Dense(4, name="d2")(hidden))
+>>> mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], ["cpu:0", "cpu:1"])
+>>> layout_map = keras.distribution.LayoutMap(mesh)
+>>> layout_map["d1/kernel"] = (None, "model")
+>>> layout_map["d2/kernel"] = ("model", None)
+>>> layout_map[".*bias"] = ("model",)
+>>> layout = ModelLayout.of(keras.distribution.ModelParallel(
+...     layout_map=layout_map, batch_dim_name="batch"), model)
+Traceback (most recent call last):
+...
+tfdist.errors.ConfigurationError: weight 'd2/bias' (rule '.*bias') splits a bias over the model axis, but its layer's kernel is split by rows: a bias is split with a kernel split by columns, else kept whole. Drop the rule.
+>>> del layout_map[".*bias"]
+>>> layout_map["d1/bias"] = ("model",)
+>>> layout = ModelLayout.of(keras.distribution.ModelParallel(
+...     layout_map=layout_map, batch_dim_name="batch"), model)
+>>> layout.axes
+{'data': 1, 'model': 2}
+>>> [(w.path, w.form, w.dimension) for w in layout.sharded]
+[('d1/kernel', 'column', 1), ('d1/bias', 'column', 0), ('d2/kernel', 'row', 0)]
+"""
+
+import dataclasses
+import re
+import warnings
+from typing import Dict, List, Optional, Tuple
+
+import keras
+
+from tfdist._internal.keras import distributions as keras_distributions, layer_paths
+from tfdist.errors import ConfigurationError
+
+# The layer types with a sharded form, and the forms a split gives them.
+FORMS = {
+    "Dense": ("column", "row"),
+    "EinsumDense": ("column", "row"),
+    "Embedding": ("vocabulary", "embedding_columns"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedWeight:
+    """One weight the model axis splits.
+
+    Attributes:
+      path: the weight's ``variable.path`` (what the rule matched).
+      rule: the `LayoutMap` key that matched it.
+      layer_path: its layer's path in the model
+        (`tfdist._internal.keras.layer_paths`).
+      layer_type: the layer's class name (a key of `FORMS`).
+      form: the Megatron-LM form the split gives the layer (module doc).
+      dimension: the weight's dimension split over the model axis.
+    """
+
+    path: str
+    rule: str
+    layer_path: str
+    layer_type: str
+    form: str
+    dimension: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelLayout:
+    """What a ``ModelParallel`` distribution asks of one built model.
+
+    Attributes:
+      data_axis, model_axis: the mesh's axis names (the batch's, the other).
+      axes: each axis' size, under tfdist's names (``data``, ``model``).
+      devices: the mesh's devices, one row per data-axis index.
+      sharded: each weight the model axis splits, in the model's order.
+      outputs: each ``"<layer path>/output"`` rule that matched a layer, as
+        (layer path, axes).
+    """
+
+    data_axis: str
+    model_axis: str
+    axes: Dict[str, int]
+    devices: Tuple[Tuple[str, ...], ...]
+    sharded: Tuple[ShardedWeight, ...]
+    outputs: Tuple[Tuple[str, tuple], ...]
+
+    @classmethod
+    def of(cls, distribution, model) -> "ModelLayout":
+        """Reads ``distribution`` (a ``keras.distribution.ModelParallel``)
+        for ``model`` (built), checking every rule (module doc)."""
+        if not isinstance(distribution, keras.distribution.ModelParallel):
+            raise ConfigurationError(
+                f"a layout is a keras.distribution.ModelParallel; got {distribution!r}.")
+        mesh = distribution.device_mesh
+        names, shape = list(mesh.axis_names), tuple(mesh.shape)
+        data_axis = distribution.batch_dim_name
+        if len(names) != 2 or data_axis not in names:
+            raise ConfigurationError(
+                f"tensor parallelism takes a mesh of two axes, the batch's ({data_axis!r}) and "
+                f"the model's; this one has axes {names} of sizes {list(shape)}.")
+        model_axis = names[1 - names.index(data_axis)]
+        axes = {"data": shape[names.index(data_axis)], "model": shape[names.index(model_axis)]}
+        devices = mesh.devices if names[0] == data_axis else mesh.devices.T
+        rules = dict(_rules(distribution))
+        matched = set()
+        sharded = []
+        owners = _owners(model)
+        for variable in model.weights:
+            rule = _rule_for(variable.path, rules, what=f"weight {variable.path!r}")
+            if rule is None:
+                continue
+            matched.add(rule)
+            weight = _sharded(variable, rule, rules[rule], owners.get(id(variable)),
+                              data_axis, model_axis, axes)
+            if weight is not None:
+                sharded.append(weight)
+        _check_biases(sharded)
+        outputs = []
+        for path, _ in layer_paths.walk(model):
+            rule = _rule_for(path + "/output", rules, what=f"layer output {path + '/output'!r}")
+            if rule is not None:
+                matched.add(rule)
+                outputs.append((path, rules[rule]))
+        unmatched = [rule for rule in rules if rule not in matched]
+        if unmatched:  # (Keras ignores them too; most likely a typo: said, not raised)
+            warnings.warn(
+                f"layout rule(s) {unmatched} match no weight and no layer output of this model "
+                f"and change nothing; its weights' paths are "
+                f"{_listed([v.path for v in model.weights])} (print `variable.path` for each "
+                "of `model.weights` to write a rule).", stacklevel=3)
+        return cls(data_axis, model_axis, axes,
+                   tuple(tuple(str(d) for d in row) for row in devices.tolist()),
+                   tuple(sharded), tuple(outputs))
+
+
+def _rules(distribution) -> List[Tuple[str, tuple]]:
+    layout_map = keras_distributions.layout_map_of(distribution)
+    return [(key, tuple(layout_map[key].axes)) for key in layout_map]
+
+
+def _rule_for(path: str, rules: Dict[str, tuple], *, what: str) -> Optional[str]:
+    """The rule Keras' LayoutMap gives ``path``: its own key, else the one
+    regular expression that matches it whole; two is an error."""
+    if path in rules:
+        return path
+    found = [key for key in rules if re.fullmatch(key, path)]
+    if len(found) > 1:
+        raise ConfigurationError(
+            f"{what} is matched by {len(found)} layout rules: {found} (Keras' LayoutMap "
+            "takes one rule per weight). Make the rules match it once.")
+    return found[0] if found else None
+
+
+def _owners(model) -> Dict[int, Tuple[str, object]]:
+    """Each weight's layer, as (path, layer): the innermost layer holding it."""
+    owners = {}
+    for path, layer in layer_paths.walk(model):
+        for weight in layer.weights:
+            owners[id(weight)] = (path, layer)  # (inner layers come later: they win)
+    return owners
+
+
+def _sharded(variable, rule, axes, owner, data_axis, model_axis, sizes) -> Optional[ShardedWeight]:
+    where = f"weight {variable.path!r} (rule {rule!r}: {axes})"
+    if len(axes) != len(variable.shape):
+        raise ConfigurationError(
+            f"{where}: the rule names {len(axes)} dimensions; the weight has "
+            f"{len(variable.shape)} ({tuple(variable.shape)}).")
+    if data_axis in axes and sizes["data"] > 1:
+        raise ConfigurationError(
+            f"{where} splits a dimension over the data axis {data_axis!r}: weights sharded "
+            "over the data axis are communication=tfdist.communication.FullySharded(), which "
+            "composes with the model axis; give the rule None there.")
+    split = [index for index, axis in enumerate(axes) if axis == model_axis]
+    if not split:
+        return None  # (replicated, as Keras replicates a weight without a rule)
+    if len(split) > 1:
+        raise ConfigurationError(f"{where} splits {len(split)} dimensions over the model axis "
+                                 f"{model_axis!r}; split one.")
+    dimension = split[0]
+    if variable.shape[dimension] % sizes["model"]:
+        raise ConfigurationError(
+            f"{where}: dimension {dimension} ({variable.shape[dimension]}) does not divide "
+            f"over the model axis' {sizes['model']} devices.")
+    layer_path, layer = owner if owner is not None else ("?", None)
+    layer_type = type(layer).__name__
+    if layer_type not in FORMS:
+        raise ConfigurationError(
+            f"{where}: its layer {layer_path!r} is a {layer_type}, which has no sharded form "
+            f"(sharded forms: {', '.join(sorted(FORMS))}); drop the rule to replicate it.")
+    return ShardedWeight(variable.path, rule, layer_path, layer_type,
+                         _form(layer, variable, dimension, where), dimension)
+
+
+def _form(layer, variable, dimension: int, where: str) -> str:
+    if isinstance(layer, keras.layers.Embedding):
+        return "vocabulary" if dimension == 0 else "embedding_columns"
+    kernel = layer.kernel
+    if variable is not kernel and variable.path != kernel.path:
+        return "column"  # a bias: split as its kernel's outputs are (`_check_biases`)
+    if isinstance(layer, keras.layers.EinsumDense):
+        inputs, rest = layer.equation.split(",")
+        kernel_letters, output = rest.split("->")
+        return "column" if kernel_letters[dimension] in output else "row"
+    return "column" if dimension == len(variable.shape) - 1 else "row"
+
+
+def _check_biases(sharded: List[ShardedWeight]) -> None:
+    """A bias split over the model axis needs its kernel split by columns
+    (each device adds its part of the bias to its outputs); a row form's
+    bias is added once, whole."""
+    kernels = {w.layer_path: w for w in sharded if w.path.endswith("kernel")}
+    for weight in sharded:
+        if weight.path.endswith("kernel") or weight.form not in ("column", "row"):
+            continue
+        kernel = kernels.get(weight.layer_path)
+        if kernel is None or kernel.form != "column":
+            raise ConfigurationError(
+                f"weight {weight.path!r} (rule {weight.rule!r}) splits a bias over the model "
+                f"axis, but its layer's kernel is {'not split' if kernel is None else 'split by rows'}: "
+                "a bias is split with a kernel split by columns, else kept whole. Drop the rule.")
+
+
+def _listed(paths: List[str], limit: int = 12) -> str:
+    shown = ", ".join(repr(p) for p in paths[:limit])
+    return f"[{shown}{', ...' if len(paths) > limit else ''}]"
