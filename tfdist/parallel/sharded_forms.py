@@ -1,0 +1,117 @@
+"""Megatron-LM's two forms of a dense layer split over one replica's model
+devices (the model axis of `tfdist.parallel.layouts`), forward and
+backward, each op placed on the device that holds its shard.
+
+- `column`: the kernel split by output columns (``kernels[j]`` on
+  ``devices[j]``, its bias part beside it). The input, whole on its own
+  device, is sent once to each model device; device j computes its columns
+  of the output (the activation too: it is elementwise). No sum: the
+  output stays split, ``outputs[j]`` on ``devices[j]``. Backward: each
+  device computes its kernel's and bias' gradient in place and its part of
+  the input's gradient, and the parts are summed on the input's device
+  (sent once each).
+- `row`: the kernel split by input rows, its input already split the same
+  way (a column form's outputs): device j multiplies its part by its rows,
+  and the partial products are summed on the output's device (sent once
+  each), where the bias is added once. Backward: the output's gradient is
+  sent once to each model device, which computes its rows' gradient and
+  its input part's gradient in place.
+
+So a column form followed by a row form moves, per direction, one tensor
+of the batch's rows per model device: the input there, the partial
+products back (forward); the output's gradient there, the input's
+gradient parts back (backward); never a weight. The activations between
+them never leave their devices.
+
+Each form runs as one ``tf.custom_gradient`` whose backward pass is
+written out per device: TensorFlow places a gradient op where
+``GradientTape.gradient`` is called, not with its forward op
+(tensorflow/tensorflow#33688), so automatic differentiation would run
+every shard's backward pass on one device. A device's backward pass is
+differentiated from its forward pass (a tape per device), so any
+elementwise activation works.
+
+>>> import numpy as np, tensorflow as tf, tfdist
+>>> devices = tfdist.strategies.configure_logical_cpus(3)
+>>> x = tf.constant(np.arange(8, dtype="float32").reshape(2, 4) / 8)
+>>> whole = np.linspace(-1, 1, 24, dtype="float32").reshape(4, 6)
+>>> kernels = []
+>>> for j, columns in enumerate(np.split(whole, 2, axis=1)):
+...     with tf.device(devices[1 + j]):
+...         kernels.append(tf.Variable(columns))
+>>> parts = column(x, kernels, None, devices[1:], "relu")
+>>> [p.device[-5:] for p in parts]
+['CPU:1', 'CPU:2']
+>>> np.allclose(np.concatenate([p.numpy() for p in parts], 1), np.maximum(x.numpy() @ whole, 0))
+True
+"""
+
+from typing import Callable, List, Optional, Sequence
+
+import keras
+import tensorflow as tf
+
+
+def _activation(activation) -> Callable:
+    return keras.activations.get(activation) if activation is not None else (lambda z: z)
+
+
+def on_device(device: str, function: Callable, inputs: Sequence[tf.Tensor],
+              variables: Sequence[tf.Variable]) -> tf.Tensor:
+    """``function(*inputs)`` (reading ``variables``, which live on
+    ``device``) as one ``tf.custom_gradient`` on ``device``, forward and
+    backward: its inputs are sent there once, its gradients computed there
+    (TensorFlow would place them where the tape's gradient is called), and
+    nothing of a variable leaves it. The inputs' gradients stay on
+    ``device``; whoever sums them sends them once."""
+    variables = list(variables)
+
+    with tf.device(device):
+        @tf.custom_gradient
+        def unit(*tensors):
+            with tf.GradientTape(watch_accessed_variables=False) as tape:
+                tape.watch(tensors)
+                tape.watch(variables)
+                output = function(*tensors)
+
+            def backward(upstream, variables=None):
+                with tf.device(device):
+                    upstream = tf.zeros_like(output) if upstream is None else tf.identity(upstream)
+                    read = list(variables or [])
+                    grads = tape.gradient(output, list(tensors) + read,
+                                          output_gradients=upstream)
+                return grads[:len(tensors)], grads[len(tensors):]
+
+            return output, backward
+
+        return unit(*inputs)
+
+
+def column(x: tf.Tensor, kernels: Sequence[tf.Variable], biases: Optional[Sequence],
+           devices: Sequence[str], activation=None) -> List[tf.Tensor]:
+    """``activation(x @ kernels[j] + biases[j])`` on ``devices[j]``, for
+    each j: the column form (module doc). ``x``: [rows, inputs], on its own
+    device; ``kernels[j]``: [inputs, columns of shard j]; ``biases``: one
+    per shard, or None. Returns the output's parts, in order."""
+    act = _activation(activation)
+    biases = list(biases) if biases is not None else [None] * len(kernels)
+    parts = []
+    for kernel, bias, device in zip(kernels, biases, devices):
+        def shard(inputs, kernel=kernel, bias=bias):
+            z = tf.matmul(inputs, kernel)
+            return act(z if bias is None else z + bias)
+        parts.append(on_device(device, shard, [x], [kernel] + ([bias] if bias is not None else [])))
+    return parts
+
+
+def row(parts: Sequence[tf.Tensor], kernels: Sequence[tf.Variable], bias,
+        device: str) -> tf.Tensor:
+    """``sum_j parts[j] @ kernels[j] + bias`` on ``device``: the row form
+    (module doc). ``parts[j]``: [rows, inputs of shard j] on shard j's
+    device (a column form's outputs); ``kernels[j]``: [inputs of shard j,
+    outputs] there; ``bias``: [outputs] or None, added once."""
+    products = [on_device(kernel.device, lambda p, k=kernel: tf.matmul(p, k), [part], [kernel])
+                for part, kernel in zip(parts, kernels)]
+    with tf.device(device):
+        output = tf.add_n(products)  # (each partial product sent once)
+        return output if bias is None else output + bias
