@@ -33,15 +33,39 @@ def _wide_model(strategy):
     return model
 
 
-def test_a_save_returns_after_the_copy_and_the_file_holds_the_saved_step(make_strategy, tmp_path):
+def _writes_held_until_waited_for(monkeypatch):
+    """Holds each background write on TensorFlow's writer thread (in a write
+    callback, before the manager lists it) until the loop waits for it, so a
+    test sees a write in flight however fast this machine writes the files."""
+    from tfdist.checkpoint.background_writes import BackgroundWrites
+    from tfdist._internal.tensorflow import checkpoint_internals
+    gate = threading.Event()
+    options = BackgroundWrites._options  # pylint: disable=protected-access
+
+    def held(callbacks=None):
+        return options([lambda path: gate.wait(60)] + list(callbacks or []))
+
+    sync = checkpoint_internals.AsyncWriter.sync
+
+    def release_then_sync(writer):
+        gate.set()
+        sync(writer)
+
+    monkeypatch.setattr(BackgroundWrites, "_options", staticmethod(held))
+    monkeypatch.setattr(checkpoint_internals.AsyncWriter, "sync", release_then_sync)
+
+
+def test_a_save_returns_after_the_copy_and_the_file_holds_the_saved_step(
+        make_strategy, tmp_path, monkeypatch):
     strategy = make_strategy(2)
     model = _wide_model(strategy)
     checkpoint = tfdist.checkpoint.TrainingCheckpoint.for_strategy(
         model, strategy, str(tmp_path), async_write=True)
     saved = [w.numpy().copy() for w in model.weights]
+    _writes_held_until_waited_for(monkeypatch)
     path = checkpoint.save(step=1, epoch=0, step_in_epoch=1)
-    # Read together (latest first): a write still running was not complete
-    # when latest was read, so it must not be the latest yet.
+    # The write is held before its completion is recorded: it runs, and is
+    # not the latest until complete.
     latest, busy = checkpoint.latest, checkpoint.writes.writing()
     for weight in model.weights:  # training goes on while the copy is written
         weight.assign(weight + 1.0)
