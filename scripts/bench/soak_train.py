@@ -7,7 +7,11 @@ can run, so per-step costs (threads, memory, files) show up quickly. Runs
 under ``tfdist-run`` as every worker (MultiWorkerMirroredStrategy), as the
 chief of a parameter-server cluster (``--strategy=parameter_server``) or as
 the chief of a pipeline whose second stage is a worker's server
-(``--strategy=pipeline``, under ``tfdist-run --workers_serve``), with a
+(``--strategy=pipeline``, under ``tfdist-run --workers_serve``), or as
+every worker of data x pipeline (``--strategy=pipeline_per_worker``: one
+replica per worker, each worker's pipeline of 2 stages over its 2 logical
+CPUs; with ``--fully_sharded`` each stage's weights sharded over the
+workers), with a
 checkpoint every ``--checkpoint_every_steps`` steps, until ``--steps`` are
 done or it is stopped (SIGTERM: it saves and exits 143). With
 ``--epoch_steps=N`` it trains epochs of N steps, each a pass over finite data
@@ -21,10 +25,12 @@ import tfdist
 from absl import app, flags
 
 flags.DEFINE_enum("strategy", "multi_worker_mirrored",
-                  ["multi_worker_mirrored", "parameter_server", "pipeline"],
+                  ["multi_worker_mirrored", "parameter_server", "pipeline",
+                   "pipeline_per_worker"],
                   "Every worker, or the chief (parameter servers; pipeline: a "
                   "tfdist.parallel.Pipeline of 2 stages, the chief's and a worker server's, "
-                  "2 micro-batches per batch).")
+                  "2 micro-batches per batch; pipeline_per_worker: every worker, one "
+                  "replica each, its own pipeline of 2 stages over its 2 logical CPUs).")
 flags.DEFINE_integer("steps", 1_000_000, "Training steps (SIGTERM stops it sooner).")
 flags.DEFINE_string("checkpoint_dir", None, "Where checkpoints go (required).")
 flags.DEFINE_integer("checkpoint_every_steps", 500, "Steps between checkpoints.")
@@ -75,6 +81,10 @@ def main(argv) -> None:
             cuts=["first"], micro_batches=2,
             devices=tfdist.parallel.task_devices(timeout_seconds=60))
         strategy = tf.distribute.get_strategy()  # (one replica: the pipeline's stages)
+    elif args.strategy == "pipeline_per_worker":  # data x pipeline (x fully sharded)
+        tfdist.strategies.configure_logical_cpus(2)  # (the replica's, then its second stage's)
+        strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=1)
+        parallel = tfdist.parallel.Pipeline(cuts=["first"], micro_batches=2)
     else:
         strategy = tfdist.make_strategy(args.strategy)
     import keras  # pylint: disable=import-outside-toplevel
