@@ -28,9 +28,9 @@ def test_the_axes_are_keras_device_mesh_names_and_a_pipeline_fills_its_own():
 
 
 def test_anything_else_as_parallel_is_refused_naming_what_it_takes():
-    with pytest.raises(ConfigurationError, match=r"must be a tfdist.parallel.Pipeline or None"):
+    with pytest.raises(ConfigurationError, match=r"must be a tfdist.parallel.Pipeline, a keras.distribution.ModelParallel or None"):
         ModelPlan("1f1b")
-    with pytest.raises(ConfigurationError, match=r"must be a tfdist.parallel.Pipeline or None"):
+    with pytest.raises(ConfigurationError, match=r"must be a tfdist.parallel.Pipeline, a keras.distribution.ModelParallel or None"):
         tfdist.attach(ref.compile_model(ref.build_mlp(), "sgd"), parallel=("h1",)).fit(
             *ref.classification_arrays(8)[:2], verbose=0)
 

@@ -52,7 +52,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tfdist._internal import collectives, flat_pieces, host_copies
-from tfdist._internal.keras import optimizer as keras_optimizer
+from tfdist._internal.keras import optimizer as keras_optimizer, patches
 from tfdist._internal.tensorflow import trackable_lists
 
 _VALUE = "VARIABLE_VALUE"  # the name a variable's value is saved under
@@ -272,6 +272,32 @@ class OrdinaryLayout:
                 children[name] = trackable_lists.tracked_list(child)
             self._children = children
         return self._children
+
+
+def save_in_ordinary_form(optimizer, ordinary_variables, what: str) -> None:
+    """Makes ``optimizer``'s ``save_own_variables`` / ``load_own_variables``
+    (``model.save``, ``save_weights``) write and read
+    ``ordinary_variables()``: its state as an unsharded Keras optimizer
+    lists it (each a variable or a `WholeSlot`). ``what``: how an error
+    names the sharding."""
+    from tfdist.errors import ConfigurationError  # pylint: disable=import-outside-toplevel
+
+    def save_own_variables(store) -> None:
+        for index, variable in enumerate(ordinary_variables()):
+            store[str(index)] = variable.numpy()
+
+    def load_own_variables(store) -> None:
+        variables = ordinary_variables()
+        if len(store.keys()) != len(variables):
+            raise ConfigurationError(
+                f"The saved optimizer state has {len(store.keys())} variables; this "
+                f"{type(optimizer).__name__} (with {what}) has {len(variables)} once built. "
+                "Load it into the model and optimizer that saved it.")
+        for index, variable in enumerate(variables):
+            variable.assign(store[str(index)])
+
+    patches.replace_methods_of(optimizer, {"save_own_variables": save_own_variables,
+                                           "load_own_variables": load_own_variables})
 
 
 def _is_list(child) -> bool:

@@ -141,24 +141,10 @@ class ShardedOptimizerState:
         patches.replace_checkpoint_children_of(target, lambda children: (
             self._ordinary.children(children) if self._ordinary else children))
         patches.replace_methods_of(target, {
-            "build": lambda variables: self._build(target, keras_build, variables, strategy),
-            "save_own_variables": lambda store: self._save_own_variables(target, store),
-            "load_own_variables": lambda store: self._load_own_variables(target, store)})
-
-    def _save_own_variables(self, optimizer, store) -> None:
-        """``model.save`` / ``save_weights``: the ordinary Keras state."""
-        for index, variable in enumerate(self._ordinary_variables(optimizer)):
-            store[str(index)] = variable.numpy()
-
-    def _load_own_variables(self, optimizer, store) -> None:
-        variables = self._ordinary_variables(optimizer)
-        if len(store.keys()) != len(variables):
-            raise ConfigurationError(
-                f"The saved optimizer state has {len(store.keys())} variables; this "
-                f"{type(optimizer).__name__} (with {self!r}) has {len(variables)} once built. "
-                "Load it into the model and optimizer that saved it.")
-        for index, variable in enumerate(variables):
-            variable.assign(store[str(index)])
+            "build": lambda variables: self._build(target, keras_build, variables, strategy)})
+        # ``model.save`` / ``save_weights``: the ordinary Keras state.
+        sharded_checkpoints.save_in_ordinary_form(
+            target, lambda: self._ordinary_variables(target), repr(self))
 
     def _ordinary_variables(self, optimizer) -> list:
         if self._ordinary is None:

@@ -49,10 +49,31 @@ def _device(name: str) -> str:
                         task=spec.task or 0).to_string()
 
 
+def _needed(graph) -> Optional[set]:
+    """The names of the ops a function graph runs: those its outputs and
+    its stateful ops (its control outputs) need; TensorFlow prunes the
+    rest. None for a graph that is not a function's."""
+    roots = [t.op for t in getattr(graph, "outputs", None) or []] + list(
+        getattr(graph, "control_outputs", None) or [])
+    if not roots:
+        return None
+    needed, stack = set(), list(roots)
+    while stack:
+        op = stack.pop()
+        if op.name in needed:
+            continue
+        needed.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return needed
+
+
 def crossings(graph, default_device: Optional[str] = None) -> List[Crossing]:
     """Every tensor of ``graph`` (a ``tf.Graph``, such as a concrete
     function's) read on another device than its op's (module doc), in the
-    graph's op order. An op on a variable runs where the variable lives; a
+    graph's op order, among the ops a function runs (an op whose result
+    nothing needs is pruned by TensorFlow, and not counted). An op on a
+    variable runs where the variable lives; a
     captured tensor is where it was made; another op without a device runs
     on ``default_device`` (the device a ``tf.function`` without a
     strategy runs on), or is left out when that is None."""
@@ -72,7 +93,10 @@ def crossings(graph, default_device: Optional[str] = None) -> List[Crossing]:
         return placed[op.name]
 
     found, seen = [], set()
+    needed = _needed(graph)
     for op in graph.get_operations():
+        if needed is not None and op.name not in needed:
+            continue
         destination = device_of(op)
         if not destination:
             continue

@@ -121,13 +121,18 @@ class ModelLayout:
     sharded: Tuple[ShardedWeight, ...]
     outputs: Tuple[Tuple[str, tuple], ...]
 
+    @staticmethod
+    def check_distribution(distribution) -> None:
+        """Refuses what is not a ``keras.distribution.ModelParallel``."""
+        if not isinstance(distribution, keras.distribution.ModelParallel):
+            raise ConfigurationError(
+                f"a layout is a keras.distribution.ModelParallel; got {distribution!r}.")
+
     @classmethod
     def of(cls, distribution, model) -> "ModelLayout":
         """Reads ``distribution`` (a ``keras.distribution.ModelParallel``)
         for ``model`` (built), checking every rule (module doc)."""
-        if not isinstance(distribution, keras.distribution.ModelParallel):
-            raise ConfigurationError(
-                f"a layout is a keras.distribution.ModelParallel; got {distribution!r}.")
+        cls.check_distribution(distribution)
         mesh = distribution.device_mesh
         names, shape = list(mesh.axis_names), tuple(mesh.shape)
         data_axis = distribution.batch_dim_name

@@ -16,9 +16,12 @@ Its axes are named as Keras names a ``keras.distribution.DeviceMesh``'s:
 - ``"pipeline"``: the devices the stages of
   ``parallel=tfdist.parallel.Pipeline(...)`` run on (one per stage, or one
   per v stages with ``stages_per_device=v``);
-- ``"model"``: tensor parallelism, a weight split by Keras' ``LayoutMap``
-  rules; 1 until it is built (the plan is where it joins: one more axis
-  whose layers run sharded, not a mechanism of its own).
+- ``"model"``: tensor parallelism, weights split by the rules of
+  ``parallel=keras.distribution.ModelParallel(layout_map=...)`` over the
+  model devices of each replica (`tfdist.parallel.tensor_parallel`): the
+  step differentiates and updates each split weight's shards
+  (`trainable_variables`); with one more axis (a pipeline, fully sharded
+  weights) not yet (a clear error).
 
 Fully sharded weights (``communication=FullySharded()``) shard over the
 data axis, within each stage when there is a pipeline (data x pipeline x
@@ -52,6 +55,7 @@ their state. The same program with the one added line runs where plain
 import warnings
 from typing import Callable, Dict, Optional
 
+import keras
 import tensorflow as tf
 
 from tfdist._internal import collectives
@@ -60,7 +64,8 @@ from tfdist.communication.fully_sharded import FullySharded
 from tfdist.communication.plan import parts_of
 from tfdist.errors import ConfigurationError
 from tfdist.parallel.pipeline import Pipeline
-from tfdist.replica import keras_steps
+from tfdist.parallel import tensor_parallel
+from tfdist.replica import accumulation, keras_steps
 from tfdist.replica.step import ForwardBackward
 
 AXES = ("data", "pipeline", "model")  # (as a keras.distribution.DeviceMesh names them)
@@ -71,9 +76,14 @@ class ModelPlan:
     model: the Trainer's one view of it (module doc)."""
 
     def __init__(self, parallel, strategy: Optional[tf.distribute.Strategy] = None):
-        if parallel is not None and not isinstance(parallel, Pipeline):
+        self.tensor_parallel = None
+        if isinstance(parallel, keras.distribution.ModelParallel):
+            self.tensor_parallel = tensor_parallel.TensorParallel(parallel)
+            parallel = None
+        elif parallel is not None and not isinstance(parallel, Pipeline):
             raise ConfigurationError(
-                f"`parallel` ({parallel!r}) must be a tfdist.parallel.Pipeline or None.")
+                f"`parallel` ({parallel!r}) must be a tfdist.parallel.Pipeline, a "
+                "keras.distribution.ModelParallel or None.")
         self.pipeline: Optional[Pipeline] = parallel
         self._replicas = 1 if strategy is None else strategy.num_replicas_in_sync
         self._waiting = None  # (model, strategy, FullySharded parts) waiting for the build
@@ -85,7 +95,8 @@ class ModelPlan:
         pipeline = self.pipeline
         return {"data": self._replicas,
                 "pipeline": pipeline.devices_per_pipeline if pipeline is not None else 1,
-                "model": 1}
+                "model": (self.tensor_parallel.model_devices
+                          if self.tensor_parallel is not None else 1)}
 
     @property
     def cuts_batches(self) -> bool:
@@ -93,7 +104,14 @@ class ModelPlan:
         return self.pipeline is not None
 
     def __repr__(self) -> str:
-        return f"ModelPlan({self.pipeline!r})"
+        return f"ModelPlan({self.tensor_parallel or self.pipeline!r})"
+
+    def trainable_variables(self, model) -> list:
+        """What the step differentiates and the optimizer updates: the
+        model's trainable weights, each split weight as its shards."""
+        if self.tensor_parallel is None:
+            return model.trainable_variables
+        return tensor_parallel.trainable_variables(model.trainable_variables)
 
     # -- set-up: what the Trainer asks, in its order ---------------------
 
@@ -101,10 +119,11 @@ class ModelPlan:
         """Whether the step runs under XLA: ``compiled``, except with a
         pipeline, whose stages run on several devices, which one XLA program
         cannot span: then without XLA, with a warning (the same numbers)."""
-        if compiled and self.pipeline is not None:
+        split = self.pipeline or self.tensor_parallel
+        if compiled and split is not None:
             warnings.warn(
-                f"model.jit_compile is True, but parallel={self.pipeline!r} runs the stages "
-                "on several devices, which one XLA program cannot span: tfdist runs the step "
+                f"model.jit_compile is True, but parallel={split!r} runs the model on "
+                "several devices, which one XLA program cannot span: tfdist runs the step "
                 "without XLA (the same numbers).", stacklevel=4)
             return False
         return compiled
@@ -114,6 +133,9 @@ class ModelPlan:
         """Refuses what the split does not combine with yet, naming it, and
         attaches it to ``model``: now when its weights exist, else when tfdist
         builds it (`when_built`)."""
+        if self.tensor_parallel is not None:
+            self._attach_tensor_parallel(model, strategy, communication, static_shapes)
+            return
         pipeline = self.pipeline
         if pipeline is None:
             self._wait_for_the_build(model, strategy, communication)
@@ -135,6 +157,31 @@ class ModelPlan:
             pipeline._attach(model, strategy)  # pylint: disable=protected-access
         else:
             self._wait_for_the_build(model, strategy, communication)
+
+    def _attach_tensor_parallel(self, model, strategy, communication, static_shapes) -> None:
+        split = self.tensor_parallel
+        refused = []
+        own_steps = keras_steps.overridden(model)
+        if own_steps:
+            refused.append(f"this model's own {', '.join(own_steps)} (tfdist's step "
+                           "differentiates the shards)")
+        if parts_of(communication):
+            refused.append(f"communication={communication!r}")
+        if static_shapes:
+            refused.append("static shapes (TPUStrategy, static_shapes=True)")
+        if accumulation.accumulation_steps(model.optimizer):
+            refused.append("gradient accumulation (gradient_accumulation_steps)")
+        inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
+        if inner.clipnorm:
+            refused.append("clipnorm (a norm per weight; global_clipnorm is exact)")
+        if refused:
+            raise ConfigurationError(
+                f"parallel={split!r} does not combine with {'; '.join(refused)} yet. Drop "
+                "one of them.")
+        if model.built:
+            split.attach(model, strategy)
+        else:
+            self._waiting = (model, strategy, [])
 
     def _wait_for_the_build(self, model, strategy, communication) -> None:
         """For a model Keras builds on its first batch: the pipeline and the
@@ -168,6 +215,8 @@ class ModelPlan:
             keras_model_state.build_layers(model, element_spec)
         if self.pipeline is not None:
             self.pipeline._attach(model, strategy)  # pylint: disable=protected-access
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.attach(model, strategy)
         for part in sharded:  # (after the pipeline: its slices go where it put the weights)
             part.attach_to(model, strategy)
         self._waiting = None

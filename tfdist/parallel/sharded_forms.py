@@ -64,14 +64,13 @@ def on_device(device: str, function: Callable, inputs: Sequence[tf.Tensor],
     (TensorFlow would place them where the tape's gradient is called), and
     nothing of a variable leaves it. The inputs' gradients stay on
     ``device``; whoever sums them sends them once."""
-    variables = list(variables)
+    del variables  # (watched as they are read: a mirrored variable's replica copy)
 
     with tf.device(device):
         @tf.custom_gradient
         def unit(*tensors):
-            with tf.GradientTape(watch_accessed_variables=False) as tape:
+            with tf.GradientTape() as tape:
                 tape.watch(tensors)
-                tape.watch(variables)
                 output = function(*tensors)
 
             def backward(upstream, variables=None):
@@ -87,10 +86,24 @@ def on_device(device: str, function: Callable, inputs: Sequence[tf.Tensor],
         return unit(*inputs)
 
 
+def _as(value: tf.Tensor, dtype) -> tf.Tensor:
+    """``value`` in the layer's compute dtype (float32 weights under mixed precision)."""
+    return value if value.dtype == dtype else tf.cast(value, dtype)
+
+
+def _times(x: tf.Tensor, kernel) -> tf.Tensor:
+    """``x @ kernel`` over ``x``'s last dimension, whatever its leading ones
+    (a batch, a sequence), as Keras' ``Dense`` computes it."""
+    kernel = _as(tf.convert_to_tensor(kernel), x.dtype)
+    if x.shape.rank == 2:
+        return tf.matmul(x, kernel)
+    return tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
+
+
 def column(x: tf.Tensor, kernels: Sequence[tf.Variable], biases: Optional[Sequence],
            devices: Sequence[str], activation=None) -> List[tf.Tensor]:
     """``activation(x @ kernels[j] + biases[j])`` on ``devices[j]``, for
-    each j: the column form (module doc). ``x``: [rows, inputs], on its own
+    each j: the column form (module doc). ``x``: [..., inputs], on its own
     device; ``kernels[j]``: [inputs, columns of shard j]; ``biases``: one
     per shard, or None. Returns the output's parts, in order."""
     act = _activation(activation)
@@ -98,20 +111,24 @@ def column(x: tf.Tensor, kernels: Sequence[tf.Variable], biases: Optional[Sequen
     parts = []
     for kernel, bias, device in zip(kernels, biases, devices):
         def shard(inputs, kernel=kernel, bias=bias):
-            z = tf.matmul(inputs, kernel)
-            return act(z if bias is None else z + bias)
+            z = _times(inputs, kernel)
+            return act(z if bias is None else z + _as(tf.convert_to_tensor(bias), z.dtype))
         parts.append(on_device(device, shard, [x], [kernel] + ([bias] if bias is not None else [])))
     return parts
 
 
 def row(parts: Sequence[tf.Tensor], kernels: Sequence[tf.Variable], bias,
-        device: str) -> tf.Tensor:
-    """``sum_j parts[j] @ kernels[j] + bias`` on ``device``: the row form
-    (module doc). ``parts[j]``: [rows, inputs of shard j] on shard j's
-    device (a column form's outputs); ``kernels[j]``: [inputs of shard j,
-    outputs] there; ``bias``: [outputs] or None, added once."""
-    products = [on_device(kernel.device, lambda p, k=kernel: tf.matmul(p, k), [part], [kernel])
-                for part, kernel in zip(parts, kernels)]
+        device: str, activation=None, devices: Optional[Sequence[str]] = None) -> tf.Tensor:
+    """``activation(sum_j parts[j] @ kernels[j] + bias)`` on ``device``:
+    the row form (module doc). ``parts[j]``: [..., inputs of shard j] on
+    shard j's device (a column form's outputs); ``kernels[j]``: [inputs of
+    shard j, outputs] there (on ``devices[j]``, by default the kernel's
+    own device); ``bias``: [outputs] or None, added once."""
+    devices = list(devices) if devices is not None else [k.device for k in kernels]
+    products = [on_device(shard_device, lambda p, k=kernel: _times(p, k), [part], [kernel])
+                for part, kernel, shard_device in zip(parts, kernels, devices)]
     with tf.device(device):
         output = tf.add_n(products)  # (each partial product sent once)
-        return output if bias is None else output + bias
+        if bias is not None:
+            output = output + _as(tf.convert_to_tensor(bias), output.dtype)
+        return _activation(activation)(output)

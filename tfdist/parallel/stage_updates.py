@@ -37,7 +37,8 @@ from typing import Callable
 import tensorflow as tf
 
 from tfdist._internal.keras import layer_units, optimizer as keras_optimizer, patches
-from tfdist._internal.keras import placed_weights
+from tfdist._internal.keras import model_state as keras_model_state, placed_weights
+from tfdist._internal.tensorflow import distributed_variables
 
 
 def run_on_weight_devices(optimizer) -> None:
@@ -50,19 +51,31 @@ def run_on_weight_devices(optimizer) -> None:
 
     def update_by_device(grads, variables, learning_rate):
         pairs = list(zip(grads, variables))
-        for device, group in _by_device(pairs, lambda pair: placed_weights.device_of(pair[1])):
-            with tf.device(device):
+        for _, group in _by_device(pairs, lambda pair: _placement(pair[1])):
+            with tf.device(placed_weights.device_of(group[0][1])):
                 update([g for g, _ in group], [v for _, v in group], learning_rate)
 
     def decay_by_device(variables):
-        for device, group in _by_device(variables, placed_weights.device_of):
-            with tf.device(device):
+        for _, group in _by_device(variables, _placement):
+            with tf.device(placed_weights.device_of(group[0])):
                 decay(group)
 
     patches.replace_update_of(inner, update_by_device)
     patches.replace_weight_decay_of(inner, decay_by_device)
     patches.replace_clipping_of(inner, _clip_on_gradient_devices)
     object.__setattr__(inner, "_tfdist_updates_on_weight_devices", True)
+
+
+def _placement(variable) -> tuple:
+    """Where ``variable`` lives, the same key in every replica: its copies'
+    devices (a replica's group of updates is one merge of all replicas',
+    so every replica must make the same groups; grouped by the local
+    copy's device alone, a tensor-parallel shard on replica 0's own device
+    would join replica 0's replicated weights but not replica 1's)."""
+    storage = keras_model_state.tensorflow_variable(variable)
+    if distributed_variables.is_distributed(storage):
+        return tuple(copy.device for copy in distributed_variables.local_copies(storage))
+    return (placed_weights.device_of(variable),)
 
 
 def constrain_on_weight_devices(weights) -> None:

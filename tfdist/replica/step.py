@@ -76,7 +76,7 @@ def _replica_loss(model, terms, denominators, local_examples, global_examples):
 @tf.autograph.experimental.do_not_convert
 def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
                      count_only: bool = False, micro_batch: bool = False,
-                     own_loss: bool = False, sources=None) -> ForwardBackward:
+                     own_loss: bool = False, sources=None, variables=None) -> ForwardBackward:
     """Forward + backward of one replica's batch, its loss scaled by the
     GLOBAL counts: from ``global_examples`` (the batch's carried count, or
     None) when the loss's denominators follow from it, else all-reduced with
@@ -99,6 +99,9 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
     ``sources``: the tensors the gradients are of, one per trainable
     weight, instead of the weights (a pipeline's fully sharded weights,
     gathered once for all micro-batches: `tfdist.parallel.pipeline`).
+    ``variables``: the variables the gradients are of, when not the
+    model's trainable weights (a split weight's shards:
+    `tfdist.parallel.plan.ModelPlan.trainable_variables`).
     """
     with tf.GradientTape() as tape:
         if sources is not None:
@@ -123,8 +126,10 @@ def forward_backward(model, x, y, sample_weight, mask, global_examples, *,
             loss, parts = _replica_loss(model, terms, denominators, local_examples,
                                         global_examples)
         scaled = model.optimizer.scale_loss(loss)
+    if variables is None:
+        variables = model.trainable_variables
     gradients = (tape.gradient(scaled, sources) if sources is not None
-                 else sharded.gradients(tape, scaled, model.trainable_variables))
+                 else sharded.gradients(tape, scaled, variables))
     return ForwardBackward(gradients, parts, global_examples, y_pred)
 
 
@@ -192,7 +197,8 @@ class ReplicaSteps:
         first (no collective inside XLA), else as `forward_backward` decides."""
         x, y, sample_weight, mask = batch.x, batch.y, batch.sample_weight, batch.mask
         if not self._jit_compile:
-            return forward_backward(self._model, x, y, sample_weight, mask, global_examples)
+            return forward_backward(self._model, x, y, sample_weight, mask, global_examples,
+                                    variables=self._plan.trainable_variables(self._model))
         if global_examples is None:
             global_examples = collectives.all_reduce_sum(batch.real_examples())
         return self._xla_forward_backward(x, y, sample_weight, mask, global_examples)
@@ -219,7 +225,7 @@ class ReplicaSteps:
             own_compute_loss=self._own_compute_loss)
         if self.accumulator is None:
             gradients_lib.apply_gradients(
-                model.optimizer, result.gradients, model.trainable_variables)
+                model.optimizer, result.gradients, self._plan.trainable_variables(model))
         else:
             self.accumulator.add(result.gradients, result.global_examples)
         self._metrics.update(MetricUpdate(

@@ -142,6 +142,17 @@ def set_state_index(optimizer, variable, index: int) -> None:
     _file_weight_decay(optimizer, variable, index)
 
 
+def exclude_from_decay_like(optimizer, variables, whole_keys) -> None:
+    """Before ``build``: ``variables`` (a weight's shards) excluded from
+    weight decay when the weight is, by one of ``whole_keys`` (its keys
+    before and after it was split) in ``exclude_from_weight_decay(var_list=...)``;
+    an exclusion by name (``var_names``) applies to the shards' own names,
+    the weight's."""
+    excluded = getattr(optimizer, "_exclude_from_weight_decay", None)
+    if excluded and any(key in excluded for key in whole_keys):
+        excluded.update(optimizer._var_key(variable) for variable in variables)
+
+
 def _decay_filed_at_build(optimizer, variable, index: int) -> None:
     # Keras 3.16 decides at build, per weight, whether weight decay applies
     # (``_weight_decay_by_var_key``) and looks it up in apply.

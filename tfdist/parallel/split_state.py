@@ -1,0 +1,117 @@
+"""A tensor-parallel model's optimizer state saved in the ordinary Keras
+form (`tfdist.parallel.tensor_parallel`).
+
+The user's optimizer is built for the split weights' shards, so it keeps
+one state variable per shard and slot (Adam: the momentum and velocity of
+each of the k shards of ``d1/kernel``), each beside its shard. What is
+saved is the state of an unsplit optimizer: one whole variable per weight
+and slot, in Keras' order, under its names. So ``model.save`` loads in
+plain Keras (``keras.models.load_model``), a ``tf.train.Checkpoint`` of
+the optimizer restores into a model without the layout or with another
+one, and an ordinary checkpoint restores into the shards.
+
+How: Keras' ``build`` makes state shard by shard, in the order of the
+weights it is given, the same states for each shard; so the i-th state
+made for shard j of a weight is part j of the weight's i-th state. Each
+weight's i-th state is stood for by one view (a
+`tfdist.communication.sharded_checkpoints.WholeSlot`), which joins its
+shards' states when saved and splits a restored value into them; the
+views take the places of shard 0's states in every list a checkpoint and
+``save_own_variables`` read, and the other shards' states are left out.
+"""
+
+import dataclasses
+from typing import Dict, List, Sequence
+
+import tensorflow as tf
+
+from tfdist._internal.keras import optimizer as keras_optimizer, patches
+from tfdist._internal.tensorflow import trackable_lists
+from tfdist.communication import sharded_checkpoints
+from tfdist.communication.sharded_checkpoints import WholeSlot, WorkerPieces
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitState:
+    """One weight's i-th state variable, as its shards' states."""
+
+    parts: tuple
+    dimension: int
+
+
+class ShardStates:
+    """Reads and writes a `SplitState` whole (what a `WholeSlot` asks)."""
+
+    @staticmethod
+    def whole(state: SplitState, weight: int) -> tf.Tensor:
+        del weight
+        with tf.device("/cpu:0"):
+            return tf.concat([tf.convert_to_tensor(getattr(p, "value", p)) for p in state.parts],
+                             axis=state.dimension)
+
+    def assign_whole(self, state: SplitState, weight: int, value, replica=None) -> None:
+        del weight, replica
+        value = tf.cast(tf.convert_to_tensor(value), state.parts[0].dtype)
+        for part, piece in zip(state.parts, tf.split(value, len(state.parts),
+                                                     axis=state.dimension)):
+            part.assign(piece)
+
+    def worker_pieces(self, state: SplitState, weight: int) -> WorkerPieces:
+        return WorkerPieces(self.whole(state, weight), [], (0,), 1)  # (every shard is local)
+
+
+class OrdinaryState:
+    """The optimizer's lists as an unsplit optimizer has them (module doc)."""
+
+    def __init__(self, record: sharded_checkpoints.BuildRecord, shards: Sequence,
+                 weights: Sequence):
+        """``record``: the states Keras' build made, each by its shard's
+        index in ``shards`` (each shard a ``(weight index, part j,
+        dimension)`` triple in ``record``'s terms); ``weights``: the
+        model's trainable weights (what the optimizer lists as its own)."""
+        self._weights = list(weights)
+        made_for: Dict[int, List] = {}
+        for state in record.state_variables():
+            made_for.setdefault(record.weight_of[id(state)], []).append(state)
+        self._views, self._dropped = {}, set()
+        groups: Dict[int, List[int]] = {}
+        for index, (weight, part, _) in enumerate(shards):
+            groups.setdefault(weight, []).append(index)
+        for weight, indices in groups.items():
+            if len(indices) == 1:
+                continue
+            dimension = shards[indices[0]][2]
+            per_shard = [made_for.get(index, []) for index in indices]
+            for slot, first in enumerate(per_shard[0]):
+                parts = tuple(states[slot] for states in per_shard)
+                self._views[id(first)] = WholeSlot(ShardStates(), SplitState(parts, dimension),
+                                                   weight)
+                self._dropped.update(id(p) for p in parts[1:])
+        self._children = None
+
+    def variables(self, split_variables) -> list:
+        return [self._views.get(id(v), v) for v in split_variables if id(v) not in self._dropped]
+
+    def children(self, split_children: dict) -> dict:
+        if self._children is None:
+            children = {}
+            for name, child in split_children.items():
+                if keras_optimizer.is_weights_child(name):
+                    children[name] = trackable_lists.tracked_list(self._weights)
+                elif trackable_lists.is_list(child) and any(
+                        id(item) in self._views or id(item) in self._dropped for item in child):
+                    children[name] = trackable_lists.tracked_list(self.variables(list(child)))
+                else:
+                    children[name] = child
+            self._children = children
+        return self._children
+
+
+def save_whole(optimizer, ordinary: OrdinaryState) -> None:
+    """Makes ``optimizer`` save and load through ``ordinary`` (its
+    checkpoint children, ``save_own_variables`` / ``load_own_variables``)."""
+    patches.replace_checkpoint_children_of(optimizer, ordinary.children)
+
+    sharded_checkpoints.save_in_ordinary_form(
+        optimizer, lambda: ordinary.variables(list(optimizer.variables)),
+        "a tensor-parallel layout")

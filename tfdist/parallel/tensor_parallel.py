@@ -1,0 +1,292 @@
+"""Tensor parallelism from Keras' own layout API: each weight a
+``keras.distribution.LayoutMap`` rule splits over the mesh's model axis
+kept as shards on the model devices of every replica, and its layer run
+in the matching Megatron-LM form (`tfdist.parallel.sharded_layers`).
+
+What a model attached with ``parallel=ModelParallel(...)`` becomes:
+
+- **Devices**: the mesh's row r (its data-axis index r) lists replica r's
+  model devices, shard j of every split weight on the row's device j.
+  The data axis is the strategy's replicas (MirroredStrategy in one
+  process), so the mesh has as many rows as the strategy has replicas
+  (one without a strategy).
+- **Storage**: each split weight is k shard variables (Keras variables,
+  mirrored over the data axis: replica r's copy on its row's device j);
+  a column-split layer's bias is split with its kernel. The layer's own
+  Keras variable is kept as a view (`tfdist._internal.keras.sliced_weights`):
+  ``get_weights``, ``model.save``, checkpoints and callbacks read it
+  whole, joined from the shards, and writing it whole writes the shards.
+  Inside a step nothing reads it whole: its layer reads its shards, and
+  any other read is an error naming the weight (it would gather it).
+- **Gradients and updates**: the step differentiates with respect to
+  the shards (`trainable_variables`), and the user's Keras optimizer is
+  built for them: its state (Adam's moments) is made shard by shard
+  beside each, and each shard is updated on its device. An elementwise
+  optimizer therefore computes one device's numbers; clipping by a
+  global norm too (the norm is summed over the shards). The optimizer
+  saves its state whole, as an unsplit one (`tfdist.parallel.split_state`).
+
+Not built yet, refused with an error saying so: layers other than
+``Dense`` (``EinsumDense``, ``MultiHeadAttention`` and ``Embedding``
+rules are read by `tfdist.parallel.layouts`), regularizers and
+constraints on split weights, LoRA and quantized layers, ``clipnorm``
+(a per-weight norm), gradient accumulation, a model's own ``train_step``
+or ``compute_loss``, other communication parts, MultiWorkerMirrored
+meshes and other axes (pipeline, fully sharded) at once.
+
+>>> import keras, numpy as np, tfdist
+>>> devices = tfdist.strategies.configure_logical_cpus(2)
+>>> inputs = keras.Input((6,))
+>>> hidden = keras.layers.Dense(8, activation="relu", name="d1")(inputs)
+>>> model = keras.Model(inputs, keras.layers.Dense(4, name="d2")(hidden))
+>>> model.compile(optimizer="adam", loss="mse")
+>>> mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], devices)
+>>> layout_map = keras.distribution.LayoutMap(mesh)
+>>> layout_map["d1/kernel"] = (None, "model")
+>>> layout_map["d2/kernel"] = ("model", None)
+>>> _ = tfdist.attach(model, parallel=keras.distribution.ModelParallel(
+...     layout_map=layout_map, batch_dim_name="batch"))
+>>> _ = model.fit(np.ones((8, 6), "float32"), np.ones((8, 4), "float32"), verbose=0)
+>>> [w.shape for w in model.get_weights()]           # read whole
+[(6, 8), (8,), (8, 4), (4,)]
+>>> [tuple(v.shape) for v in tfdist.parallel.tensor_parallel.shards_of(model.layers[1].kernel)]
+[(6, 4), (6, 4)]
+"""
+
+import collections
+import contextlib
+from typing import Dict, List, Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdist._internal.keras import layer_paths, layer_units, model_state as keras_model_state
+from tfdist._internal.keras import optimizer as keras_optimizer, patches
+from tfdist._internal.keras import placed_weights, sliced_weights
+from tfdist._internal.tensorflow import distributed_variables
+from tfdist.communication import sharded_checkpoints
+from tfdist.errors import ConfigurationError
+from tfdist.parallel import split_state, stage_updates
+from tfdist.parallel.layouts import ModelLayout
+from tfdist.parallel.sharded_layers import DenseShards, SplitActivations
+
+_SHARDS = "_tfdist_model_shards"  # on a split Keras variable: its shards
+_DIMENSION = "_tfdist_split_dimension"  # ... and the dimension they split
+
+
+def shards_of(variable) -> Optional[List[keras.Variable]]:
+    """The shards a split weight is kept in (module doc), or None."""
+    return getattr(variable, _SHARDS, None)
+
+
+class TensorParallel:
+    """A model split by a ``keras.distribution.ModelParallel`` (module
+    doc); `tfdist.parallel.plan.ModelPlan` attaches it once the model is
+    built."""
+
+    def __init__(self, distribution):
+        ModelLayout.check_distribution(distribution)
+        self.distribution = distribution
+        self.layout: Optional[ModelLayout] = None
+        self._activations = SplitActivations()
+
+    def __repr__(self) -> str:
+        mesh = self.distribution.device_mesh
+        return (f"ModelParallel(mesh={dict(zip(mesh.axis_names, mesh.shape))}, "
+                f"batch_dim_name={self.distribution.batch_dim_name!r})")
+
+    @property
+    def model_devices(self) -> int:
+        mesh = self.distribution.device_mesh
+        names = list(mesh.axis_names)
+        return int(mesh.shape[1 - names.index(self.distribution.batch_dim_name)]) \
+            if len(names) == 2 and self.distribution.batch_dim_name in names else 1
+
+    # -- set-up ------------------------------------------------------------
+
+    def attach(self, model, strategy: Optional[tf.distribute.Strategy]) -> None:
+        """Splits ``model``'s weights as the layout says (module doc)."""
+        if self.layout is not None:
+            return
+        layout = ModelLayout.of(self.distribution, model)
+        per_replica = _model_devices(layout, strategy, self)
+        optimizer = patches.inner_optimizer(model.optimizer)
+        if optimizer.built:
+            raise ConfigurationError(
+                f"parallel={self!r} must be attached before the optimizer is built (it "
+                "builds the optimizer's state shard by shard). Attach before the first fit.")
+        layers = dict(layer_paths.walk(model))
+        by_layer = collections.OrderedDict()
+        for weight in layout.sharded:
+            by_layer.setdefault(weight.layer_path, []).append(weight)
+        keys_before = {id(w): keras_optimizer.variable_key(optimizer, w) for w in model.weights}
+        for path, weights in by_layer.items():
+            self._split_layer(layers[path], path, weights, per_replica, strategy)
+        keras_build = optimizer.build
+
+        def build(variables):
+            for variable in variables:
+                if shards_of(variable):
+                    keras_optimizer.exclude_from_decay_like(
+                        optimizer, shards_of(variable),
+                        (keys_before.get(id(variable)),
+                         keras_optimizer.variable_key(optimizer, variable)))
+            flat = trainable_variables(variables)
+            record = sharded_checkpoints.BuildRecord()
+            with record.recording(optimizer, flat):
+                keras_build(flat)
+            shards = [(index, part, getattr(variable, _DIMENSION, None))
+                      for index, variable in enumerate(variables)
+                      for part in range(len(shards_of(variable) or [variable]))]
+            split_state.save_whole(optimizer, split_state.OrdinaryState(record, shards,
+                                                                        variables))
+
+        patches.replace_methods_of(optimizer, {"build": build})
+        stage_updates.run_on_weight_devices(model.optimizer)
+        self.layout = layout
+
+    def _split_layer(self, layer, path, weights, per_replica, strategy) -> None:
+        _check_layer(self, layer, path, weights)
+        form = weights[0].form if weights[0].path.endswith("kernel") else "column"
+        dimension = next(w.dimension for w in weights if w.path.endswith("kernel"))
+        kernels = _split(layer.kernel, dimension, per_replica, strategy)
+        biases = None
+        if layer.use_bias and form == "column":
+            biases = _split(layer.bias, 0, per_replica, strategy)
+        elif layer.use_bias:  # (row: the bias is added once, on the first model device)
+            placed_weights.place_copies(layer.bias, [row[0] for row in per_replica], strategy)
+            biases = [layer.bias]
+        shards = DenseShards(form, kernels, biases, self._activations)
+        layer_units.wrap_call(layer, "shard", lambda original: (
+            lambda inputs, training=None: shards.call(layer, inputs, training)))
+
+
+def trainable_variables(variables) -> list:
+    """``variables`` (a model's trainable weights) with each split weight
+    replaced by its shards, in order: what the step differentiates and
+    the optimizer updates."""
+    flat = []
+    for variable in variables:
+        flat.extend(shards_of(variable) or [variable])
+    return flat
+
+
+def _model_devices(layout: ModelLayout, strategy, what) -> List[List[str]]:
+    """Each local replica's model devices: its row of the mesh (module doc)."""
+    replicas = 1 if strategy is None else strategy.num_replicas_in_sync
+    if replicas > 1 and len(strategy.extended.worker_devices) != replicas:
+        raise ConfigurationError(
+            f"parallel={what!r} runs in one process (MirroredStrategy, or no strategy) for "
+            "now; a mesh across the workers of a MultiWorkerMirroredStrategy is not built yet.")
+    if layout.axes["data"] != replicas:
+        raise ConfigurationError(
+            f"parallel={what!r}: the mesh's data axis ({layout.data_axis!r}) has "
+            f"{layout.axes['data']} rows, but the strategy has {replicas} replica(s); the "
+            "data axis is the strategy's replicas. Make them equal (e.g. "
+            f"tfdist.make_strategy('mirrored', num_replicas={layout.axes['data']}), and build "
+            "and compile the model in its scope).")
+    known = {_canonical(d.name) for d in tf.config.list_logical_devices()}
+    rows = [[_canonical(device) for device in row] for row in layout.devices]
+    missing = [device for row in rows for device in row if device not in known]
+    if missing:
+        raise ConfigurationError(
+            f"parallel={what!r}: the mesh names devices this process does not have: "
+            f"{missing} (it has {sorted(known)}). On CPUs, configure logical ones first: "
+            "tfdist.strategies.configure_logical_cpus(n).")
+    flat = [device for row in rows for device in row]
+    if len(set(flat)) != len(flat):
+        raise ConfigurationError(f"parallel={what!r}: the mesh lists a device twice: {flat}.")
+    return rows
+
+
+def _canonical(device: str) -> str:
+    spec = tf.DeviceSpec.from_string(device if device.startswith("/") else "/" + device)
+    return tf.DeviceSpec(device_type=spec.device_type.upper(),
+                         device_index=spec.device_index or 0).to_string()
+
+
+def _check_layer(what, layer, path: str, weights) -> None:
+    where = f"parallel={what!r}: layer {path!r} ({type(layer).__name__}, rules " \
+            f"{sorted({w.rule for w in weights})})"
+    if type(layer) is not keras.layers.Dense:  # pylint: disable=unidiomatic-typecheck
+        raise ConfigurationError(
+            f"{where}: tfdist runs split Dense layers so far; a split "
+            f"{type(layer).__name__} is not built yet. Drop its rules to replicate it.")
+    if not any(w.path.endswith("kernel") for w in weights):
+        raise ConfigurationError(f"{where} splits the bias without the kernel; split the "
+                                 "kernel by columns with it, or drop the rule.")
+    if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+        raise ConfigurationError(f"{where}: a LoRA or quantized Dense layer cannot be split yet.")
+    for name in ("kernel_regularizer", "bias_regularizer", "kernel_constraint",
+                 "bias_constraint"):
+        if getattr(layer, name, None) is not None:
+            raise ConfigurationError(
+                f"{where} has a {name}, which reads the weight whole: not built for split "
+                "weights yet. Drop it or the layer's rules.")
+
+
+def _split(variable, dimension: int, per_replica: List[List[str]], strategy) -> list:
+    """``variable``'s shards along ``dimension``, shard j on each
+    replica's model device j, and ``variable`` made a view of them."""
+    count = len(per_replica[0])
+    storage = keras_model_state.tensorflow_variable(variable)
+    parts = np.split(variable.numpy(), count, axis=dimension)
+    shards = []
+    for index, part in enumerate(parts):
+        devices = [row[index] for row in per_replica]
+        with tf.init_scope():
+            if distributed_variables.is_distributed(storage):
+                with strategy.scope(), distributed_variables.mirrored_on(strategy, devices):
+                    shards.append(_shard_like(variable, part))
+            else:
+                with tf.device(devices[0]):
+                    shards.append(_shard_like(variable, part))
+    _keep_as_view(variable, shards, dimension)
+    return shards
+
+
+def _shard_like(variable, value) -> keras.Variable:
+    """A shard of ``variable``: its name and path (so its optimizer state is
+    named, and its weight decay decided by name, as the weight's)."""
+    scope = variable.path.rsplit("/", 1)[0] if "/" in variable.path else None
+    with keras.name_scope(scope) if scope else contextlib.nullcontext():
+        return keras.Variable(value, dtype=variable.dtype, trainable=variable.trainable,
+                              name=variable.name, aggregation=variable.aggregation)
+
+
+def _keep_as_view(variable, shards: list, dimension: int) -> None:
+    """``variable`` read and written whole through ``shards`` (module doc)."""
+    path = variable.path
+
+    def whole():
+        with tf.device("/cpu:0"):
+            return tf.concat([tf.convert_to_tensor(keras_model_state.tensorflow_variable(s))
+                              for s in shards], axis=dimension)
+
+    def assign_whole(value):
+        for shard, part in zip(shards, tf.split(tf.convert_to_tensor(value), len(shards),
+                                                axis=dimension)):
+            shard.assign(part)
+
+    def read_in_replica():
+        if not tf.inside_function():
+            return None  # (read whole: `whole`)
+        raise ConfigurationError(
+            f"weight {path!r} is split over the model axis: inside a step its layer reads "
+            "its shards, and reading it whole would gather every shard. Something other "
+            "than its layer's call read it (a regularizer, a layer sharing it, a model's "
+            "own step): not built for split weights yet.")
+
+    def worker_pieces():
+        from tfdist.communication.sharded_checkpoints import WorkerPieces  # pylint: disable=import-outside-toplevel
+
+        return WorkerPieces(whole(), [], (0,), 1)
+
+    with tf.init_scope(), tf.device("/cpu:0"):
+        placeholder = tf.Variable(tf.zeros([0], variable.dtype), trainable=False,
+                                  shape=tf.TensorShape(None), name=f"{variable.name}_whole_view")
+    sliced_weights.store_in_slices(variable, placeholder, sliced_weights.SlicedReads(
+        read_in_replica, whole, assign_whole, worker_pieces))
+    object.__setattr__(variable, _SHARDS, list(shards))
+    object.__setattr__(variable, _DIMENSION, dimension)
