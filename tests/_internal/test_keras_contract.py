@@ -621,3 +621,27 @@ def test_a_model_parallel_distribution_keeps_its_layout_map():
     rules["d1/kernel"] = (None, "model")
     distribution = keras.distribution.ModelParallel(layout_map=rules, batch_dim_name="batch")
     assert distributions.layout_map_of(distribution) is rules
+
+
+def test_a_layer_output_rule_runs_through_the_backends_distribute_tensor():
+    """``distributions.lay_out_outputs_on_the_batch``: Layer.__call__ calls
+    the TensorFlow backend's ``distribute_tensor`` for a ``<path>/output``
+    rule of the distribution set (missing on TensorFlow: an AttributeError
+    without tfdist); given, a batch layout returns the output as it is and
+    any other is refused."""
+    from tfdist._internal.keras import distributions
+
+    mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], ["cpu:0", "cpu:1"])
+    rules = keras.distribution.LayoutMap(mesh)
+    rules["d1/output"] = ("batch", None)
+    layer = keras.layers.Dense(2, name="d1")
+    distributions.lay_out_outputs_on_the_batch("batch")
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(layout_map=rules, batch_dim_name="batch"))
+    try:
+        np.testing.assert_allclose(layer(np.ones((3, 4), "float32")).shape, (3, 2))
+        rules["d2/output"] = (None, "model")
+        with pytest.raises(NotImplementedError, match="over the batch's axis 'batch'"):
+            keras.layers.Dense(2, name="d2")(np.ones((3, 4), "float32"))
+    finally:
+        keras.distribution.set_distribution(None)

@@ -203,6 +203,11 @@ def test_checkpoint_restores_across_layouts(tmp_path):
       "head/kernel": ("model", None)}, None),  # (accepted: two column layers, then a row one)
     ({"d1/kernel": ("model", "model")}, "splits 2 dimensions"),
     ({"d1/kernel": (None, "model"), "d1/bias": ("batch",)}, None),
+    ({"d1/kernel": (None, "model"), "head/output": ("batch", None)}, None),
+    ({"d1/kernel": (None, "model"), "d1/output": (None, "model")}, "sequence parallelism"),
+    ({"d1/kernel": (None, "model"), "d2/kernel": ("model", None),
+      "d2/bias": ("model",)}, "splits a bias over the model axis"),
+    ({"head/bias": ("model",), "head/kernel": (None, "model")}, "does not divide"),
 ])
 def test_layouts_accepted_or_refused(rules, message):
     if message is None:

@@ -89,6 +89,17 @@ class ModelPlan:
         self._waiting = None  # (model, strategy, FullySharded parts) waiting for the build
         self.sharding = None  # FullySharded over the data axis, within each stage
 
+    @classmethod
+    def asked(cls, parallel, strategy: Optional[tf.distribute.Strategy] = None) -> "ModelPlan":
+        """The plan for ``parallel``; without one, for the distribution
+        set with ``keras.distribution.set_distribution`` when it is a
+        ``ModelParallel`` (what Keras on TensorFlow ignores), so a program
+        written for Keras on JAX runs with ``tfdist.attach`` added."""
+        if parallel is None and isinstance(keras.distribution.distribution(),
+                                           keras.distribution.ModelParallel):
+            parallel = keras.distribution.distribution()
+        return cls(parallel, strategy)
+
     @property
     def axes(self) -> Dict[str, int]:
         """Each axis' size (module doc): replicas, pipeline devices, model shards."""

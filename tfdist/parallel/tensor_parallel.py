@@ -62,6 +62,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdist._internal.keras import layer_paths, layer_units, model_state as keras_model_state
+from tfdist._internal.keras import distributions as keras_distributions
 from tfdist._internal.keras import optimizer as keras_optimizer, patches
 from tfdist._internal.keras import placed_weights, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
@@ -110,6 +111,7 @@ class TensorParallel:
         if self.layout is not None:
             return
         layout = ModelLayout.of(self.distribution, model)
+        _check_outputs(layout, self)
         per_replica = _model_devices(layout, strategy, self)
         optimizer = patches.inner_optimizer(model.optimizer)
         if optimizer.built:
@@ -198,6 +200,20 @@ def _model_devices(layout: ModelLayout, strategy, what) -> List[List[str]]:
     if len(set(flat)) != len(flat):
         raise ConfigurationError(f"parallel={what!r}: the mesh lists a device twice: {flat}.")
     return rows
+
+
+def _check_outputs(layout: ModelLayout, what) -> None:
+    """An output rule may lay the batch over the data axis (what the
+    strategy's replicas hold already); any other is refused."""
+    for path, axes in layout.outputs:
+        if any(axis is not None for axis in axes[1:]) or axes[:1] not in (
+                (), (None,), (layout.data_axis,)):
+            raise ConfigurationError(
+                f"parallel={what!r}: the rule for {path + '/output'!r} lays it out as {axes}; "
+                f"tfdist lays outputs out over the batch (their first dimension on "
+                f"{layout.data_axis!r}) only: splitting them over {layout.model_axis!r} "
+                "(sequence parallelism) is not built yet. Drop the rule.")
+    keras_distributions.lay_out_outputs_on_the_batch(layout.data_axis)
 
 
 def _canonical(device: str) -> str:

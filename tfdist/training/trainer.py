@@ -75,7 +75,9 @@ class Trainer:
       communication: `Compression`, `LocalSGD` or `ShardedOptimizerState`
         (`tfdist.communication`), or a tuple.
       parallel: a `tfdist.parallel.Pipeline`: the model cut into stages on
-        several devices, each batch run as micro-batches through them.
+        several devices, each batch run as micro-batches through them; or a
+        ``keras.distribution.ModelParallel`` (`tfdist.parallel.tensor_parallel`;
+        None: the one set with ``set_distribution``, if any).
 
     What ``model.compile`` owns is read from it: ``steps_per_execution``
     (steps run per host call in a device-side loop) and ``jit_compile``
@@ -101,7 +103,7 @@ class Trainer:
         checkpointing = checkpointing or CheckpointOptions()
         data = input_pipeline or DataOptions()
         reporting = reporting or ReportingOptions()
-        self._plan = ModelPlan(parallel, strategy)  # how the model is split
+        self._plan = ModelPlan.asked(parallel, strategy)  # how the model is split
         options = static_shapes_lib.resolve(
             strategy, static_shapes=static_shapes, partial_batch=data.partial_batch,
             jit_compile=self._plan.jit_compile(Communication.jit_compile(
