@@ -59,6 +59,7 @@ import keras
 import tensorflow as tf
 
 from tfdist._internal import collectives
+from tfdist._internal.keras import patches as keras_patches
 from tfdist._internal.keras import model_state as keras_model_state
 from tfdist.communication.fully_sharded import FullySharded
 from tfdist.communication.plan import parts_of
@@ -182,8 +183,7 @@ class ModelPlan:
             refused.append("static shapes (TPUStrategy, static_shapes=True)")
         if accumulation.accumulation_steps(model.optimizer):
             refused.append("gradient accumulation (gradient_accumulation_steps)")
-        inner = getattr(model.optimizer, "inner_optimizer", model.optimizer)
-        if inner.clipnorm:
+        if keras_patches.inner_optimizer(model.optimizer).clipnorm:
             refused.append("clipnorm (a norm per weight; global_clipnorm is exact)")
         if refused:
             raise ConfigurationError(

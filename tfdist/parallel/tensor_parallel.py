@@ -206,8 +206,7 @@ def _check_outputs(layout: ModelLayout, what) -> None:
     """An output rule may lay the batch over the data axis (what the
     strategy's replicas hold already); any other is refused."""
     for path, axes in layout.outputs:
-        if any(axis is not None for axis in axes[1:]) or axes[:1] not in (
-                (), (None,), (layout.data_axis,)):
+        if not keras_distributions.splits_the_batch_only(axes, layout.data_axis):
             raise ConfigurationError(
                 f"parallel={what!r}: the rule for {path + '/output'!r} lays it out as {axes}; "
                 f"tfdist lays outputs out over the batch (their first dimension on "

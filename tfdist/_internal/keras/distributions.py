@@ -24,6 +24,12 @@ def layout_map_of(distribution):
     return distribution._layout_map  # pylint: disable=protected-access
 
 
+def splits_the_batch_only(axes: tuple, batch_axis: str) -> bool:
+    """Whether an output layout's ``axes`` split nothing but dimension 0,
+    over ``batch_axis`` (what the strategy's replicas hold already)."""
+    return all(axis is None for axis in axes[1:]) and axes[:1] in ((), (None,), (batch_axis,))
+
+
 def lay_out_outputs_on_the_batch(batch_axis: str) -> None:
     """Gives Keras' TensorFlow backend a ``distribute_tensor`` (module
     doc) for layouts that split dimension 0 over ``batch_axis`` at most."""
@@ -31,8 +37,7 @@ def lay_out_outputs_on_the_batch(batch_axis: str) -> None:
 
     def distribute_tensor(tensor, layout):
         axes = tuple(getattr(layout, "axes", ()) or ())
-        if any(axis is not None for axis in axes[1:]) or axes[:1] not in ((), (None,),
-                                                                            (batch_axis,)):
+        if not splits_the_batch_only(axes, batch_axis):
             raise NotImplementedError(
                 f"tfdist lays out layer outputs over the batch's axis {batch_axis!r} (their "
                 f"first dimension) only; this layout is {axes}.")
