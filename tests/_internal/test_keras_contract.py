@@ -645,3 +645,31 @@ def test_a_layer_output_rule_runs_through_the_backends_distribute_tensor():
             keras.layers.Dense(2, name="d2")(np.ones((3, 4), "float32"))
     finally:
         keras.distribution.set_distribution(None)
+
+
+def test_multi_head_attention_computes_its_attention_in_the_replaceable_method():
+    """``attention.replace_compute_attention``: ``MultiHeadAttention.call``
+    computes the attention between its projections by calling the
+    instance's ``_compute_attention`` (its query, key and value projected,
+    [B, T, N, H]), and still takes its causal path when the instance's is
+    replaced (the check reads the class's); its projections are the public
+    ``query_dense`` / ``key_dense`` / ``value_dense`` / ``output_dense``."""
+    from tfdist._internal.keras import attention
+
+    layer = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
+    x = np.random.default_rng(0).normal(size=(2, 4, 5)).astype("float32")
+    expected = layer(x, x, use_causal_mask=True).numpy()
+    seen = []
+
+    def make(original):
+        def compute(query, key, value, *args, **kwargs):
+            seen.append((tuple(query.shape), tuple(key.shape), tuple(value.shape)))
+            return original(query, key, value, *args, **kwargs)
+        return compute
+
+    attention.replace_compute_attention(layer, make)
+    np.testing.assert_allclose(layer(x, x, use_causal_mask=True).numpy(), expected, atol=1e-6)
+    assert seen == [((2, 4, 2, 3),) * 3], seen
+    assert all(isinstance(p, keras.layers.EinsumDense) for p in (
+        layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense))
+    assert hasattr(layer, "attention_axes") and hasattr(layer, "dropout")

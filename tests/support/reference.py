@@ -142,3 +142,19 @@ def assert_logs_close(expected: dict, actual: dict, rtol: float = 1e-5) -> None:
             np.asarray(actual[key]), np.asarray(expected[key]), rtol=rtol, atol=1e-7,
             err_msg=key,
         )
+
+
+def restore_into(model, path: str) -> None:
+    """The ``tf.train.Checkpoint`` of a model and its optimizer at ``path``
+    read into ``model`` (built), every value consumed; its weights then
+    equal the checkpoint's."""
+    tf.train.Checkpoint(model=model, optimizer=model.optimizer).read(path).assert_consumed()
+
+
+def assert_train_on_alike(models, x, y, batch_size: int) -> None:
+    """Each of ``models`` (restored from one state) fitted one more epoch
+    on ``x``, ``y`` in order: all end equal to the first."""
+    for model in models:
+        model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+    for other in models[1:]:
+        assert_weights_close(models[0], other)

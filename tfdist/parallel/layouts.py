@@ -70,6 +70,7 @@ import keras
 
 from tfdist._internal.keras import distributions as keras_distributions, layer_paths
 from tfdist.errors import ConfigurationError
+from tfdist.parallel.sharded_layers import KernelForm
 
 # The layer types with a sharded form, and the forms a split gives them.
 FORMS = {
@@ -240,11 +241,7 @@ def _form(layer, variable, dimension: int, where: str) -> str:
     kernel = layer.kernel
     if variable is not kernel and variable.path != kernel.path:
         return "column"  # a bias: split as its kernel's outputs are (`_check_biases`)
-    if isinstance(layer, keras.layers.EinsumDense):
-        inputs, rest = layer.equation.split(",")
-        kernel_letters, output = rest.split("->")
-        return "column" if kernel_letters[dimension] in output else "row"
-    return "column" if dimension == len(variable.shape) - 1 else "row"
+    return KernelForm.of(layer, dimension, where=where).form
 
 
 def _check_biases(sharded: List[ShardedWeight]) -> None:

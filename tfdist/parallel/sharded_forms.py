@@ -56,28 +56,29 @@ def _activation(activation) -> Callable:
     return keras.activations.get(activation) if activation is not None else (lambda z: z)
 
 
-def on_device(device: str, function: Callable, inputs: Sequence[tf.Tensor],
-              variables: Sequence[tf.Variable]) -> tf.Tensor:
-    """``function(*inputs)`` (reading ``variables``, which live on
-    ``device``) as one ``tf.custom_gradient`` on ``device``, forward and
-    backward: its inputs are sent there once, its gradients computed there
-    (TensorFlow would place them where the tape's gradient is called), and
-    nothing of a variable leaves it. The inputs' gradients stay on
-    ``device``; whoever sums them sends them once."""
-    del variables  # (watched as they are read: a mirrored variable's replica copy)
-
+def on_device(device: str, function: Callable, inputs: Sequence[tf.Tensor]):
+    """``function(*inputs)`` as one ``tf.custom_gradient`` on ``device``,
+    forward and backward: its inputs are sent there once, its gradients
+    computed there (TensorFlow would place them where the tape's gradient
+    is called), and nothing of a variable it reads (its shards, which live
+    on ``device``: a mirrored variable's replica copy, watched as it is
+    read) leaves it. The inputs' gradients stay on ``device``; whoever sums
+    them sends them once. ``function`` may return a tuple of tensors (an
+    attention's output and scores): the result is that tuple."""
     with tf.device(device):
         @tf.custom_gradient
         def unit(*tensors):
             with tf.GradientTape() as tape:
                 tape.watch(tensors)
                 output = function(*tensors)
+            flat = tf.nest.flatten(output)
 
-            def backward(upstream, variables=None):
+            def backward(*upstream, variables=None):
                 with tf.device(device):
-                    upstream = tf.zeros_like(output) if upstream is None else tf.identity(upstream)
+                    upstream = [tf.zeros_like(o) if u is None else tf.identity(u)
+                                for o, u in zip(flat, upstream)]
                     read = list(variables or [])
-                    grads = tape.gradient(output, list(tensors) + read,
+                    grads = tape.gradient(flat, list(tensors) + read,
                                           output_gradients=upstream)
                 return grads[:len(tensors)], grads[len(tensors):]
 
@@ -91,6 +92,13 @@ def _as(value: tf.Tensor, dtype) -> tf.Tensor:
     return value if value.dtype == dtype else tf.cast(value, dtype)
 
 
+def einsum(equation: str) -> Callable:
+    """The product of an ``EinsumDense`` of ``equation``, for `column` and `row`."""
+    def times(x: tf.Tensor, kernel) -> tf.Tensor:
+        return tf.einsum(equation, x, _as(tf.convert_to_tensor(kernel), x.dtype))
+    return times
+
+
 def _times(x: tf.Tensor, kernel) -> tf.Tensor:
     """``x @ kernel`` over ``x``'s last dimension, whatever its leading ones
     (a batch, a sequence), as Keras' ``Dense`` computes it."""
@@ -101,31 +109,42 @@ def _times(x: tf.Tensor, kernel) -> tf.Tensor:
 
 
 def column(x: tf.Tensor, kernels: Sequence[tf.Variable], biases: Optional[Sequence],
-           devices: Sequence[str], activation=None) -> List[tf.Tensor]:
+           devices: Sequence[str], activation=None, times: Optional[Callable] = None) -> List[tf.Tensor]:
     """``activation(x @ kernels[j] + biases[j])`` on ``devices[j]``, for
     each j: the column form (module doc). ``x``: [..., inputs], on its own
     device; ``kernels[j]``: [inputs, columns of shard j]; ``biases``: one
-    per shard, or None. Returns the output's parts, in order."""
-    act = _activation(activation)
+    per shard, or None. ``times(x, kernel)``: the product, by default
+    ``Dense``'s (an ``EinsumDense`` gives its equation's). Returns the
+    output's parts, in order."""
     biases = list(biases) if biases is not None else [None] * len(kernels)
-    parts = []
-    for kernel, bias, device in zip(kernels, biases, devices):
-        def shard(inputs, kernel=kernel, bias=bias):
-            z = _times(inputs, kernel)
-            return act(z if bias is None else z + _as(tf.convert_to_tensor(bias), z.dtype))
-        parts.append(on_device(device, shard, [x], [kernel] + ([bias] if bias is not None else [])))
-    return parts
+    return [on_device(device, lambda inputs, k=kernel, b=bias: column_part(
+                inputs, k, b, activation, times), [x])
+            for kernel, bias, device in zip(kernels, biases, devices)]
+
+
+def column_part(x: tf.Tensor, kernel, bias, activation=None,
+                times: Optional[Callable] = None) -> tf.Tensor:
+    """One shard's part of the column form, ``activation(times(x, kernel)
+    + bias)``, where it is called (`column` runs it on the shard's device;
+    `tfdist.parallel.sharded_attention` runs an attention's three
+    projections in one unit per device)."""
+    z = (times or _times)(x, kernel)
+    return _activation(activation)(z if bias is None else z + _as(tf.convert_to_tensor(bias),
+                                                                  z.dtype))
 
 
 def row(parts: Sequence[tf.Tensor], kernels: Sequence[tf.Variable], bias,
-        device: str, activation=None, devices: Optional[Sequence[str]] = None) -> tf.Tensor:
+        device: str, activation=None, devices: Optional[Sequence[str]] = None,
+        times: Optional[Callable] = None) -> tf.Tensor:
     """``activation(sum_j parts[j] @ kernels[j] + bias)`` on ``device``:
     the row form (module doc). ``parts[j]``: [..., inputs of shard j] on
     shard j's device (a column form's outputs); ``kernels[j]``: [inputs of
     shard j, outputs] there (on ``devices[j]``, by default the kernel's
-    own device); ``bias``: [outputs] or None, added once."""
+    own device); ``bias``: [outputs] or None, added once. ``times``: as
+    for `column`."""
+    times = times or _times
     devices = list(devices) if devices is not None else [k.device for k in kernels]
-    products = [on_device(shard_device, lambda p, k=kernel: _times(p, k), [part], [kernel])
+    products = [on_device(shard_device, lambda p, k=kernel: times(p, k), [part])
                 for part, kernel, shard_device in zip(parts, kernels, devices)]
     with tf.device(device):
         output = tf.add_n(products)  # (each partial product sent once)

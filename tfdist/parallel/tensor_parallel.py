@@ -26,10 +26,13 @@ What a model attached with ``parallel=ModelParallel(...)`` becomes:
   global norm too (the norm is summed over the shards). The optimizer
   saves its state whole, as an unsplit one (`tfdist.parallel.split_state`).
 
-Not built yet, refused with an error saying so: layers other than
-``Dense`` (``EinsumDense``, ``MultiHeadAttention`` and ``Embedding``
-rules are read by `tfdist.parallel.layouts`), regularizers and
-constraints on split weights, LoRA and quantized layers, ``clipnorm``
+Layers with split forms: ``Dense`` and ``EinsumDense`` by columns or rows
+(`tfdist.parallel.sharded_layers`), ``MultiHeadAttention`` by heads (its
+projections' rules; `tfdist.parallel.sharded_attention`), ``Embedding``
+by vocabulary rows or by columns (`tfdist.parallel.sharded_embeddings`).
+
+Not built yet, refused with an error saying so: other split layers,
+regularizers and constraints on split weights, LoRA and quantized layers, ``clipnorm``
 (a per-weight norm), gradient accumulation, a model's own ``train_step``
 or ``compute_loss``, other communication parts, MultiWorkerMirrored
 meshes and other axes (pipeline, fully sharded) at once.
@@ -68,9 +71,10 @@ from tfdist._internal.keras import placed_weights, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.communication import sharded_checkpoints
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import split_state, stage_updates
+from tfdist.parallel import sharded_attention, split_state, stage_updates
 from tfdist.parallel.layouts import ModelLayout
-from tfdist.parallel.sharded_layers import DenseShards, SplitActivations
+from tfdist.parallel.sharded_embeddings import EmbeddingShards
+from tfdist.parallel.sharded_layers import KernelForm, KernelShards, SplitActivations
 
 _SHARDS = "_tfdist_model_shards"  # on a split Keras variable: its shards
 _DIMENSION = "_tfdist_split_dimension"  # ... and the dimension they split
@@ -123,8 +127,10 @@ class TensorParallel:
         for weight in layout.sharded:
             by_layer.setdefault(weight.layer_path, []).append(weight)
         keys_before = {id(w): keras_optimizer.variable_key(optimizer, w) for w in model.weights}
-        for path, weights in by_layer.items():
-            self._split_layer(layers[path], path, weights, per_replica, strategy)
+        split = {id(layers[path]): self._split_layer(layers[path], path, weights, per_replica,
+                                                     strategy)
+                 for path, weights in by_layer.items()}
+        self._split_attentions(model, split)
         keras_build = optimizer.build
 
         def build(variables):
@@ -148,20 +154,50 @@ class TensorParallel:
         stage_updates.run_on_weight_devices(model.optimizer)
         self.layout = layout
 
-    def _split_layer(self, layer, path, weights, per_replica, strategy) -> None:
+    def _split_layer(self, layer, path, weights, per_replica, strategy):
+        """``layer``'s split weights made shards and its call their form;
+        returns its shards' record."""
         _check_layer(self, layer, path, weights)
-        form = weights[0].form if weights[0].path.endswith("kernel") else "column"
-        dimension = next(w.dimension for w in weights if w.path.endswith("kernel"))
-        kernels = _split(layer.kernel, dimension, per_replica, strategy)
+        where = f"parallel={self!r}: layer {path!r}"
+        if isinstance(layer, keras.layers.Embedding):
+            tables = _split(layer.embeddings, weights[0].dimension, per_replica, strategy)
+            shards = EmbeddingShards(weights[0].form, tables, layer.input_dim, self._activations)
+            layer_units.wrap_call(layer, "shard", lambda original: (
+                lambda inputs: shards.call(layer, inputs)))
+            return shards
+        kernel = next(w for w in weights if w.path.endswith("kernel"))
+        form = KernelForm.of(layer, kernel.dimension, where=where)
+        kernels = _split(layer.kernel, kernel.dimension, per_replica, strategy)
         biases = None
-        if layer.use_bias and form == "column":
-            biases = _split(layer.bias, 0, per_replica, strategy)
-        elif layer.use_bias:  # (row: the bias is added once, on the first model device)
+        if getattr(layer, "bias", None) is not None and form.form == "column":
+            for weight in weights:
+                if weight is not kernel and weight.dimension != form.bias_dimension:
+                    raise ConfigurationError(
+                        f"{where}: rule {weight.rule!r} splits the bias' dimension "
+                        f"{weight.dimension}; the kernel's split divides its dimension "
+                        f"{form.bias_dimension}. Make them agree, or drop the bias rule (a "
+                        "column split splits the bias with it).")
+            biases = _split(layer.bias, form.bias_dimension, per_replica, strategy)
+        elif getattr(layer, "bias", None) is not None:  # (row: added once, on the first device)
             placed_weights.place_copies(layer.bias, [row[0] for row in per_replica], strategy)
             biases = [layer.bias]
-        shards = DenseShards(form, kernels, biases, self._activations)
+        shards = KernelShards(form, kernels, biases, self._activations)
         layer_units.wrap_call(layer, "shard", lambda original: (
             lambda inputs, training=None: shards.call(layer, inputs, training)))
+        return shards
+
+    def _split_attentions(self, model, split: Dict[int, object]) -> None:
+        """Each ``MultiHeadAttention`` whose query, key and value are split
+        by columns alike runs its attention by heads (`tfdist.parallel.sharded_attention`)."""
+        for _, layer in layer_paths.walk(model):
+            if not isinstance(layer, keras.layers.MultiHeadAttention):
+                continue
+            projections = [split.get(id(p)) for p in (layer.query_dense, layer.key_dense,
+                                                      layer.value_dense)]
+            if all(isinstance(p, KernelShards) and p.form.form == "column"
+                   and p.form.axis == projections[0].form.axis
+                   and len(p.kernels) == len(projections[0].kernels) for p in projections):
+                sharded_attention.split_by_heads(layer, projections, self._activations)
 
 
 def trainable_variables(variables) -> list:
@@ -221,20 +257,26 @@ def _canonical(device: str) -> str:
                          device_index=spec.device_index or 0).to_string()
 
 
+_SPLIT_TYPES = (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Embedding)
+
+
 def _check_layer(what, layer, path: str, weights) -> None:
     where = f"parallel={what!r}: layer {path!r} ({type(layer).__name__}, rules " \
             f"{sorted({w.rule for w in weights})})"
-    if type(layer) is not keras.layers.Dense:  # pylint: disable=unidiomatic-typecheck
+    if type(layer) not in _SPLIT_TYPES:  # (a subclass may compute otherwise)
         raise ConfigurationError(
-            f"{where}: tfdist runs split Dense layers so far; a split "
-            f"{type(layer).__name__} is not built yet. Drop its rules to replicate it.")
-    if not any(w.path.endswith("kernel") for w in weights):
+            f"{where}: tfdist runs split Dense, EinsumDense and Embedding layers; a split "
+            f"{type(layer).__name__} is not built. Drop its rules to replicate it.")
+    if not isinstance(layer, keras.layers.Embedding) and not any(
+            w.path.endswith("kernel") for w in weights):
         raise ConfigurationError(f"{where} splits the bias without the kernel; split the "
                                  "kernel by columns with it, or drop the rule.")
     if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
-        raise ConfigurationError(f"{where}: a LoRA or quantized Dense layer cannot be split yet.")
+        raise ConfigurationError(f"{where}: a LoRA or quantized layer cannot be split yet.")
+    if getattr(layer, "sparse", False):
+        raise ConfigurationError(f"{where}: a sparse Embedding cannot be split yet.")
     for name in ("kernel_regularizer", "bias_regularizer", "kernel_constraint",
-                 "bias_constraint"):
+                 "bias_constraint", "embeddings_regularizer", "embeddings_constraint"):
         if getattr(layer, name, None) is not None:
             raise ConfigurationError(
                 f"{where} has a {name}, which reads the weight whole: not built for split "
@@ -264,8 +306,9 @@ def _split(variable, dimension: int, per_replica: List[List[str]], strategy) -> 
 def _shard_like(variable, value) -> keras.Variable:
     """A shard of ``variable``: its name and path (so its optimizer state is
     named, and its weight decay decided by name, as the weight's)."""
-    scope = variable.path.rsplit("/", 1)[0] if "/" in variable.path else None
-    with keras.name_scope(scope) if scope else contextlib.nullcontext():
+    with contextlib.ExitStack() as scopes:
+        for name in variable.path.split("/")[:-1]:  # (a sublayer's: one scope per level)
+            scopes.enter_context(keras.name_scope(name))
         return keras.Variable(value, dtype=variable.dtype, trainable=variable.trainable,
                               name=variable.name, aggregation=variable.aggregation)
 
