@@ -115,27 +115,13 @@ def measure_one(micro_batches: int) -> dict:
     weights = sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights)
     return {"layout": FLAGS.layout, "optimizer": FLAGS.optimizer,
             "micro_batches": micro_batches, "weights_mb": weights / 2**20,
-            "most_kept_on_a_device_mb": max(_kept_by_device(
+            "most_kept_on_a_device_mb": max(measure.kept_by_device(
                 model.weights + model.optimizer.variables).values()) / 2**20,
             "gathered_mb_per_replica": sent("CollectiveGatherV2") / 2**20,
             "reduce_scattered_mb_per_replica": sent("CollectiveAllToAllV2") / 2**20,
             "weight_sized_mb": sum(c.bytes for c in other) / 2**20,
             "per_row_mb": sum(c.bytes or 0 for c in per_row) / 2**20,
             "all_reduce_mb_per_replica": reduced / 2 / 2**20}
-
-
-def _kept_by_device(variables) -> dict:
-    """Bytes of ``variables`` (Keras variables; every replica's copy or
-    slice) that each device keeps."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
-    kept = {}
-    for variable in variables:
-        value = variable.value
-        for copy in getattr(value, "values", [value]):
-            size = int(np.prod(copy.shape)) * copy.dtype.size
-            kept[copy.device] = kept.get(copy.device, 0) + size
-    return kept
 
 
 def main(argv) -> int:

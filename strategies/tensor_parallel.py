@@ -9,7 +9,8 @@ Without GPUs, data x model logical CPU devices are made. The mesh's data
 axis is a MirroredStrategy's replicas (the model is built in its scope, as
 every tfdist data-parallel program is); the model axis splits the weights
 the layout's rules name over each replica's row of the mesh. Against the
-guide, the TensorFlow program adds the strategy (its two lines) and
+guide, the TensorFlow program adds the strategy (over the mesh's first
+column, each replica's first model device; the model built in its scope) and
 ``tfdist.attach(model, strategy)``, which reads the distribution set with
 ``keras.distribution.set_distribution``. The guide's ``d1/bias`` rule
 matches no weight (its layer has no bias): tfdist says so in a warning, and
@@ -30,7 +31,6 @@ def main(argv):
     data, model_devices = (int(size) for size in FLAGS.mesh.split("x"))
     # First: logical devices must be configured before TensorFlow starts.
     tfdist.strategies.configure_logical_cpus(data * model_devices)  # (a no-op with GPUs)
-    strategy = tfdist.make_strategy("mirrored", num_replicas=data)
     import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -46,6 +46,8 @@ def main(argv):
     model_parallel = keras.distribution.ModelParallel(layout_map=layout_map,
                                                       batch_dim_name="data")
     keras.distribution.set_distribution(model_parallel)
+    # tfdist: the data axis' replicas, on the mesh's first column.
+    strategy = tfdist.make_strategy("mirrored", devices=devices[::model_devices])
 
     inputs = np.random.normal(size=(128, 28, 28, 1))
     labels = np.random.normal(size=(128, 10))

@@ -38,6 +38,18 @@ def held_mb(strategy, variables) -> float:
                for part in strategy.experimental_local_results(v.value)) / 2**20
 
 
+def kept_by_device(variables) -> dict:
+    """Bytes of ``variables`` (Keras variables; every replica's copy or
+    slice) that each device keeps, by device name."""
+    kept = {}
+    for variable in variables:
+        value = variable.value
+        for copy in getattr(value, "values", [value]):
+            size = int(copy.shape.num_elements()) * copy.dtype.size
+            kept[copy.device] = kept.get(copy.device, 0) + size
+    return kept
+
+
 def _first_line(error: Exception) -> str:
     line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     return f"{type(error).__name__}: {line[:200]}"

@@ -51,6 +51,9 @@ TOOLS: Dict[str, Tool] = {
     "pipeline_traffic": Tool("pipeline_traffic_benchmark.py", "benchmark",
                              "data x pipeline: the bytes one step sends between devices "
                              "(weights-sized, per-row, all-reduced), read from the traced step"),
+    "tensor_parallel": Tool("tensor_parallel_benchmark.py", "benchmark",
+                            "tensor parallelism from a LayoutMap against data parallelism and "
+                            "one device: memory per device, bytes per step, step time"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

@@ -67,7 +67,8 @@ def _split(data, model_devices, optimizer, rules=MEGATRON):
         strategy = None
         model = _compiled(_mlp(), optimizer)
     else:
-        strategy = tfdist.make_strategy("mirrored", num_replicas=data)
+        strategy = tfdist.make_strategy(  # (over the mesh's first column)
+            "mirrored", devices=devices[:data * model_devices:model_devices])
         with strategy.scope():
             model = _compiled(_mlp(), optimizer)
     distribution = _layout(data, model_devices, devices[:data * model_devices], rules)

@@ -92,7 +92,8 @@ def _layout(data, model_devices, devices, rules):
 
 def _split(data, model_devices, rules=TRANSFORMER, causal=False):
     devices = tfdist.strategies.configure_logical_cpus(4)
-    strategy = tfdist.make_strategy("mirrored", num_replicas=data) if data > 1 else None
+    first_column = devices[:data * model_devices:model_devices]
+    strategy = tfdist.make_strategy("mirrored", devices=first_column) if data > 1 else None
     if strategy is None:
         model = _model(causal)
     else:
@@ -121,6 +122,50 @@ def test_transformer_equals_one_device(data, model_devices, rules, causal):
     axis = 0 if rules is TRANSFORMER else 1
     assert [s.shape[axis] for s in table] == [(VOCABULARY if axis == 0 else WIDTH)
                                               // model_devices] * model_devices
+
+
+def _two_tower(seed=4) -> keras.Model:
+    """A two-tower recommender: user and item ids (padded, id 0 masked)
+    to embeddings pooled under the mask, each tower a Dense, scored by
+    their dot product."""
+    keras.utils.set_random_seed(seed)
+    users = keras.Input((3,), dtype="int32", name="users")
+    items = keras.Input((2,), dtype="int32", name="items")
+    towers = []
+    for ids, rows, name in ((users, 4 * VOCABULARY, "user"), (items, 2 * VOCABULARY, "item")):
+        vectors = keras.layers.Embedding(rows, WIDTH, mask_zero=True, name=f"{name}_table")(ids)
+        pooled = keras.layers.GlobalAveragePooling1D()(vectors)
+        towers.append(keras.layers.Dense(WIDTH, activation="relu", name=f"{name}_tower")(pooled))
+    score = keras.layers.Dot(axes=1)(towers)
+    model = keras.Model([users, items], keras.layers.Activation("sigmoid")(score))
+    model.compile(optimizer=ref.make_optimizer("adam"), loss="binary_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def test_two_tower_recommender_with_tables_split_by_vocabulary_equals_one_device():
+    """Both tables split by vocabulary rows over 4 devices (each holds a
+    quarter of the rows and its optimizer state), padded ids masked:
+    History, weights and predictions equal one device's."""
+    rng = np.random.default_rng(3)
+    x = [rng.integers(0, 4 * VOCABULARY, (EXAMPLES, 3)).astype("int32"),
+         rng.integers(0, 2 * VOCABULARY, (EXAMPLES, 2)).astype("int32")]
+    x[0][:, 2][::2] = 0  # (padding)
+    y = rng.integers(0, 2, (EXAMPLES, 1)).astype("float32")
+    single = _two_tower()
+    expected = single.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    model = _two_tower()
+    devices = tfdist.strategies.configure_logical_cpus(4)
+    tfdist.attach(model, parallel=_layout(1, 4, devices, {".*_table/embeddings": ("model", None)}))
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    ref.assert_logs_close(expected, history)
+    ref.assert_weights_close(single, model)
+    np.testing.assert_allclose(model.predict(x, verbose=0), single.predict(x, verbose=0),
+                               atol=1e-6)
+    table = tensor_parallel.shards_of(model.get_layer("user_table").embeddings)
+    assert [tuple(s.shape) for s in table] == [(VOCABULARY, WIDTH)] * 4
+    moments = [v for v in model.optimizer.variables if "user_table" in v.path]
+    assert sorted(tuple(v.shape) for v in moments) == [(VOCABULARY, WIDTH)] * 8
 
 
 def _phases(graph, optimizer):

@@ -384,3 +384,20 @@ def test_every_measuring_tool_parses_its_flags_with_absl():
     assert len(sources) > 20
     with_argparse = [str(p.relative_to(REPO)) for p in sources if "import argparse" in p.read_text()]
     assert not with_argparse
+
+
+@pytest.mark.full_form
+def test_tensor_parallel_benchmark_quick_counts_what_the_layout_implies(tmp_path):
+    """scripts/tensor_parallel_benchmark.py --quick: per device, a mesh keeps
+    less than one device; the activations crossing devices are what the
+    layout implies, and on one replica no weight-sized tensor crosses."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "tensor_parallel_benchmark.py")
+    rows = {r["layout"]: r for r in json.loads(
+        (tmp_path / "tensor_parallel_benchmark.json").read_text())["rows"]}
+    assert sorted(rows) == ["data_2", "mesh_1x2", "mesh_2x2", "one_device"]
+    assert rows["mesh_1x2"]["most_kept_on_a_device_mb"] < rows["one_device"][
+        "most_kept_on_a_device_mb"] * 0.6
+    for name in ("mesh_1x2", "mesh_2x2"):
+        assert abs(rows[name]["activation_mb"] - rows[name]["implied_mb"]) < 1e-6, rows[name]
+    assert rows["mesh_1x2"]["weight_sized_mb"] == 0, rows["mesh_1x2"]
+    assert "| mesh_2x2 |" in (tmp_path / "tensor_parallel_benchmark.md").read_text()

@@ -58,6 +58,7 @@ meshes and other axes (pipeline, fully sharded) at once.
 
 import collections
 import contextlib
+import warnings
 from typing import Dict, List, Optional
 
 import keras
@@ -235,6 +236,16 @@ def _model_devices(layout: ModelLayout, strategy, what) -> List[List[str]]:
     flat = [device for row in rows for device in row]
     if len(set(flat)) != len(flat):
         raise ConfigurationError(f"parallel={what!r}: the mesh lists a device twice: {flat}.")
+    replica_devices = [_canonical(d) for d in strategy.extended.worker_devices] \
+        if replicas > 1 else [rows[0][0]]
+    if replica_devices != [row[0] for row in rows]:
+        warnings.warn(
+            f"parallel={what!r}: the strategy's replicas run on {replica_devices}, but the "
+            f"mesh's rows start at {[row[0] for row in rows]}: each step sends every "
+            "replicated layer's activations between a replica's device and its model "
+            "devices (results are unchanged). Make the strategy over the mesh's first "
+            "column: tfdist.make_strategy('mirrored', devices="
+            f"{[row[0] for row in layout.devices]}).", stacklevel=4)
     return rows
 
 

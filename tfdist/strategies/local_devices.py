@@ -10,7 +10,7 @@ which says to call `make_strategy` first.
 import glob
 import os
 import warnings
-from typing import Optional
+from typing import Optional, Sequence
 
 import tensorflow as tf
 
@@ -143,12 +143,26 @@ def evaluator_strategy() -> tf.distribute.Strategy:
 
 
 def mirrored(
-    num_replicas: Optional[int] = None, communication: str = "auto"
+    num_replicas: Optional[int] = None, communication: str = "auto",
+    devices: Optional[Sequence[str]] = None,
 ) -> tf.distribute.Strategy:
-    """All local GPUs (or ``num_replicas`` of them); else logical CPUs."""
+    """All local GPUs (or ``num_replicas`` of them); else logical CPUs.
+    ``devices``: the replicas' devices, named (a tensor-parallel mesh's
+    first column, `tfdist.parallel.tensor_parallel`); logical CPUs are
+    made first when a CPU named is missing."""
     cross_device_ops = _cross_device_ops(communication)
     gpus = physical_devices("GPU")
-    if gpus:
+    if devices is not None:
+        if num_replicas is not None and num_replicas != len(devices):
+            raise ConfigurationError(
+                f"`num_replicas` ({num_replicas}) differs from the {len(devices)} `devices` "
+                f"named ({list(devices)}); give one of them.")
+        devices = list(devices)
+        cpus = [tf.DeviceSpec.from_string(d if d.startswith("/") else "/" + d)
+                for d in devices]
+        if not gpus:
+            configure_logical_cpus(max(1 + (spec.device_index or 0) for spec in cpus))
+    elif gpus:
         count = len(gpus) if num_replicas is None else num_replicas
         if count > len(gpus):
             raise ConfigurationError(

@@ -1,0 +1,180 @@
+"""Benchmark: tensor parallelism from Keras' LayoutMap against data
+parallelism on the same devices and against one device: what each device
+keeps, what one step sends between devices against what the layout
+implies, and the step time.
+
+    python -m scripts.bench tensor_parallel           # width 512, 2 pairs, ~3 min here
+    python -m scripts.bench tensor_parallel --quick   # width 32: every path
+
+An MLP of ``--pairs`` Megatron pairs (``Dense(4 x width, relu)`` split by
+columns, then ``Dense(width)`` split by rows) between a ``width``-wide
+input and a replicated one-unit head, with Adam, on 4 logical CPUs. Each
+layout runs in a fresh process:
+
+- ``one_device``: plain ``tfdist.attach`` (no strategy);
+- ``data_2``, ``data_4``: MirroredStrategy over 2 or 4 devices;
+- ``mesh_1x2``, ``mesh_1x4``, ``mesh_2x2``: ``parallel=ModelParallel``,
+  data x model (2x2: MirroredStrategy(2), each replica's weights split
+  over its 2 model devices).
+
+Reported per layout:
+
+- ``most MB on a device``: weights + Adam's state on the device that keeps
+  most (goal on a mesh: the whole model's / the model axis, plus the head);
+- ``activation MB``: the bytes of the batch's activations and their
+  gradients that cross devices in one traced training step
+  (`tfdist.parallel.device_traffic`), against ``implied MB``: per pair and
+  direction, the input to each other model device and the partial
+  product back (the first pair's input needs no gradient);
+- ``weight-sized MB``: any other tensor with a shape that crosses (goal 0);
+- ``all-reduce MB per replica``: what the strategy's collectives reduce;
+- ``ms per step``: the median over ``--rounds`` of ``--steps`` steps of
+  ``fit``. The 4 logical CPUs share this machine's 2 cores, so step times
+  say what the split costs, not what separate devices would gain.
+
+Outputs in ``--output_dir``: tensor_parallel_benchmark.json and .md.
+"""
+
+import json
+import pathlib
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from bench import flags as bench_flags, measure, outputs  # noqa: E402
+
+bench_flags.define_common("tensor_parallel_benchmark", quick="width 32, 2 steps per round.")
+flags.DEFINE_integer("width", 512, "The model's width (the pairs' hidden layers are 4x).")
+flags.DEFINE_integer("pairs", 2, "Column-then-row Dense pairs.")
+flags.DEFINE_integer("batch_size", 64, "Rows per global batch.")
+flags.DEFINE_integer("steps", 20, "Steps per timed round.")
+flags.DEFINE_integer("rounds", 5, "Timed rounds (the median is reported).")
+flags.DEFINE_list("layouts", ["one_device", "data_2", "data_4", "mesh_1x2", "mesh_1x4",
+                              "mesh_2x2"], "The layouts measured, each in a fresh process.")
+flags.DEFINE_string("run_of", None, "(internal) measure one layout in this process.")
+FLAGS = flags.FLAGS
+
+
+def _model(keras, width: int, pairs: int):
+    keras.utils.set_random_seed(1)
+    layers = [keras.Input((width,))]
+    for index in range(pairs):
+        layers += [keras.layers.Dense(4 * width, activation="relu", name=f"up{index}"),
+                   keras.layers.Dense(width, name=f"down{index}")]
+    model = keras.Sequential(layers + [keras.layers.Dense(1, name="head")])
+    model.compile(optimizer=keras.optimizers.Adam(0.001), loss="mse")
+    return model
+
+
+def measure_one(layout: str) -> dict:
+    """One layout, in this process."""
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    devices = tfdist.strategies.configure_logical_cpus(4)
+    import keras  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tfdist.parallel import device_traffic, tensor_parallel  # pylint: disable=import-outside-toplevel
+    from tfdist.training import keras_fit  # pylint: disable=import-outside-toplevel
+
+    width = 32 if FLAGS.quick else FLAGS.width
+    data, model_axis = {"one_device": (1, 1), "data_2": (2, 1), "data_4": (4, 1),
+                        "mesh_1x2": (1, 2), "mesh_1x4": (1, 4), "mesh_2x2": (2, 2)}[layout]
+    replica_devices = devices[:data * model_axis:model_axis]  # (the mesh's first column)
+    strategy = (tfdist.make_strategy("mirrored", devices=replica_devices) if data > 1
+                else None)
+    with strategy.scope() if strategy else tf.init_scope():
+        model = _model(keras, width, FLAGS.pairs)
+    parallel = None
+    if model_axis > 1:
+        mesh = keras.distribution.DeviceMesh((data, model_axis), ["batch", "model"],
+                                             devices[:data * model_axis])
+        rules = keras.distribution.LayoutMap(mesh)
+        rules[".*/up\\d+/kernel"] = (None, "model")
+        rules[".*/down\\d+/kernel"] = ("model", None)
+        parallel = keras.distribution.ModelParallel(layout_map=rules, batch_dim_name="batch")
+    tfdist.attach(model, strategy, parallel=parallel)
+    rows = FLAGS.batch_size
+    x = np.random.default_rng(0).random((rows, width), "float32")
+    y = x.sum(axis=1, keepdims=True)
+    dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+    steps = 2 if FLAGS.quick else FLAGS.steps
+    model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)  # (traced, built)
+    seconds = []
+    for _ in range(1 if FLAGS.quick else FLAGS.rounds):
+        start = time.perf_counter()
+        model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+        seconds.append((time.perf_counter() - start) / steps)
+    per_replica = rows // data
+    step = keras_fit.attachment_of(model).trainer()._steps.train  # pylint: disable=protected-access
+    def batch(_=None):  # (made on each replica's device, as fit's distributed batches are)
+        return tfdist.Batch(tf.constant(x[:per_replica]),
+                            tf.constant(y[:per_replica])).to_structure()
+
+    if strategy is not None:
+        batch = strategy.experimental_distribute_values_from_function(batch)
+        graph = tf.function(lambda s: strategy.run(step, args=(s,))).get_concrete_function(
+            batch).graph
+    else:
+        graph = tf.function(step).get_concrete_function(batch()).graph
+    home = {tf.DeviceSpec.from_string(d).device_index or 0 for d in replica_devices[:data]}
+
+    def fed(crossing):  # (a batch's input to its own replica: the traced step's feeding)
+        placeholder = graph.get_tensor_by_name(crossing.tensor).op.type == "Placeholder"
+        return placeholder and tf.DeviceSpec.from_string(crossing.destination).device_index in home
+
+    crossings = [c for c in device_traffic.crossings(graph, default_device="/cpu:0")
+                 if c.shape and c.bytes and not fed(c)]
+    variables = (tensor_parallel.trainable_variables(model.trainable_weights)
+                 + model.non_trainable_weights + model.optimizer.variables)
+    weight_shapes = {tuple(v.shape) for v in variables}
+    activations = [c for c in crossings if c.shape[0] == per_replica
+                   and tuple(c.shape) not in weight_shapes]
+    reduced = sum(int(np.prod(op.inputs[0].shape)) * op.inputs[0].dtype.size
+                  for op in graph.get_operations() if op.type == "CollectiveReduceV2")
+    activation_bytes = per_replica * width * 4
+    implied = data * (model_axis - 1) * activation_bytes * (4 * FLAGS.pairs - 1)
+    weights = sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights)
+    return {"layout": layout, "width": width, "weights_mb": weights / 2**20,
+            "most_kept_on_a_device_mb": max(measure.kept_by_device(variables).values()) / 2**20,
+            "activation_mb": sum(c.bytes for c in activations) / 2**20,
+            "implied_mb": implied / 2**20,
+            "weight_sized_mb": sum(c.bytes for c in crossings if c not in activations) / 2**20,
+            "all_reduce_mb_per_replica": reduced / data / 2**20,
+            "ms_per_step": 1000 * float(np.median(seconds))}
+
+
+def main(argv) -> int:
+    del argv  # every option is a flag
+    if FLAGS.run_of:
+        print(json.dumps(measure_one(FLAGS.run_of)))
+        return 0
+    layouts = ["one_device", "data_2", "mesh_1x2", "mesh_2x2"] if FLAGS.quick else FLAGS.layouts
+    rows = []
+    for layout in layouts:
+        command = [sys.executable, __file__, f"--run_of={layout}", f"--quick={FLAGS.quick}",
+                   f"--width={FLAGS.width}", f"--pairs={FLAGS.pairs}",
+                   f"--batch_size={FLAGS.batch_size}", f"--steps={FLAGS.steps}",
+                   f"--rounds={FLAGS.rounds}"]
+        rows.append(measure.row_in_fresh_process(command))
+        print(rows[-1], flush=True)
+    one = next((r for r in rows if r["layout"] == "one_device"), None)
+    lines = ["| layout | weights MB | most weights + state MB on a device | activation MB "
+             "between devices | implied MB | weight-sized MB | all-reduce MB per replica | "
+             "ms per step | vs one device |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['layout']} | {r['weights_mb']:.2f} | {r['most_kept_on_a_device_mb']:.2f} | "
+              f"{r['activation_mb']:.2f} | {r['implied_mb']:.2f} | {r['weight_sized_mb']:.2f} | "
+              f"{r['all_reduce_mb_per_replica']:.2f} | {r['ms_per_step']:.1f} | "
+              + (f"{r['ms_per_step'] / one['ms_per_step']:.2f}x |" if one else "- |")
+              for r in rows]
+    table = "\n".join(lines) + "\n"
+    outputs.write_results(FLAGS.output_dir, "tensor_parallel_benchmark", {"rows": rows}, table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
