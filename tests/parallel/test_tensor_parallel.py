@@ -218,6 +218,17 @@ def test_layouts_accepted_or_refused(rules, message):
         model.fit(*_data(), batch_size=BATCH, verbose=0)
 
 
+def test_mesh_devices_lists_each_replicas_model_devices():
+    """One process: replica r's k model devices from its own device's
+    index on (the strategy over the mesh's first column, as ``_split``)."""
+    devices = tfdist.strategies.configure_logical_cpus(4)
+    strategy = tfdist.make_strategy("mirrored", devices=devices[::2])
+    assert tfdist.parallel.mesh_devices(strategy, model_devices=2) == [
+        f"/device:CPU:{index}" for index in range(4)]
+    assert tfdist.parallel.mesh_devices(None, model_devices=4) == [
+        f"/device:CPU:{index}" for index in range(4)]
+
+
 def test_refusals_name_what_cannot_run_yet():
     devices = tfdist.strategies.configure_logical_cpus(4)
     model = _compiled(_mlp(), "adam")

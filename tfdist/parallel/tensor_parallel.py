@@ -8,8 +8,9 @@ What a model attached with ``parallel=ModelParallel(...)`` becomes:
 - **Devices**: the mesh's row r (its data-axis index r) lists replica r's
   model devices, shard j of every split weight on the row's device j.
   The data axis is the strategy's replicas (MirroredStrategy in one
-  process), so the mesh has as many rows as the strategy has replicas
-  (one without a strategy).
+  process, MultiWorkerMirroredStrategy over workers, each worker running
+  its own rows), so the mesh has as many rows as the strategy has
+  replicas (one without a strategy): `tfdist.parallel.mesh_rows`.
 - **Storage**: each split weight is k shard variables (Keras variables,
   mirrored over the data axis: replica r's copy on its row's device j);
   a column-split layer's bias is split with its kernel. The layer's own
@@ -34,8 +35,8 @@ by vocabulary rows or by columns (`tfdist.parallel.sharded_embeddings`).
 Not built yet, refused with an error saying so: other split layers,
 regularizers and constraints on split weights, LoRA and quantized layers, ``clipnorm``
 (a per-weight norm), gradient accumulation, a model's own ``train_step``
-or ``compute_loss``, other communication parts, MultiWorkerMirrored
-meshes and other axes (pipeline, fully sharded) at once.
+or ``compute_loss``, other communication parts and other axes
+(pipeline, fully sharded) at once.
 
 >>> import keras, numpy as np, tfdist
 >>> devices = tfdist.strategies.configure_logical_cpus(2)
@@ -72,7 +73,7 @@ from tfdist._internal.keras import placed_weights, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.communication import sharded_checkpoints
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import sharded_attention, split_state, stage_updates
+from tfdist.parallel import mesh_rows, sharded_attention, split_state, stage_updates
 from tfdist.parallel.layouts import ModelLayout
 from tfdist.parallel.sharded_embeddings import EmbeddingShards
 from tfdist.parallel.sharded_layers import KernelForm, KernelShards, SplitActivations
@@ -212,33 +213,13 @@ def trainable_variables(variables) -> list:
 
 
 def _model_devices(layout: ModelLayout, strategy, what) -> List[List[str]]:
-    """Each local replica's model devices: its row of the mesh (module doc)."""
-    replicas = 1 if strategy is None else strategy.num_replicas_in_sync
-    if replicas > 1 and len(strategy.extended.worker_devices) != replicas:
-        raise ConfigurationError(
-            f"parallel={what!r} runs in one process (MirroredStrategy, or no strategy) for "
-            "now; a mesh across the workers of a MultiWorkerMirroredStrategy is not built yet.")
-    if layout.axes["data"] != replicas:
-        raise ConfigurationError(
-            f"parallel={what!r}: the mesh's data axis ({layout.data_axis!r}) has "
-            f"{layout.axes['data']} rows, but the strategy has {replicas} replica(s); the "
-            "data axis is the strategy's replicas. Make them equal (e.g. "
-            f"tfdist.make_strategy('mirrored', num_replicas={layout.axes['data']}), and build "
-            "and compile the model in its scope).")
-    known = {_canonical(d.name) for d in tf.config.list_logical_devices()}
-    rows = [[_canonical(device) for device in row] for row in layout.devices]
-    missing = [device for row in rows for device in row if device not in known]
-    if missing:
-        raise ConfigurationError(
-            f"parallel={what!r}: the mesh names devices this process does not have: "
-            f"{missing} (it has {sorted(known)}). On CPUs, configure logical ones first: "
-            "tfdist.strategies.configure_logical_cpus(n).")
-    flat = [device for row in rows for device in row]
-    if len(set(flat)) != len(flat):
-        raise ConfigurationError(f"parallel={what!r}: the mesh lists a device twice: {flat}.")
-    replica_devices = [_canonical(d) for d in strategy.extended.worker_devices] \
-        if replicas > 1 else [rows[0][0]]
-    if replica_devices != [row[0] for row in rows]:
+    """Each local replica's model devices: its row of the mesh
+    (`tfdist.parallel.mesh_rows`)."""
+    rows = mesh_rows.local_rows(layout.devices, strategy, layout.data_axis, what)
+    replica_devices = list(strategy.extended.worker_devices) \
+        if strategy is not None and strategy.num_replicas_in_sync > 1 else [rows[0][0]]
+    if [mesh_rows.canonical(d) for d in replica_devices] != \
+            [mesh_rows.canonical(row[0]) for row in rows]:
         warnings.warn(
             f"parallel={what!r}: the strategy's replicas run on {replica_devices}, but the "
             f"mesh's rows start at {[row[0] for row in rows]}: each step sends every "
@@ -260,12 +241,6 @@ def _check_outputs(layout: ModelLayout, what) -> None:
                 f"{layout.data_axis!r}) only: splitting them over {layout.model_axis!r} "
                 "(sequence parallelism) is not built yet. Drop the rule.")
     keras_distributions.lay_out_outputs_on_the_batch(layout.data_axis)
-
-
-def _canonical(device: str) -> str:
-    spec = tf.DeviceSpec.from_string(device if device.startswith("/") else "/" + device)
-    return tf.DeviceSpec(device_type=spec.device_type.upper(),
-                         device_index=spec.device_index or 0).to_string()
 
 
 _SPLIT_TYPES = (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Embedding)

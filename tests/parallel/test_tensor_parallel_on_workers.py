@@ -1,0 +1,88 @@
+"""Tensor parallelism over processes: a data x model mesh whose data axis
+is 2 MultiWorkerMirroredStrategy workers (real TF_CONFIGs from
+``tfdist-run`` on 127.0.0.1) and whose model axis is each worker's 2
+logical CPUs. Compared with one-device Keras on the same data
+(`tests.parallel.test_tensor_parallel`), never with tfdist itself."""
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy as np
+
+from tests.parallel import test_tensor_parallel as in_process
+from tests.support import reference as ref
+from tests.support.launcher_harness import LauncherRun
+
+PROGRAM = [sys.executable, "tests/programs/tensor_parallel_per_worker.py"]
+
+
+def _assert_worker_equals(expected_model, expected_history, result, epochs_run=None) -> None:
+    ref.assert_weight_lists_close(expected_model.get_weights(),
+                                  [np.asarray(w, np.float32) for w in result["weights"]])
+    x, y = in_process._data()  # pylint: disable=protected-access
+    ref.assert_logs_close(
+        expected_model.evaluate(x, y, batch_size=in_process.BATCH, verbose=0, return_dict=True),
+        result["evaluation"])
+    np.testing.assert_allclose(
+        np.asarray(result["predictions"], np.float32),
+        expected_model.predict(x, batch_size=in_process.BATCH, verbose=0), atol=1e-5)
+    losses = expected_history["loss"][-(epochs_run or len(expected_history["loss"])):]
+    np.testing.assert_allclose(result["history"]["loss"], losses, rtol=1e-5)
+
+
+def test_a_mesh_over_two_workers_equals_one_device_and_refuses_what_it_cannot_run(tmp_path):
+    """Mesh 2 x 2 over 2 workers (``tfdist.parallel.mesh_devices``): every
+    worker ends at one device's weights, History, evaluation and
+    predictions; each worker keeps shard j of every split weight on its own
+    CPU j. Meshes that do not fit the cluster are refused on every worker,
+    naming the row and giving the cluster's mesh."""
+    expected, expected_history = in_process._one_device("adam")  # pylint: disable=protected-access
+    program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", "--refusals"]
+    with LauncherRun(["--num_workers=2"], program) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    mesh = [f"/job:worker/task:{t}/device:CPU:{d}" for t in (0, 1) for d in (0, 1)]
+    for task in (0, 1):
+        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
+        _assert_worker_equals(expected, expected_history, result)
+        assert result["mesh"] == mesh
+        assert set(result["shards"]) == {"d1/kernel[0]", "d1/kernel[1]", "d1/bias[0]",
+                                         "d1/bias[1]", "d2/kernel[0]", "d2/kernel[1]"}
+        for name, copies in result["shards"].items():
+            assert copies == [f"/job:worker/replica:0/task:{task}/device:CPU:{name[-2]}"], (
+                name, copies)
+        refusals = result["refusals"]
+        assert "names its worker's job and task; row ['cpu:0', 'cpu:1']" in \
+            refusals["unnamed tasks"], refusals
+        assert "spans workers" in refusals["a row over two workers"], refusals
+        assert f"this worker (worker {task}) has 1 replica(s) but the mesh has " \
+            f"{2 if task == 0 else 0} row(s) on it" in refusals["every row on worker 0"], refusals
+        assert all(str(mesh) in message for message in refusals.values()), refusals
+
+
+def test_a_killed_worker_of_a_mesh_restarts_from_the_checkpoint_and_ends_equal(tmp_path):
+    """SIGKILL of worker 1 mid-epoch under the 2 x 2 mesh: its shards and
+    their Adam state die with it. tfdist-run names it and restarts the
+    group; both workers restore from the last checkpoint (mid-epoch) and
+    end where one uninterrupted device ends."""
+    expected, expected_history = in_process._one_device("adam", epochs=3)  # pylint: disable=protected-access
+    program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'c'}",
+                         "--checkpoint_every_steps=2", "--step_delay=0.3", "--epochs=3"]
+    with LauncherRun(["--num_workers=2", "--max_restarts=1", "--grace_period=5"],
+                     program) as run:
+        run.wait_for(r"\[worker-0\] epoch step 3 done", timeout=240)
+        killed = time.monotonic()
+        os.kill(run.pids()["worker-1"], signal.SIGKILL)
+        run.wait_for(r"restart 1/1", timeout=90)
+        assert time.monotonic() - killed < 60
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    assert "worker-1: exited (exit code 137)" in run.output, run.output[-4000:]
+    for task in (0, 1):  # (resumed from a checkpoint, not from the start)
+        starts = re.findall(rf"\[worker-{task}\] first step after (\d+) updates", run.output)
+        assert starts[0] == "0" and int(starts[-1]) in (2, 4), (task, starts)
+        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
+        _assert_worker_equals(expected, expected_history, result,
+                              epochs_run=len(result["history"]["loss"]))

@@ -1,0 +1,114 @@
+"""A worker program for a data x model mesh across processes: 2
+MultiWorkerMirroredStrategy workers (one replica each) are the mesh's
+data axis, and each worker splits tests/parallel/test_tensor_parallel.py's
+MLP (a Dense column-then-row pair) over its own 2 logical CPUs, the
+mesh's model axis, from a Keras ``LayoutMap``; each shard's gradient is
+all-reduced over the workers once per step. ``--checkpoint_dir``:
+checkpoints for fault tests; ``--refusals``: first tries meshes it must
+refuse, and writes each error.
+
+Writes ``<output_dir>/<task>.json``: the history, evaluation, predictions,
+final weights and the devices of each shard's copy.
+"""
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+
+import tfdist  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--checkpoint_dir", default=None)
+    parser.add_argument("--checkpoint_every_steps", type=int, default=None)
+    parser.add_argument("--refusals", action="store_true")
+    parser.add_argument("--step_delay", type=float, default=0.0,
+                        help="seconds to sleep after each step (fault tests)")
+    args = parser.parse_args()
+
+    tfdist.strategies.configure_logical_cpus(2)  # (the worker's replica, then its model device)
+    strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=1)
+    import keras  # pylint: disable=import-outside-toplevel
+    from tests.parallel import test_tensor_parallel as in_process  # pylint: disable=import-outside-toplevel
+    from tfdist.parallel import tensor_parallel  # pylint: disable=import-outside-toplevel
+
+    devices = tfdist.parallel.mesh_devices(strategy, model_devices=2)
+    refusals = _refusals(strategy, in_process) if args.refusals else {}
+    with strategy.scope():
+        model = in_process._compiled(in_process._mlp(), args.optimizer)  # pylint: disable=protected-access
+    distribution = in_process._layout(2, 2, devices, in_process.MEGATRON)  # pylint: disable=protected-access
+    model = tfdist.attach(
+        model, strategy, parallel=distribution,
+        checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir,
+                                               every_steps=args.checkpoint_every_steps))
+    started = []
+
+    def before_step(batch, logs):  # (the updates a restored checkpoint brought)
+        del batch, logs
+        if not started:
+            started.append(int(model.optimizer.iterations.numpy()))
+            print(f"first step after {started[0]} updates", flush=True)
+
+    def after_step(batch, logs):
+        del logs
+        print(f"epoch step {batch + 1} done", flush=True)
+        time.sleep(args.step_delay)
+
+    x, y = in_process._data()  # pylint: disable=protected-access
+    history = model.fit(x, y, batch_size=in_process.BATCH, epochs=args.epochs, shuffle=False,
+                        verbose=0, callbacks=[
+                            keras.callbacks.LambdaCallback(on_train_batch_begin=before_step,
+                                                           on_train_batch_end=after_step)]
+                        ).history
+    shards = {}
+    for weight in model.weights:
+        for index, shard in enumerate(tensor_parallel.shards_of(weight) or []):
+            shards[f"{weight.path}[{index}]"] = [copy.device for copy in shard.value.values]
+    result = {
+        "history": history,
+        "evaluation": model.evaluate(x, y, batch_size=in_process.BATCH, verbose=0,
+                                     return_dict=True),
+        "predictions": model.predict(x, batch_size=in_process.BATCH, verbose=0).tolist(),
+        "weights": [w.tolist() for w in model.get_weights()],
+        "mesh": devices,
+        "shards": shards,
+        "refusals": refusals,
+    }
+    output = pathlib.Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / f"{tfdist.cluster.task_name()}.json").write_text(json.dumps(result))
+
+
+def _refusals(strategy, in_process) -> dict:
+    """Each mesh this cluster cannot run, and the error its first fit raised."""
+    task = "/job:worker/task:{}/device:CPU:{}".format
+    meshes = {
+        "unnamed tasks": ["cpu:0", "cpu:1", "cpu:2", "cpu:3"],
+        "a row over two workers": [task(0, 0), task(1, 0), task(0, 1), task(1, 1)],
+        "every row on worker 0": [task(0, 0), task(0, 1), task(0, 2), task(0, 3)],
+    }
+    errors = {}
+    for name, devices in meshes.items():
+        with strategy.scope():
+            model = in_process._compiled(in_process._mlp(), "adam")  # pylint: disable=protected-access
+        try:
+            tfdist.attach(model, strategy, parallel=in_process._layout(  # pylint: disable=protected-access
+                2, 2, devices, in_process.MEGATRON))
+            x, y = in_process._data()  # pylint: disable=protected-access
+            model.fit(x[:8], y[:8], batch_size=8, verbose=0)  # (the split is made here)
+            errors[name] = None
+        except tfdist.errors.ConfigurationError as error:
+            errors[name] = str(error)
+    return errors
+
+
+if __name__ == "__main__":
+    main()
