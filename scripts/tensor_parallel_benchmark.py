@@ -32,11 +32,29 @@ Reported per layout:
   ``fit``. The 4 logical CPUs share this machine's 2 cores, so step times
   say what the split costs, not what separate devices would gain.
 
+Across processes (``--workers``, a second table): 2 workers under
+``tfdist-run --num_workers=2 --bandwidth=RATE`` (``--bandwidths``; each
+layout a cluster of its own) on a simulated link, each worker 2 logical
+CPUs:
+
+- ``workers_data``: MultiWorkerMirroredStrategy, one replica per worker;
+- ``workers_mesh_2x2``: the same strategy as the mesh's data axis, each
+  worker's weights split over its 2 CPUs (`tfdist.parallel.mesh_devices`).
+
+Reported: ``link MB per step`` (what the namespace's loopback carried in
+the timed rounds, per step: every task's traffic once), against ``bound
+MB``, what a ring all-reduce of the gradients sends over the link
+(2 (N - 1) / N of them per worker, N workers' sends); ``ms per step``
+against the link's time for that (``bound ms``).
+
+    python -m scripts.bench tensor_parallel --workers --bandwidths=1gbit
+
 Outputs in ``--output_dir``: tensor_parallel_benchmark.json and .md.
 """
 
 import json
 import pathlib
+import subprocess
 import sys
 import time
 
@@ -44,7 +62,8 @@ from absl import app, flags
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
-from bench import flags as bench_flags, measure, outputs  # noqa: E402
+from bench import flags as bench_flags, limited_cluster, measure, outputs  # noqa: E402
+from tfdist.launch import network  # noqa: E402
 
 bench_flags.define_common("tensor_parallel_benchmark", quick="width 32, 2 steps per round.")
 flags.DEFINE_integer("width", 512, "The model's width (the pairs' hidden layers are 4x).")
@@ -54,7 +73,11 @@ flags.DEFINE_integer("steps", 20, "Steps per timed round.")
 flags.DEFINE_integer("rounds", 5, "Timed rounds (the median is reported).")
 flags.DEFINE_list("layouts", ["one_device", "data_2", "data_4", "mesh_1x2", "mesh_1x4",
                               "mesh_2x2"], "The layouts measured, each in a fresh process.")
+flags.DEFINE_bool("workers", False, "Measure the 2-worker layouts on a simulated link.")
+flags.DEFINE_list("bandwidths", ["1gbit"], "With --workers: the link rates (tc), one cluster "
+                  "per rate and layout.")
 flags.DEFINE_string("run_of", None, "(internal) measure one layout in this process.")
+flags.DEFINE_string("worker_output", None, "(internal) where a cluster's chief writes its row.")
 FLAGS = flags.FLAGS
 
 
@@ -92,10 +115,8 @@ def measure_one(layout: str) -> dict:
     if model_axis > 1:
         mesh = keras.distribution.DeviceMesh((data, model_axis), ["batch", "model"],
                                              devices[:data * model_axis])
-        rules = keras.distribution.LayoutMap(mesh)
-        rules[".*/up\\d+/kernel"] = (None, "model")
-        rules[".*/down\\d+/kernel"] = ("model", None)
-        parallel = keras.distribution.ModelParallel(layout_map=rules, batch_dim_name="batch")
+        parallel = keras.distribution.ModelParallel(layout_map=_rules(keras, mesh),
+                                                    batch_dim_name="batch")
     tfdist.attach(model, strategy, parallel=parallel)
     rows = FLAGS.batch_size
     x = np.random.default_rng(0).random((rows, width), "float32")
@@ -147,10 +168,101 @@ def measure_one(layout: str) -> dict:
             "ms_per_step": 1000 * float(np.median(seconds))}
 
 
+def measure_on_worker(layout: str) -> dict:
+    """One 2-worker layout, on this worker (under tfdist-run)."""
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    tfdist.strategies.configure_logical_cpus(2)
+    strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=1)
+    import keras  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tfdist.parallel import tensor_parallel  # pylint: disable=import-outside-toplevel
+
+    width = 32 if FLAGS.quick else FLAGS.width
+    with strategy.scope():
+        model = _model(keras, width, FLAGS.pairs)
+    parallel = None
+    if layout == "workers_mesh_2x2":
+        mesh = keras.distribution.DeviceMesh((2, 2), ["batch", "model"],
+                                             tfdist.parallel.mesh_devices(strategy, 2))
+        parallel = keras.distribution.ModelParallel(layout_map=_rules(keras, mesh),
+                                                    batch_dim_name="batch")
+    tfdist.attach(model, strategy, parallel=parallel)
+    x = np.random.default_rng(0).random((FLAGS.batch_size, width), "float32")
+    dataset = tf.data.Dataset.from_tensors((x, x.sum(axis=1, keepdims=True))).repeat()
+    steps = 2 if FLAGS.quick else FLAGS.steps
+    model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)  # (traced, built)
+    seconds, link = [], []
+    for _ in range(1 if FLAGS.quick else FLAGS.rounds):
+        sent = limited_cluster.loopback_bytes()
+        start = time.perf_counter()
+        model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0)
+        seconds.append((time.perf_counter() - start) / steps)
+        link.append((limited_cluster.loopback_bytes() - sent) / steps)
+    variables = (tensor_parallel.trainable_variables(model.trainable_weights)
+                 + model.non_trainable_weights + model.optimizer.variables)
+    gradients = sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights)
+    return {"layout": layout, "width": width, "weights_mb": gradients / 2**20,
+            "most_kept_on_a_device_mb": max(measure.kept_by_device(variables).values()) / 2**20,
+            "link_mb_per_step": float(np.median(link)) / 2**20,
+            "bound_mb": 2 * gradients / 2**20,  # (2 workers: each sends (N-1)/N x 2 of them)
+            "ms_per_step": 1000 * float(np.median(seconds))}
+
+
+def _rules(keras, mesh):
+    rules = keras.distribution.LayoutMap(mesh)
+    rules[".*/up\\d+/kernel"] = (None, "model")
+    rules[".*/down\\d+/kernel"] = ("model", None)
+    return rules
+
+
+def _on_workers(bandwidth: str, layout: str) -> dict:
+    """``layout`` measured by a 2-worker cluster on a ``bandwidth`` link."""
+    output = pathlib.Path(FLAGS.output_dir) / f"raw-{layout}-{bandwidth}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "tfdist.launch", "--num_workers=2",
+               f"--bandwidth={bandwidth}", "--", sys.executable, __file__,
+               f"--run_of={layout}", f"--worker_output={output}", f"--quick={FLAGS.quick}",
+               f"--width={FLAGS.width}", f"--pairs={FLAGS.pairs}",
+               f"--batch_size={FLAGS.batch_size}", f"--steps={FLAGS.steps}",
+               f"--rounds={FLAGS.rounds}"]
+    subprocess.run(command, cwd=pathlib.Path(__file__).resolve().parents[1], check=True,
+                   timeout=1800)
+    row = json.loads(output.read_text())
+    row["bandwidth"] = bandwidth
+    row["bound_ms"] = 1000 * row["bound_mb"] * 2**20 * 8 / network.bits_per_second(bandwidth)
+    return row
+
+
+def _workers_table(rows) -> str:
+    lines = ["| layout | link | most weights + state MB on a device | link MB per step | "
+             "bound MB | ms per step | bound ms |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['layout']} | {r['bandwidth']} | {r['most_kept_on_a_device_mb']:.2f} | "
+              f"{r['link_mb_per_step']:.2f} | {r['bound_mb']:.2f} | {r['ms_per_step']:.1f} | "
+              f"{r['bound_ms']:.1f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv) -> int:
     del argv  # every option is a flag
+    if FLAGS.run_of and FLAGS.run_of.startswith("workers_"):
+        row = measure_on_worker(FLAGS.run_of)
+        import tfdist  # pylint: disable=import-outside-toplevel
+
+        if tfdist.cluster.is_chief():
+            pathlib.Path(FLAGS.worker_output).write_text(json.dumps(row))
+        return 0
     if FLAGS.run_of:
         print(json.dumps(measure_one(FLAGS.run_of)))
+        return 0
+    if FLAGS.workers:
+        rows = [_on_workers(bandwidth, layout) for bandwidth in FLAGS.bandwidths
+                for layout in ("workers_data", "workers_mesh_2x2")]
+        table = _workers_table(rows)
+        outputs.write_results(FLAGS.output_dir, "tensor_parallel_benchmark", {"rows": rows},
+                              table)
+        print(table)
         return 0
     layouts = ["one_device", "data_2", "mesh_1x2", "mesh_2x2"] if FLAGS.quick else FLAGS.layouts
     rows = []

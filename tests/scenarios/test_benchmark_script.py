@@ -401,3 +401,20 @@ def test_tensor_parallel_benchmark_quick_counts_what_the_layout_implies(tmp_path
         assert abs(rows[name]["activation_mb"] - rows[name]["implied_mb"]) < 1e-6, rows[name]
     assert rows["mesh_1x2"]["weight_sized_mb"] == 0, rows["mesh_1x2"]
     assert "| mesh_2x2 |" in (tmp_path / "tensor_parallel_benchmark.md").read_text()
+
+
+@pytest.mark.full_form
+@needs_namespaces
+def test_tensor_parallel_benchmark_on_workers_moves_the_gradients_once(tmp_path):
+    """scripts/tensor_parallel_benchmark.py --workers --quick: 2 workers on a
+    1gbit link, data parallel and a 2 x 2 mesh; the mesh keeps less per
+    device, and both send the gradients' ring all-reduce over the link
+    (what the namespace's loopback carried, within 10% of the bound)."""
+    _run_benchmark(tmp_path, ["--quick", "--workers"], 600, "tensor_parallel_benchmark.py")
+    rows = {r["layout"]: r for r in json.loads(
+        (tmp_path / "tensor_parallel_benchmark.json").read_text())["rows"]}
+    assert sorted(rows) == ["workers_data", "workers_mesh_2x2"]
+    assert rows["workers_mesh_2x2"]["most_kept_on_a_device_mb"] < rows["workers_data"][
+        "most_kept_on_a_device_mb"] * 0.6
+    for row in rows.values():
+        assert row["bound_mb"] <= row["link_mb_per_step"] < 1.1 * row["bound_mb"], row
