@@ -22,12 +22,16 @@ from tfdist.parallel import device_traffic, tensor_parallel
 FEATURES, HIDDEN, CLASSES, EXAMPLES, BATCH = 5, 8, 3, 36, 8  # (36 = 4 batches + a partial one)
 
 
-def _mlp(seed: int = 3) -> keras.Model:
-    """Dense column-then-row pair, then a replicated head (keras.io's shape)."""
+def _mlp(seed: int = 3, regularizer=None) -> keras.Model:
+    """Dense column-then-row pair, then a replicated head (keras.io's shape);
+    ``regularizer`` on the pair's kernels and d1's bias."""
     keras.utils.set_random_seed(seed)
     inputs = keras.Input((FEATURES,))
-    hidden = keras.layers.Dense(HIDDEN, activation="relu", name="d1")(inputs)
-    hidden = keras.layers.Dense(HIDDEN, activation="tanh", name="d2")(hidden)
+    hidden = keras.layers.Dense(HIDDEN, activation="relu", name="d1",
+                                kernel_regularizer=regularizer,
+                                bias_regularizer=regularizer)(inputs)
+    hidden = keras.layers.Dense(HIDDEN, activation="tanh", name="d2",
+                                kernel_regularizer=regularizer)(hidden)
     outputs = keras.layers.Dense(CLASSES, activation="softmax", name="head")(hidden)
     return keras.Model(inputs, outputs)
 
@@ -54,23 +58,23 @@ def _data():
     return x[:, :FEATURES].astype("float32"), y
 
 
-def _one_device(optimizer, epochs=2):
+def _one_device(optimizer, epochs=2, regularizer=None):
     x, y = _data()
-    model = _compiled(_mlp(), optimizer)
+    model = _compiled(_mlp(regularizer=regularizer), optimizer)
     history = model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
     return model, history.history
 
 
-def _split(data, model_devices, optimizer, rules=MEGATRON):
+def _split(data, model_devices, optimizer, rules=MEGATRON, regularizer=None):
     devices = tfdist.strategies.configure_logical_cpus(4)
     if data == 1:
         strategy = None
-        model = _compiled(_mlp(), optimizer)
+        model = _compiled(_mlp(regularizer=regularizer), optimizer)
     else:
         strategy = tfdist.make_strategy(  # (over the mesh's first column)
             "mirrored", devices=devices[:data * model_devices:model_devices])
         with strategy.scope():
-            model = _compiled(_mlp(), optimizer)
+            model = _compiled(_mlp(regularizer=regularizer), optimizer)
     distribution = _layout(data, model_devices, devices[:data * model_devices], rules)
     tfdist.attach(model, strategy, parallel=distribution)
     return model, strategy
@@ -129,14 +133,34 @@ def _phase(crossing, optimizer) -> str:
     return "forward"
 
 
-def test_the_step_moves_activations_never_a_weight():
+@pytest.mark.parametrize("data,optimizer", [(1, "adam"), (2, "sgd")])
+def test_l1_l2_regularizers_of_split_weights_equal_one_device(data, optimizer):
+    """``kernel_regularizer`` / ``bias_regularizer`` L1L2 on split weights:
+    the sum of each shard's term (`tfdist.parallel.split_regularizers`),
+    equal to one device's loss and weights."""
+    regularizer = keras.regularizers.L1L2(l1=0.01, l2=0.02)
+    expected, expected_history = _one_device(optimizer, regularizer=regularizer)
+    model, _ = _split(data, 2, optimizer, regularizer=regularizer)
+    x, y = _data()
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history, history.history)
+
+
+@pytest.mark.parametrize("regularized", [False, True])
+def test_the_step_moves_activations_never_a_weight(regularized):
     """Per phase of one traced step on a 1x2 mesh, what crosses devices:
     forward, the batch's input to model device 1 (d1, column) and d2's
     partial product back (row); backward, the output's gradient to device
     1 (the input needs none); the optimizer, scalars only (its step and
     rate). Nothing of a weight's shape, and d1's split output never
-    leaves its devices (its join is not needed)."""
-    model, _ = _split(1, 2, "adam")
+    leaves its devices (its join is not needed). With L2 regularizers on
+    the split weights, each of device 1's shards' terms crosses as a
+    scalar, and (a known cost, on the guide's limits) the shard's two
+    gradients, its layer's and its term's, are summed where the step
+    takes the gradients: each crosses to device 0 and the sum comes back."""
+    model, _ = _split(1, 2, "adam",
+                      regularizer=keras.regularizers.L2(0.01) if regularized else None)
     x, y = _data()
     model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     from tfdist.training import keras_fit  # pylint: disable=import-outside-toplevel
@@ -146,6 +170,13 @@ def test_the_step_moves_activations_never_a_weight():
     graph = tf.function(steps.train).get_concrete_function(batch).graph
     crossings = device_traffic.crossings(graph, default_device="/cpu:0")
     by_phase = {}
+    shards_on_1 = [(FEATURES, HIDDEN // 2), (HIDDEN // 2,), (HIDDEN // 2, HIDDEN)]
+    if regularized:
+        summed = [(c.source[-1], c.destination[-1], c.shape) for c in crossings
+                  if c.shape in shards_on_1]
+        assert sorted(summed) == sorted([("1", "0", shape) for shape in shards_on_1] * 2
+                                        + [("0", "1", shape) for shape in shards_on_1]), summed
+        crossings = [c for c in crossings if c.shape not in shards_on_1]
     for crossing in crossings:
         if crossing.shape:  # (scalars: the optimizer's step count and rate)
             by_phase.setdefault(_phase(crossing, model.optimizer), []).append(
@@ -155,7 +186,14 @@ def test_the_step_moves_activations_never_a_weight():
         "backward": [("0", "1", (BATCH, HIDDEN))],
     }, by_phase
     scalars = [c for c in crossings if not c.shape]
-    assert scalars and {_phase(c, model.optimizer) for c in scalars} == {"optimizer"}, scalars
+    phases = {_phase(c, model.optimizer) for c in scalars}
+    assert phases == ({"optimizer", "forward", "backward"} if regularized
+                      else {"optimizer"}), scalars
+    if regularized:  # (d1's kernel and bias shards', d2's kernel shard's terms on device 1,
+        # and their upstream gradients back)
+        for phase, direction in (("forward", ("1", "0")), ("backward", ("0", "1"))):
+            assert sorted((c.source[-1], c.destination[-1]) for c in scalars
+                          if _phase(c, model.optimizer) == phase) == [direction] * 3, scalars
 
 
 def test_saved_model_loads_in_plain_keras_and_trains_on(tmp_path):

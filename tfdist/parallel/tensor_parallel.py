@@ -32,8 +32,11 @@ Layers with split forms: ``Dense`` and ``EinsumDense`` by columns or rows
 projections' rules; `tfdist.parallel.sharded_attention`), ``Embedding``
 by vocabulary rows or by columns (`tfdist.parallel.sharded_embeddings`).
 
+A split weight's ``L1``, ``L2`` or ``L1L2`` regularizer is the sum of its
+shards' terms, each on its shard's device (`tfdist.parallel.split_regularizers`).
+
 Not built yet, refused with an error saying so: other split layers,
-regularizers and constraints on split weights, LoRA and quantized layers, ``clipnorm``
+other regularizers and constraints on split weights, LoRA and quantized layers, ``clipnorm``
 (a per-weight norm), gradient accumulation, a model's own ``train_step``
 or ``compute_loss``, other communication parts and other axes
 (pipeline, fully sharded) at once.
@@ -73,7 +76,8 @@ from tfdist._internal.keras import placed_weights, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.communication import sharded_checkpoints
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import mesh_rows, sharded_attention, split_state, stage_updates
+from tfdist.parallel import mesh_rows, sharded_attention, split_regularizers, split_state
+from tfdist.parallel import stage_updates
 from tfdist.parallel.layouts import ModelLayout
 from tfdist.parallel.sharded_embeddings import EmbeddingShards
 from tfdist.parallel.sharded_layers import KernelForm, KernelShards, SplitActivations
@@ -152,7 +156,13 @@ class TensorParallel:
             split_state.save_whole(optimizer, split_state.OrdinaryState(record, shards,
                                                                         variables))
 
-        patches.replace_methods_of(optimizer, {"build": build})
+        keras_finalize = optimizer.finalize_variable_values
+
+        def finalize_variable_values(variables):  # (use_ema: the averages are the shards')
+            keras_finalize(trainable_variables(variables))
+
+        patches.replace_methods_of(optimizer, {"build": build,
+                                               "finalize_variable_values": finalize_variable_values})
         stage_updates.run_on_weight_devices(model.optimizer)
         self.layout = layout
 
@@ -261,8 +271,14 @@ def _check_layer(what, layer, path: str, weights) -> None:
         raise ConfigurationError(f"{where}: a LoRA or quantized layer cannot be split yet.")
     if getattr(layer, "sparse", False):
         raise ConfigurationError(f"{where}: a sparse Embedding cannot be split yet.")
-    for name in ("kernel_regularizer", "bias_regularizer", "kernel_constraint",
-                 "bias_constraint", "embeddings_regularizer", "embeddings_constraint"):
+    for name in ("kernel_regularizer", "bias_regularizer", "embeddings_regularizer"):
+        regularizer = getattr(layer, name, None)
+        if regularizer is not None and not split_regularizers.separable(regularizer):
+            raise ConfigurationError(
+                f"{where} has a {name} ({regularizer!r}), which reads the weight whole: "
+                "tfdist sums L1, L2 and L1L2 over a split weight's shards; others are not "
+                "built for split weights. Drop it or the layer's rules.")
+    for name in ("kernel_constraint", "bias_constraint", "embeddings_constraint"):
         if getattr(layer, name, None) is not None:
             raise ConfigurationError(
                 f"{where} has a {name}, which reads the weight whole: not built for split "
@@ -286,6 +302,8 @@ def _split(variable, dimension: int, per_replica: List[List[str]], strategy) -> 
                 with tf.device(devices[0]):
                     shards.append(_shard_like(variable, part))
     _keep_as_view(variable, shards, dimension)
+    if getattr(variable, "regularizer", None) is not None:  # (separable: _check_layer)
+        variable.regularizer = split_regularizers.on_shards(variable.regularizer, shards)
     return shards
 
 
