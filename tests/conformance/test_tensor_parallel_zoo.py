@@ -43,7 +43,6 @@ LAYOUTS = ((1, 2), (2, 2))  # (data, model)
 _OWN_STEP = (ConfigurationError, r"does not combine with this model's own")
 EXPECTED = {
     "own_train_step": _OWN_STEP,
-    "own_compute_loss": _OWN_STEP,
     "own_test_step": _OWN_STEP,
     "keras_io_gan": _OWN_STEP,
     "own_metrics_property": _OWN_STEP,

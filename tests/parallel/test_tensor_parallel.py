@@ -256,6 +256,37 @@ def test_layouts_accepted_or_refused(rules, message):
         model.fit(*_data(), batch_size=BATCH, verbose=0)
 
 
+class OwnComputeLoss(keras.Model):
+    """keras.io's ``compute_loss`` override: Keras' loss plus a term of its own."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        loss = super().compute_loss(x, y, y_pred, sample_weight, training)
+        return loss + 0.1 * tf.reduce_mean(tf.square(y_pred))
+
+
+@pytest.mark.parametrize("data", [1, 2])
+def test_a_models_own_compute_loss_runs_in_the_split_step(data):
+    """A model overriding only ``compute_loss`` runs tfdist's step, which
+    calls it with the split weights: one device's weights and History."""
+    def own(model):
+        return _compiled(OwnComputeLoss(model.inputs, model.outputs), "adam")
+
+    x, y = _data()
+    expected = own(_mlp())
+    expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    devices = tfdist.strategies.configure_logical_cpus(4)
+    strategy = (tfdist.make_strategy("mirrored", devices=devices[::2]) if data > 1
+                else tf.distribute.get_strategy())
+    with strategy.scope():
+        model = own(_mlp())
+    tfdist.attach(model, strategy if data > 1 else None,
+                  parallel=_layout(data, 2, devices[:2 * data], MEGATRON))
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    assert tensor_parallel.shards_of(model.get_layer("d1").kernel)
+    ref.assert_weights_close(expected, model)
+    ref.assert_logs_close(expected_history.history, history.history)
+
+
 def test_mesh_devices_lists_each_replicas_model_devices():
     """One process: replica r's k model devices from its own device's
     index on (the strategy over the mesh's first column, as ``_split``)."""

@@ -115,6 +115,13 @@ class ModelPlan:
         """Whether tfdist's step runs each batch as micro-batches (a pipeline)."""
         return self.pipeline is not None
 
+    @property
+    def calls_own_compute_loss(self) -> bool:
+        """Whether a model that overrides only ``compute_loss`` runs
+        tfdist's step, which calls it (a split model: Keras' own step would
+        differentiate the whole weights, or the whole batch)."""
+        return self.pipeline is not None or self.tensor_parallel is not None
+
     def __repr__(self) -> str:
         return f"ModelPlan({self.tensor_parallel or self.pipeline!r})"
 
@@ -173,10 +180,11 @@ class ModelPlan:
     def _attach_tensor_parallel(self, model, strategy, communication, static_shapes) -> None:
         split = self.tensor_parallel
         refused = []
-        own_steps = keras_steps.overridden(model)
+        own_steps = [name for name in keras_steps.overridden(model) if name != "compute_loss"]
         if own_steps:
             refused.append(f"this model's own {', '.join(own_steps)} (tfdist's step "
-                           "differentiates the shards)")
+                           "differentiates the shards; a model that overrides only "
+                           "compute_loss runs)")
         if parts_of(communication):
             refused.append(f"communication={communication!r}")
         if static_shapes:
@@ -243,10 +251,14 @@ class ModelPlan:
         with the global batch's example count (all-reduced when the data
         does not carry it). Returns a `tfdist.replica.step.ForwardBackward`."""
         pipeline = self.pipeline
-        if pipeline is None:
+        if pipeline is None and not (own_compute_loss and self.tensor_parallel is not None):
             return whole(batch, global_examples)
         if global_examples is None:  # (every micro-batch's loss needs the batch's count)
             global_examples = collectives.all_reduce_sum(batch.real_examples())
+        if pipeline is None:  # (a split model's own compute_loss: the batch as one micro-batch)
+            return micro_batch(model, batch.x, batch.y, batch.sample_weight, batch.mask,
+                               global_examples, micro_batch=True,
+                               variables=self.trainable_variables(model))
         gradients, parts, outputs = pipeline._forward_backward(  # pylint: disable=protected-access
             model, batch, global_examples, micro_batch,
             regularizers_apart=not own_compute_loss, sharding=self.sharding)

@@ -38,7 +38,8 @@ shards' terms, each on its shard's device (`tfdist.parallel.split_regularizers`)
 Not built yet, refused with an error saying so: other split layers,
 other regularizers and constraints on split weights, LoRA and quantized layers, ``clipnorm``
 (a per-weight norm), gradient accumulation, a model's own ``train_step``
-or ``compute_loss``, other communication parts and other axes
+or ``test_step`` (a model that overrides only ``compute_loss`` runs
+tfdist's step, which calls it), other communication parts and other axes
 (pipeline, fully sharded) at once.
 
 >>> import keras, numpy as np, tfdist

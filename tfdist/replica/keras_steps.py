@@ -290,13 +290,13 @@ def steps_for(model: keras.Model, strategy: tf.distribute.Strategy, *, jit_compi
     """(metric state, replica steps) for ``model``: the model's own step when
     it overrides one of `OVERRIDABLE`, else tfdist's (`tfdist.replica.step`),
     which runs every batch through ``plan`` (`tfdist.parallel.plan.ModelPlan`).
-    When the plan cuts batches into micro-batches (a pipeline), a model that
-    overrides only ``compute_loss`` runs tfdist's step, which calls it on
-    each micro-batch (`tfdist.replica.own_compute_loss`)."""
+    When the plan splits the model (a pipeline, tensor parallelism), a model
+    that overrides only ``compute_loss`` runs tfdist's step, which calls it
+    (on each micro-batch of a pipeline: `tfdist.replica.own_compute_loss`)."""
     warn_per_replica_statistics(model, strategy)
     warn_padded_activity_regularizers(model, jit_compile=jit_compile, static_shapes=static_shapes)
     own = overridden(model)
-    own_compute_loss = plan.cuts_batches and own == ("compute_loss",)
+    own_compute_loss = plan.calls_own_compute_loss and own == ("compute_loss",)
     with strategy.scope():
         if own and not own_compute_loss:
             if plan.cuts_batches:  # (`ModelPlan.attach` refused these first)

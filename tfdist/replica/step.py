@@ -156,12 +156,14 @@ class ReplicaSteps:
         """``plan``: how the model is split (`tfdist.parallel.plan.ModelPlan`;
         its null object, ``WHOLE``, runs each batch whole): every training
         step runs through it. ``own_compute_loss``: the model's own
-        ``compute_loss`` runs on the plan's micro-batches (without them, the
-        model's own step runs it: `tfdist.replica.keras_steps.KerasSteps`)."""
-        if own_compute_loss and not plan.cuts_batches:
+        ``compute_loss`` runs in the plan's split (a pipeline's micro-batches,
+        a tensor-parallel model's batch; without a split, the model's own
+        step runs it: `tfdist.replica.keras_steps.KerasSteps`)."""
+        if own_compute_loss and not plan.calls_own_compute_loss:
             raise ConfigurationError(
-                "tfdist's step runs a model's own compute_loss on a pipeline's micro-batches "
-                "only; without a pipeline, the model's own step (KerasSteps) runs it.")
+                "tfdist's step runs a model's own compute_loss in a split model only (a "
+                "pipeline, tensor parallelism); without one, the model's own step "
+                "(KerasSteps) runs it.")
         self._model = model
         self._plan = plan
         self._own_compute_loss = own_compute_loss
