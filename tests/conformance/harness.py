@@ -8,6 +8,7 @@ that on one device by reversing the rows of every batch).
 """
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Dict, List, Optional
@@ -105,6 +106,15 @@ def sensitivity(case, examples: int, reference: Result) -> float:
     largest weight difference after reordering each batch's rows."""
     _, reordered = run_keras(case, examples, dataset_transform=_reverse_rows)
     return ref.largest_difference(reference.weights, reordered.weights)
+
+
+@functools.lru_cache(maxsize=None)
+def reference_of(case_name: str, examples: int):
+    """`run_keras` of the zoo's family ``case_name`` on ``examples``, once
+    per test process: (its initial weights, its `Result`)."""
+    from conformance import zoo  # pylint: disable=import-outside-toplevel
+
+    return run_keras(zoo.BY_NAME[case_name], examples)
 
 
 def tolerance(case, examples: int, reference: Result) -> float:

@@ -16,7 +16,6 @@ shapes, and each family a layout refuses or warns of; ``--conformance=full``
 runs every family x layout x batch shape.
 """
 
-import functools
 
 import pytest
 
@@ -55,11 +54,6 @@ def in_short_form(case_name: str, layout: tuple, shape: str) -> bool:
     return harness.takes_its_turn(case_name, layout, shape, LAYOUTS)
 
 
-@functools.lru_cache(maxsize=None)
-def _reference(case_name: str, examples: int):
-    return harness.run_keras(zoo.BY_NAME[case_name], examples)
-
-
 def _options(layout):
     """`tfdist.attach`'s options for ``layout``, from the model (its layers'
     names are Keras' automatic ones, different in every build)."""
@@ -81,7 +75,7 @@ def test_a_composed_layout_equals_one_device(case_name, layout, shape):
     row = dict(case=case_name, strategy=f"composed_{_layout_id(layout)}", shape=shape,
                entry="attach")
     examples = harness.BATCH_SHAPES[shape]
-    initial, reference = _reference(case_name, examples)
+    initial, reference = harness.reference_of(case_name, examples)
     strategy = tfdist.make_strategy("mirrored", num_replicas=layout[0])
     harness.check_split(case, strategy, examples, initial, reference, row, _options(layout),
                         EXPECTED.get((case_name, layout[-1])))

@@ -19,7 +19,6 @@ refuses or warns of (`in_short_form`); ``--conformance=full`` runs every
 family x layout x batch shape.
 """
 
-import functools
 
 import keras
 import pytest
@@ -73,11 +72,6 @@ def _layout_id(layout) -> str:
     return f"{stages}stages-m{micro_batches}-{schedule}"
 
 
-@functools.lru_cache(maxsize=None)
-def _reference(case_name: str, examples: int):
-    return harness.run_keras(zoo.BY_NAME[case_name], examples)
-
-
 def _options(layout):
     """`tfdist.attach`'s options for ``layout``, from the model (its layers'
     names are Keras' automatic ones, different in every build)."""
@@ -93,7 +87,7 @@ def test_a_pipeline_equals_one_device(case_name, layout, shape):
     row = dict(case=case_name, strategy=f"pipeline_{stages}x{micro_batches}_{schedule}",
                shape=shape, entry="attach")
     examples = harness.BATCH_SHAPES[shape]
-    initial, reference = _reference(case_name, examples)
+    initial, reference = harness.reference_of(case_name, examples)
     strategy = tf.distribute.get_strategy()
     harness.check_split(case, strategy, examples, initial, reference, row, _options(layout),
                         EXPECTED.get(case_name))

@@ -61,20 +61,16 @@ def _matrix():
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(case_name: str, examples: int):
-    return harness.run_keras(zoo.BY_NAME[case_name], examples)
-
-
-@functools.lru_cache(maxsize=None)
 def _tolerance(case_name: str, examples: int) -> float:
-    return harness.tolerance(zoo.BY_NAME[case_name], examples, _reference(case_name, examples)[1])
+    _, reference = harness.reference_of(case_name, examples)
+    return harness.tolerance(zoo.BY_NAME[case_name], examples, reference)
 
 
 @pytest.mark.parametrize("stage,case_name,replicas,shape", list(_matrix()))
 def test_each_sharding_stage_equals_one_device(stage, case_name, replicas, shape):
     case = zoo.BY_NAME[case_name]
     examples = harness.BATCH_SHAPES[shape]
-    initial, reference = _reference(case_name, examples)
+    initial, reference = harness.reference_of(case_name, examples)
     strategy = strategy_columns.in_process(replicas)
     sharding = STAGES[stage]()
     result = harness.run_attached(case, strategy, examples, initial,

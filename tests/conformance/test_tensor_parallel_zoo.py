@@ -25,7 +25,6 @@ every family x layout x batch shape.
 """
 
 import dataclasses
-import functools
 
 import keras
 import pytest
@@ -103,11 +102,6 @@ def in_short_form(case_name: str, layout: tuple, shape: str) -> bool:
     return harness.takes_its_turn(case_name, layout, shape, LAYOUTS)
 
 
-@functools.lru_cache(maxsize=None)
-def _reference(case_name: str, examples: int):
-    return harness.run_keras(zoo.BY_NAME[case_name], examples)
-
-
 def _options(layout):
     """`tfdist.attach`'s options for ``layout``, from the model (its
     weights' paths are Keras' automatic ones, different in every build)."""
@@ -141,7 +135,7 @@ def test_a_tensor_parallel_layout_equals_one_device(case_name, layout, shape):
     row = dict(case=case_name, strategy=f"tensor_parallel_{_layout_id(layout)}", shape=shape,
                entry="attach")
     examples = harness.BATCH_SHAPES[shape]
-    initial, reference = _reference(case_name, examples)
+    initial, reference = harness.reference_of(case_name, examples)
     harness.check_split(case, _strategy(layout), examples, initial, reference, row,
                         _options(layout), _expected(case_name, layout))
 

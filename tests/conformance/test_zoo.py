@@ -61,13 +61,8 @@ def _matrix():
 
 
 @functools.lru_cache(maxsize=None)
-def _reference(case_name: str, examples: int):
-    return harness.run_keras(zoo.BY_NAME[case_name], examples)
-
-
-@functools.lru_cache(maxsize=None)
 def _tolerance(case_name: str, examples: int) -> float:
-    _, reference = _reference(case_name, examples)
+    _, reference = harness.reference_of(case_name, examples)
     return harness.tolerance(zoo.BY_NAME[case_name], examples, reference)
 
 
@@ -82,7 +77,7 @@ def test_equals_one_device(case_name, strategy_name, shape, entry):
     replicas = STRATEGIES[strategy_name]
     examples = harness.BATCH_SHAPES[shape]
     strategy = strategy_columns.in_process(replicas)
-    initial, reference = _reference(case_name, examples)
+    initial, reference = harness.reference_of(case_name, examples)
     tolerance = _tolerance(case_name, examples)
     if case.not_exact_over_replicas and replicas > 1:
         with pytest.warns(UserWarning, match="synchronized"):

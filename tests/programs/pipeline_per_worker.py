@@ -15,7 +15,6 @@ import argparse
 import json
 import pathlib
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
@@ -38,7 +37,7 @@ def main():
     tfdist.strategies.configure_logical_cpus(2)  # (the replica's, then its second stage's)
     strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=1)
     from tests.parallel import test_pipeline  # pylint: disable=import-outside-toplevel
-    from tests.support import reference as ref  # pylint: disable=import-outside-toplevel
+    from tests.support import reference as ref, step_progress  # pylint: disable=import-outside-toplevel
 
     with strategy.scope():
         model = test_pipeline._model()  # pylint: disable=protected-access
@@ -50,26 +49,9 @@ def main():
         communication=tfdist.communication.FullySharded() if args.fully_sharded else None,
         checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir,
                                                every_steps=args.checkpoint_every_steps))
-    import keras  # pylint: disable=import-outside-toplevel
-
-    started = []
-
-    def before_step(batch, logs):  # (the updates a restored checkpoint brought)
-        del batch, logs
-        if not started:
-            started.append(int(model.optimizer.iterations.numpy()))
-            print(f"first step after {started[0]} updates", flush=True)
-
-    def after_step(batch, logs):
-        del logs
-        print(f"epoch step {batch + 1} done", flush=True)
-        time.sleep(args.step_delay)
-
     x, y, w = ref.classification_arrays(test_pipeline.EXAMPLES)
     history = model.fit(x, y, sample_weight=w, batch_size=8, epochs=args.epochs, shuffle=False,
-                        verbose=0, callbacks=[
-                            keras.callbacks.LambdaCallback(on_train_batch_begin=before_step,
-                                                           on_train_batch_end=after_step)]
+                        verbose=0, callbacks=[step_progress.callback(model, args.step_delay)]
                         ).history
     result = {
         "history": history,

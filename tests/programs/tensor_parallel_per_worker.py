@@ -15,7 +15,6 @@ import argparse
 import json
 import pathlib
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
@@ -36,8 +35,8 @@ def main():
 
     tfdist.strategies.configure_logical_cpus(2)  # (the worker's replica, then its model device)
     strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=1)
-    import keras  # pylint: disable=import-outside-toplevel
     from tests.parallel import test_tensor_parallel as in_process  # pylint: disable=import-outside-toplevel
+    from tests.support import step_progress  # pylint: disable=import-outside-toplevel
     from tfdist.parallel import tensor_parallel  # pylint: disable=import-outside-toplevel
 
     devices = tfdist.parallel.mesh_devices(strategy, model_devices=2)
@@ -49,24 +48,9 @@ def main():
         model, strategy, parallel=distribution,
         checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir,
                                                every_steps=args.checkpoint_every_steps))
-    started = []
-
-    def before_step(batch, logs):  # (the updates a restored checkpoint brought)
-        del batch, logs
-        if not started:
-            started.append(int(model.optimizer.iterations.numpy()))
-            print(f"first step after {started[0]} updates", flush=True)
-
-    def after_step(batch, logs):
-        del logs
-        print(f"epoch step {batch + 1} done", flush=True)
-        time.sleep(args.step_delay)
-
     x, y = in_process._data()  # pylint: disable=protected-access
     history = model.fit(x, y, batch_size=in_process.BATCH, epochs=args.epochs, shuffle=False,
-                        verbose=0, callbacks=[
-                            keras.callbacks.LambdaCallback(on_train_batch_begin=before_step,
-                                                           on_train_batch_end=after_step)]
+                        verbose=0, callbacks=[step_progress.callback(model, args.step_delay)]
                         ).history
     shards = {}
     for weight in model.weights:

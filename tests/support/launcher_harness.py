@@ -62,6 +62,18 @@ class LauncherRun:
             time.sleep(0.05)
         raise AssertionError(f"no line matching {pattern!r} in {timeout}s:\n{self.output[-4000:]}")
 
+    def interrupt_and_wait_for_restart(self, task: str, *, after: str,
+                                       signal_number=signal.SIGKILL) -> None:
+        """Once a line matches ``after``, sends ``signal_number`` to
+        ``task``'s process; asserts the launcher restarts the group within a
+        minute and the restarted run ends with exit code 0."""
+        self.wait_for(after, timeout=240)
+        os.kill(self.pids()[task], signal_number)
+        interrupted = time.monotonic()
+        self.wait_for(r"restart 1/1", timeout=90)
+        assert time.monotonic() - interrupted < 60
+        assert self.wait(timeout=300) == 0, self.output[-4000:]
+
     def wait(self, timeout: float) -> int:
         code = self.process.wait(timeout=timeout)
         self._reader.join(timeout=10)
