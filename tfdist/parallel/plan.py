@@ -61,11 +61,12 @@ import tensorflow as tf
 from tfdist._internal import collectives
 from tfdist._internal.keras import patches as keras_patches
 from tfdist._internal.keras import model_state as keras_model_state
+from tfdist._internal.keras import placed_weights, weight_regularizers
 from tfdist.communication.fully_sharded import FullySharded
 from tfdist.communication.plan import parts_of
 from tfdist.errors import ConfigurationError
 from tfdist.parallel.pipeline import Pipeline
-from tfdist.parallel import tensor_parallel
+from tfdist.parallel import split_regularizers, tensor_parallel
 from tfdist.replica import accumulation, keras_steps
 from tfdist.replica.step import ForwardBackward
 
@@ -251,6 +252,8 @@ class ModelPlan:
         with the global batch's example count (all-reduced when the data
         does not carry it). Returns a `tfdist.replica.step.ForwardBackward`."""
         pipeline = self.pipeline
+        if self.tensor_parallel is not None and not own_compute_loss:
+            return self._split_weights_step(model, batch, global_examples, whole)
         if pipeline is None and not (own_compute_loss and self.tensor_parallel is not None):
             return whole(batch, global_examples)
         if global_examples is None:  # (every micro-batch's loss needs the batch's count)
@@ -263,6 +266,32 @@ class ModelPlan:
             model, batch, global_examples, micro_batch,
             regularizers_apart=not own_compute_loss, sharding=self.sharding)
         return ForwardBackward(gradients, parts, global_examples, outputs)
+
+
+    def _split_weights_step(self, model, batch, global_examples, whole: Callable):
+        """The batch whole with the weights' regularization terms set apart
+        from ``model.losses`` and computed on each weight's (each shard's)
+        device, their gradients added there (`tfdist.parallel.split_regularizers`)."""
+        with weight_regularizers.set_apart(model) as regularized:
+            result = whole(batch, global_examples)
+        if not regularized:
+            return result
+        share = None
+        if tf.distribute.get_replica_context().num_replicas_in_sync > 1:
+            share = tf.math.divide_no_nan(tf.cast(batch.real_examples(), tf.float32),
+                                          tf.cast(result.global_examples, tf.float32))
+        terms = weight_regularizers.on_weight_devices(
+            split_regularizers.each_shard(regularized), model.optimizer.scale_loss, share=share)
+        gradients = []
+        for variable, gradient in zip(self.trainable_variables(model), result.gradients):
+            extra = terms.gradients.get(id(variable))
+            if extra is not None:
+                with tf.device(placed_weights.device_of(variable)):  # (a lookup's sparse
+                    # gradient made dense, as one device's tape adds the two)
+                    gradient = extra if gradient is None else tf.convert_to_tensor(gradient) + extra
+            gradients.append(gradient)
+        loss = result.loss._replace(regularization=result.loss.regularization + terms.value)
+        return result._replace(gradients=gradients, loss=loss)
 
 
 def _sharding_across_stages(pipeline, communication, replicas: int):

@@ -6,10 +6,17 @@ is read, from the whole weight. A weight split over the model axis is
 never whole inside a step; but Keras' ``L1``, ``L2`` and ``L1L2`` are sums
 over the weight's elements, so the whole weight's term is the sum of its
 shards' terms: `on_shards` gives the split weight a regularizer that
-computes each shard's term, and its gradient, on the shard's device
-(`tfdist.parallel.sharded_forms.on_device`), and adds the scalars. Other
+computes each shard's term on the shard's device
+(`tfdist.parallel.sharded_forms.on_device`) and adds the scalars. Other
 regularizers (``OrthogonalRegularizer``, a function of one's own) read
 the weight whole: refused (`separable`).
+
+tfdist's step sets the terms apart from ``model.losses``
+(`tfdist.parallel.plan.ModelPlan`, `each_shard`): each shard's term and its
+gradient are computed on the shard's device and the gradient added to its
+layer's there, so only the scalar term crosses. Read through
+``model.losses`` (a model's own ``compute_loss``), a shard's two gradients
+are summed where the step takes the gradients.
 
 >>> import keras, tensorflow as tf
 >>> shards = [keras.Variable([[1.0, 2.0]]), keras.Variable([[3.0, 4.0]])]
@@ -57,3 +64,18 @@ class SumOverShards:
 def on_shards(regularizer, shards: Sequence[keras.Variable]) -> SumOverShards:
     """``regularizer`` (`separable`) of a weight kept as ``shards``."""
     return SumOverShards(regularizer, shards)
+
+
+def each_shard(pairs) -> list:
+    """``[(weight, regularizer), ...]`` (`tfdist._internal.keras.weight_regularizers.set_apart`'s)
+    with each split weight's pair made one pair per shard, so each shard's
+    term and gradient are computed on its device, and its gradient added to
+    its layer's there (read through ``model.losses``, the two gradients of a
+    shard are summed where the step takes the gradients)."""
+    flat = []
+    for weight, regularizer in pairs:
+        if isinstance(regularizer, SumOverShards):
+            flat += [(shard, regularizer.regularizer) for shard in regularizer.shards]
+        else:
+            flat.append((weight, regularizer))
+    return flat
