@@ -250,11 +250,14 @@ class ModelPlan:
         a split; with a pipeline, its micro-batches through the stages, each
         run by ``micro_batch`` (`tfdist.replica.step.forward_backward`),
         with the global batch's example count (all-reduced when the data
-        does not carry it). Returns a `tfdist.replica.step.ForwardBackward`."""
+        does not carry it); with split weights (tensor parallelism), the
+        batch whole, the weights' regularization on their shards' devices
+        (`_split_weights_step`), or, for a model's own ``compute_loss``, the
+        batch as one micro-batch. Returns a `tfdist.replica.step.ForwardBackward`."""
         pipeline = self.pipeline
         if self.tensor_parallel is not None and not own_compute_loss:
             return self._split_weights_step(model, batch, global_examples, whole)
-        if pipeline is None and not (own_compute_loss and self.tensor_parallel is not None):
+        if pipeline is None and self.tensor_parallel is None:
             return whole(batch, global_examples)
         if global_examples is None:  # (every micro-batch's loss needs the batch's count)
             global_examples = collectives.all_reduce_sum(batch.real_examples())
@@ -266,7 +269,6 @@ class ModelPlan:
             model, batch, global_examples, micro_batch,
             regularizers_apart=not own_compute_loss, sharding=self.sharding)
         return ForwardBackward(gradients, parts, global_examples, outputs)
-
 
     def _split_weights_step(self, model, batch, global_examples, whole: Callable):
         """The batch whole with the weights' regularization terms set apart
