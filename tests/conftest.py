@@ -59,7 +59,7 @@ def synthetic_data_dir(tmp_path_factory) -> str:
 SERIAL_MODULES = {
     "test_chaos", "test_clusters", "test_launcher", "test_multi_worker",
     "test_parameter_server", "test_pipeline_on_tasks", "test_reliability", "test_soak",
-    "test_tpu_connect",
+    "test_tensor_parallel_on_workers", "test_tpu_connect",
 }
 # Single tests that run in that pass too, with the reason: (module, test function).
 SERIAL_TESTS = {
