@@ -134,8 +134,7 @@ def _local_name(spec: tf.DeviceSpec, strategy) -> str:
         mine = tf.DeviceSpec.from_string(strategy.extended.worker_devices[0])
         return mine.replace(device_type=spec.device_type,
                             device_index=spec.device_index).to_string()
-    return tf.DeviceSpec(device_type=spec.device_type,
-                         device_index=spec.device_index).to_string()
+    return _bare(spec)
 
 
 def _spec(device: str) -> tf.DeviceSpec:
@@ -148,8 +147,11 @@ def _key(spec: tf.DeviceSpec) -> tuple:
     return (spec.job, spec.task, spec.device_type, spec.device_index)
 
 
-def canonical(device: str) -> str:
-    """``device`` as ``/device:TYPE:INDEX`` (job and task left out)."""
-    spec = _spec(device)
+def _bare(spec: tf.DeviceSpec) -> str:
     return tf.DeviceSpec(device_type=spec.device_type,
                          device_index=spec.device_index).to_string()
+
+
+def canonical(device: str) -> str:
+    """``device`` as ``/device:TYPE:INDEX`` (job and task left out)."""
+    return _bare(_spec(device))
