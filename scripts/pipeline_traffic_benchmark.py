@@ -132,12 +132,9 @@ def main(argv) -> int:
     counts = ["2"] if FLAGS.quick else FLAGS.micro_batches
     rows = []
     for micro_batches in counts:
-        command = [sys.executable, __file__, f"--run_of={micro_batches}",
-                   f"--quick={FLAGS.quick}", f"--width={FLAGS.width}",
-                   f"--layers={FLAGS.layers}", f"--micro_batch_rows={FLAGS.micro_batch_rows}",
-                   f"--layout={FLAGS.layout}", f"--optimizer={FLAGS.optimizer}"]
-        rows.append(measure.row_in_fresh_process(command))
-        print(rows[-1], flush=True)
+        rows.append(measure.run_own_form(
+            __file__, f"--run_of={micro_batches}",
+            ["quick", "width", "layers", "micro_batch_rows", "layout", "optimizer"]))
     lines = ["| layout | optimizer | m | weights MB | most weights + state MB on a device | "
              "weight-sized MB between devices | per-row MB | all-reduce MB per replica | "
              "gathered MB per replica | reduce-scattered MB per replica |",

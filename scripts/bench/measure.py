@@ -4,6 +4,7 @@ import json
 import os
 import resource
 import subprocess
+import sys
 import time
 from typing import Callable, Dict
 
@@ -109,6 +110,19 @@ def measure(builders: Dict[str, Callable], *, batch_size: int, steps_per_executi
                                              "keras_fit").items():
         results[name]["vs_keras"] = ratio
     return {"window_steps": steps, "results": results, "peak_rss_mb": peak_rss_mb()}
+
+
+def run_own_form(script: str, form: str, flag_names) -> dict:
+    """Runs ``script`` (a measuring script) in its one-run form ``form``
+    (e.g. ``"--form_of=..."``) in a fresh process (`row_in_fresh_process`),
+    passing on the values of the absl flags ``flag_names`` this run was
+    given; prints and returns its row."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    row = row_in_fresh_process([sys.executable, script, form] + [
+        f"--{name}={flags.FLAGS[name].value}" for name in flag_names])
+    print(row, flush=True)
+    return row
 
 
 def row_in_fresh_process(command, timeout: float = 1800) -> dict:

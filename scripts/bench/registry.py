@@ -54,6 +54,9 @@ TOOLS: Dict[str, Tool] = {
     "tensor_parallel": Tool("tensor_parallel_benchmark.py", "benchmark",
                             "tensor parallelism from a LayoutMap against data parallelism and "
                             "one device: memory per device, bytes per step, step time"),
+    "tables": Tool("tables_benchmark.py", "benchmark",
+                   "an embedding step's time against the table's rows: Keras fit, tfdist on "
+                   "one device and on 2 replicas, SGD and Adagrad"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

@@ -673,3 +673,22 @@ def test_multi_head_attention_computes_its_attention_in_the_replaceable_method()
     assert all(isinstance(p, keras.layers.EinsumDense) for p in (
         layer.query_dense, layer.key_dense, layer.value_dense, layer.output_dense))
     assert hasattr(layer, "attention_axes") and hasattr(layer, "dropout")
+
+
+def test_adagrad_keeps_each_weights_accumulator_where_its_update_reads_it():
+    """`embedding_rows.update_touched_rows` replaces Adagrad's
+    ``update_step`` and reads a weight's accumulator as Keras' does:
+    ``_accumulators[_get_variable_index(variable)]``, the optimizer's
+    ``update_step`` being what ``apply`` calls for each weight."""
+    weight = keras.Variable(np.ones((3, 2), "float32"))
+    optimizer = keras.optimizers.Adagrad(0.5, initial_accumulator_value=0.25)
+    optimizer.build([weight])
+    accumulator = optimizer._accumulators[optimizer._get_variable_index(weight)]  # pylint: disable=protected-access
+    assert tuple(accumulator.shape) == (3, 2)
+    called = []
+    keras_update = optimizer.update_step
+    optimizer.update_step = lambda *args: (called.append(1), keras_update(*args))
+    optimizer.apply([tf.IndexedSlices(tf.ones((1, 2)), tf.constant([1]), tf.constant([3, 2]))],
+                    [weight])
+    assert called == [1]
+    np.testing.assert_allclose(accumulator.numpy(), [[0.25] * 2, [1.25] * 2, [0.25] * 2])

@@ -206,6 +206,20 @@ def test_sharding_benchmark_quick_measures_both_forms(tmp_path):
 
 
 @pytest.mark.full_form
+def test_tables_benchmark_quick_times_every_form(tmp_path):
+    """scripts/tables_benchmark.py --quick: Keras fit, tfdist on one device
+    and on 2 replicas, each table size and optimizer in its own process (no
+    timing asserts)."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "tables_benchmark.py")
+    rows = json.loads((tmp_path / "tables_benchmark.json").read_text())["rows"]
+    assert [(r["optimizer"], r["rows"], r["form"]) for r in rows] == [
+        (optimizer, size, form) for optimizer in ("sgd", "adagrad") for size in (1000, 10000)
+        for form in ("keras", "tfdist1", "tfdist2")]
+    assert all(r["step_ms"] > 0 for r in rows), rows
+    assert "| adagrad | tfdist 2 |" in (tmp_path / "tables_benchmark.md").read_text()
+
+
+@pytest.mark.full_form
 def test_data_service_benchmark_quick_runs_both_strategies(tmp_path):
     """2 training workers with 1 tf.data service worker (mwms) and with 2
     (parameter servers, dynamic sharding), real tfdist-run clusters; CPU

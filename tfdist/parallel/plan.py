@@ -67,7 +67,7 @@ from tfdist.communication.plan import parts_of
 from tfdist.errors import ConfigurationError
 from tfdist.parallel.pipeline import Pipeline
 from tfdist.parallel import split_regularizers, tensor_parallel
-from tfdist.replica import accumulation, keras_steps
+from tfdist.replica import accumulation, keras_steps, table_rows
 from tfdist.replica.step import ForwardBackward
 
 AXES = ("data", "pipeline", "model")  # (as a keras.distribution.DeviceMesh names them)
@@ -152,7 +152,11 @@ class ModelPlan:
                static_shapes: bool) -> None:
         """Refuses what the split does not combine with yet, naming it, and
         attaches it to ``model``: now when its weights exist, else when tfdist
-        builds it (`when_built`)."""
+        builds it (`when_built`). First, whatever the split, the step's
+        embedding lookups and Adagrad read only a table's touched rows
+        (`tfdist.replica.table_rows`; a split wraps those lookups, or reads
+        its tables its own way)."""
+        table_rows.read_only_touched_rows(model, strategy)
         if self.tensor_parallel is not None:
             self._attach_tensor_parallel(model, strategy, communication, static_shapes)
             return

@@ -4,9 +4,10 @@ metrics (`tfdist.replica.metrics`), exact clipping
 (`tfdist.replica.gradients`), gradient accumulation
 (`tfdist.replica.accumulation`), the replica step the Trainer runs
 (`tfdist.replica.step`), static shapes for XLA and TPUs
-(`tfdist.replica.static_shapes`); a model's own ``train_step`` run exactly
-(`tfdist.replica.keras_steps`, with `global_mean` for a loss averaged in
-the user's own code)."""
+(`tfdist.replica.static_shapes`), embedding lookups and Adagrad updates
+that read only a table's touched rows (`tfdist.replica.table_rows`); a
+model's own ``train_step`` run exactly (`tfdist.replica.keras_steps`, with
+`global_mean` for a loss averaged in the user's own code)."""
 
 from tfdist._internal import lazy
 

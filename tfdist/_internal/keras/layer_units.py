@@ -9,7 +9,10 @@ Keras side once:
   its passes (`tfdist.parallel.stage_units`);
 - fully sharded weights gather a unit's weights for its call and again,
   recomputing it, for its gradient (`tfdist.communication.gather_units`);
-- (next) a sharded layer form for tensor parallelism.
+- tensor parallelism runs a split layer in its sharded form
+  (`tfdist.parallel.tensor_parallel`);
+- an ``Embedding`` looks its ids up by rows of its table
+  (`tfdist._internal.keras.embedding_rows`).
 
 `wrap_call` replaces a layer's ``call`` (an instance attribute: Keras'
 ``Layer.__call__`` looks ``self.call`` up on the instance) with the

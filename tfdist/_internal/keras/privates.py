@@ -131,6 +131,8 @@ PRIVATES: Tuple[Private, ...] = (
     Private(_BASE_OPTIMIZER, "BaseOptimizer._check_variables_are_known",
             "optimizer.set_state_index"),
     Private(_BASE_OPTIMIZER, "BaseOptimizer._use_weight_decay", "optimizer.set_state_index"),
+    Private(_BASE_OPTIMIZER, "BaseOptimizer._get_variable_index",
+            "embedding_rows.update_touched_rows"),
     Private("keras.src.backend.tensorflow.random", "draw_seed", "patches.wrap_seed_draw"),
     Private("keras.src.backend.common.stateless_scope", "in_stateless_scope",
             "patches.wrap_variable_increments"),
