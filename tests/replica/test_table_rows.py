@@ -57,8 +57,7 @@ def _fit(model, x, y):
 
 
 def _state(model) -> list:
-    return [w for w in model.get_weights()] + [
-        np.asarray(v) for v in model.optimizer.variables]
+    return model.get_weights() + [np.asarray(v) for v in model.optimizer.variables]
 
 
 def _assert_equal(expected, actual, history, expected_history):
@@ -102,9 +101,10 @@ def test_ragged_ids_equal_one_device_keras(make_strategy):
     _assert_equal(_state(reference), _state(model), history, expected_history)
 
 
-def _variable_reads(model, strategy, x, y) -> dict:
-    """The ops of one traced replica step that read each of ``model``'s
-    table and Adagrad accumulator: ``{"table": [op types], ...}``."""
+def _table_reads(model, strategy, x, y) -> list:
+    """The types of the ops of one traced replica step that read a
+    table-sized variable (the table, Adagrad's accumulator): a whole read
+    (``ReadVariableOp`` of the table's shape) or a gather of its rows."""
     from tfdist.training import keras_fit  # pylint: disable=import-outside-toplevel
 
     steps = keras_fit.attachment_of(model).trainer()._steps  # pylint: disable=protected-access
@@ -112,16 +112,15 @@ def _variable_reads(model, strategy, x, y) -> dict:
         lambda _: tfdist.Batch(tf.constant(x[:BATCH]), tf.constant(y[:BATCH])).to_structure())
     graph = tf.function(lambda structure: strategy.run(steps.train, args=(structure,))
                         ).get_concrete_function(batch).graph
-    table = model.get_layer("table").embeddings
-    big = {"table": [tuple(table.shape)]}
-    reads = {name: [] for name in big}
+    table_shape = tuple(model.get_layer("table").embeddings.shape)
+    reads = []
     for op in graph.get_operations():
-        if op.type in ("ReadVariableOp", "ResourceGather") and op.outputs:
-            shape = tuple(op.outputs[0].shape)
-            if op.type == "ReadVariableOp" and shape in big["table"]:
-                reads["table"].append(op.type)
-            elif op.type == "ResourceGather" and shape[-1:] == (WIDTH,):
-                reads["table"].append(op.type)
+        if not op.outputs:
+            continue
+        shape = tuple(op.outputs[0].shape)
+        if (op.type == "ReadVariableOp" and shape == table_shape) or (
+                op.type == "ResourceGather" and shape[-1:] == (WIDTH,)):
+            reads.append(op.type)
     return reads
 
 
@@ -134,7 +133,7 @@ def test_the_step_reads_rows_never_a_whole_table(make_strategy, optimizer):
     with strategy.scope():
         model = _model(optimizer)
     _fit(tfdist.attach(model, strategy), x, y)
-    reads = _variable_reads(model, strategy, x, y)["table"]
+    reads = _table_reads(model, strategy, x, y)
     # each replica: the lookup's rows (and Adagrad: the accumulator's touched rows)
     assert reads == ["ResourceGather"] * 2 * (2 if optimizer == "adagrad" else 1), reads
 

@@ -33,6 +33,7 @@ and ParameterServerStrategy and TPUStrategy.
 import tensorflow as tf
 
 from tfdist._internal.keras import embedding_rows, model_state
+from tfdist.replica import static_shapes
 
 
 def read_only_touched_rows(model, strategy: tf.distribute.Strategy) -> None:
@@ -40,8 +41,8 @@ def read_only_touched_rows(model, strategy: tf.distribute.Strategy) -> None:
     its Adagrad update the touched rows only (module doc). Call before the
     model is split (a pipeline's stage wraps the lookup, fully sharded
     weights read their table through their slices)."""
-    if isinstance(strategy, (tf.distribute.experimental.ParameterServerStrategy,
-                             tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy) or \
+            static_shapes.is_tpu(strategy):
         return
     embedding_rows.read_rows_in_lookups(model_state.all_layers(model))
     embedding_rows.update_touched_rows(model.optimizer)
