@@ -17,7 +17,9 @@ Keras side once:
 `wrap_call` replaces a layer's ``call`` (an instance attribute: Keras'
 ``Layer.__call__`` looks ``self.call`` up on the instance) with the
 policy's function, once per policy, marked on the layer. `run_as_unit`
-runs one call as a ``tf.custom_gradient`` of its dense tensors: the policy
+runs one call, traced, as a custom gradient of its dense tensors
+(`tfdist._internal.tensorflow.placed_gradients`: what the call reads on
+other devices stays there): the policy
 gives the forward pass and, from it, the gradient; this keeps what a
 custom gradient drops (the Keras masks of the outputs) and gives each
 input its gradient in the input's own form. `replace_constraint` sets a
@@ -45,6 +47,7 @@ from typing import Callable, Sequence, Tuple
 import tensorflow as tf
 
 from tfdist._internal.keras import compiled as keras_compiled, layer_calls
+from tfdist._internal.tensorflow import placed_gradients
 
 # What the gradient of one unit gets and gives: (upstream gradients of the
 # outputs, the variables the forward pass read) -> gradients of the
@@ -89,7 +92,7 @@ def run_as_unit(call: layer_calls.LayerCall,
     masks_of_result = []  # (the identity custom_gradient returns drops Keras' masks)
     extra = list(extra)
 
-    @tf.custom_gradient
+    @placed_gradients.custom_gradient
     def unit(*tensors):
         inputs = tensors[:len(tensors) - len(extra)]
         result, gradient_of = forward(inputs)
