@@ -11,7 +11,9 @@ the chief of a pipeline whose second stage is a worker's server
 every worker of data x pipeline (``--strategy=pipeline_per_worker``: one
 replica per worker, each worker's pipeline of 2 stages over its 2 logical
 CPUs; with ``--fully_sharded`` each stage's weights sharded over the
-workers), with a
+workers), or as every worker of data x pipeline x model
+(``--strategy=mesh_per_worker``: each worker's 4 logical CPUs 2 stages of 2
+model devices, the hidden layer split by columns, the head by rows), with a
 checkpoint every ``--checkpoint_every_steps`` steps, until ``--steps`` are
 done or it is stopped (SIGTERM: it saves and exits 143). With
 ``--epoch_steps=N`` it trains epochs of N steps, each a pass over finite data
@@ -26,11 +28,13 @@ from absl import app, flags
 
 flags.DEFINE_enum("strategy", "multi_worker_mirrored",
                   ["multi_worker_mirrored", "parameter_server", "pipeline",
-                   "pipeline_per_worker"],
+                   "pipeline_per_worker", "mesh_per_worker"],
                   "Every worker, or the chief (parameter servers; pipeline: a "
                   "tfdist.parallel.Pipeline of 2 stages, the chief's and a worker server's, "
                   "2 micro-batches per batch; pipeline_per_worker: every worker, one "
-                  "replica each, its own pipeline of 2 stages over its 2 logical CPUs).")
+                  "replica each, its own pipeline of 2 stages over its 2 logical CPUs; "
+                  "mesh_per_worker: data x pipeline x model, each worker's 4 logical CPUs "
+                  "2 stages of 2 model devices).")
 flags.DEFINE_integer("steps", 1_000_000, "Training steps (SIGTERM stops it sooner).")
 flags.DEFINE_string("checkpoint_dir", None, "Where checkpoints go (required).")
 flags.DEFINE_integer("checkpoint_every_steps", 500, "Steps between checkpoints.")
@@ -70,6 +74,20 @@ def _as_padded_token_batches(data, tf):
     return data.map(tokens)
 
 
+def _mesh_layout(strategy):
+    """The workers' data x pipeline x model mesh: the hidden layer split by
+    columns on stage 0, the head by rows on stage 1."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    devices = tfdist.parallel.mesh_devices(strategy, model_devices=4)
+    mesh = keras.distribution.DeviceMesh((2, 2, 2), ["batch", "pipeline", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    layout_map[".*first/kernel"] = (None, "model")
+    layout_map[".*first/bias"] = ("model",)
+    layout_map[".*head/kernel"] = ("model", None)
+    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+
+
 def main(argv) -> None:
     del argv  # every option is a flag
     args = FLAGS
@@ -85,6 +103,11 @@ def main(argv) -> None:
         tfdist.strategies.configure_logical_cpus(2)  # (the replica's, then its second stage's)
         strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=1)
         parallel = tfdist.parallel.Pipeline(cuts=["first"], micro_batches=2)
+    elif args.strategy == "mesh_per_worker":  # data x pipeline x model
+        tfdist.strategies.configure_logical_cpus(4)  # (2 stages x 2 model devices)
+        strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=1)
+        parallel = [tfdist.parallel.Pipeline(cuts=["first"], micro_batches=2),
+                    _mesh_layout(strategy)]
     else:
         strategy = tfdist.make_strategy(args.strategy)
     import keras  # pylint: disable=import-outside-toplevel
@@ -117,7 +140,7 @@ def main(argv) -> None:
         else:
             model = keras.Sequential([
                 keras.Input((6,)), keras.layers.Dense(16, activation="relu", name="first"),
-                keras.layers.Dense(3, activation="softmax"),
+                keras.layers.Dense(3, activation="softmax", name="head"),
             ])
         model.compile(optimizer=keras.optimizers.Adam(1e-3),
                       loss="sparse_categorical_crossentropy", metrics=["accuracy"],

@@ -3,7 +3,9 @@
 ``Dense`` layers split in Megatron-LM pairs (columns, then rows) and its
 ``Embedding`` tables by vocabulary rows or columns, over a mesh of 1 x 2 (no
 strategy) and 2 x 2 (MirroredStrategy over the mesh's first column, each
-replica's weights over its 2 logical CPUs), on every batch shape, against
+replica's weights over its 2 logical CPUs), and composed with a pipeline
+(1 x 2 x 2: the pipeline zoo's cut into 2 stages, 3 micro-batches, each
+stage's split layers over its own 2 CPUs), on every batch shape, against
 single-device Keras on the same data and order (`harness.run_keras`).
 
 The rules (`rules_for`) name each split weight by its path, as a user
@@ -31,13 +33,14 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from conformance import harness, zoo
+from conformance import harness, test_pipeline_zoo, zoo
 from tfdist._internal.keras import layer_paths
 from tfdist.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance
 
-LAYOUTS = ((1, 2), (2, 2))  # (data, model)
+LAYOUTS = ((1, 1, 2), (2, 1, 2), (1, 2, 2))  # (data, pipeline, model)
+MICRO_BATCHES = 3  # (with a pipeline)
 
 _OWN_STEP = (ConfigurationError, r"does not combine with this model's own")
 EXPECTED = {
@@ -55,11 +58,16 @@ EXPECTED = {
 TOLERANCE = {"mixed_float16_embedding": 5e-3}
 # With replicas (a mesh of 2 x 2) too: unsynchronized batch statistics.
 REPLICAS_EXPECTED = {"cnn_batch_norm": (UserWarning, r"are not synchronized")}
+# With a pipeline: each micro-batch's own batch statistics.
+PIPELINE_EXPECTED = {name: (UserWarning, r"normalize each micro-batch by its own statistics")
+                     for name in ("cnn_batch_norm", "cnn_sync_batch_norm")}
 
 
 def _expected(case_name: str, layout):
     if layout[0] > 1 and case_name in REPLICAS_EXPECTED:
         return REPLICAS_EXPECTED[case_name]
+    if layout[1] > 1 and case_name in PIPELINE_EXPECTED:
+        return PIPELINE_EXPECTED[case_name]
     return EXPECTED.get(case_name)
 
 
@@ -90,37 +98,52 @@ def rules_for(model: keras.Model) -> dict:
 
 
 def _layout_id(layout) -> str:
-    return f"mesh_{layout[0]}x{layout[1]}"
+    data, stages, model_devices = layout
+    return f"mesh_{data}x{model_devices}" if stages == 1 else \
+        f"mesh_{data}x{stages}x{model_devices}"
 
 
 def in_short_form(case_name: str, layout: tuple, shape: str) -> bool:
     """CI: every third family (zoo order) and each family a layout refuses,
-    once, layouts and batch shapes in turn."""
+    once, layouts (among the every-third families, by their own turn) and
+    batch shapes in turn."""
     turn = [c.name for c in zoo.CASES].index(case_name)
     if turn % 3 and _expected(case_name, layout) is None:
         return False
-    return harness.takes_its_turn(case_name, layout, shape, LAYOUTS)
+    layout_turn = turn if turn % 3 else turn // 3
+    return (layout, shape) == (LAYOUTS[layout_turn % len(LAYOUTS)],
+                               tuple(harness.BATCH_SHAPES)[turn % len(harness.BATCH_SHAPES)])
 
 
 def _options(layout):
     """`tfdist.attach`'s options for ``layout``, from the model (its
     weights' paths are Keras' automatic ones, different in every build)."""
-    data, model_devices = layout
-    devices = [f"/cpu:{index}" for index in range(data * model_devices)]
+    data, stages, model_devices = layout
+    devices = [f"/cpu:{index}" for index in range(data * stages * model_devices)]
 
     def options(model):
-        mesh = keras.distribution.DeviceMesh((data, model_devices), ["batch", "model"], devices)
+        if stages == 1:
+            mesh = keras.distribution.DeviceMesh((data, model_devices), ["batch", "model"],
+                                                 devices)
+        else:
+            mesh = keras.distribution.DeviceMesh((data, stages, model_devices),
+                                                 ["batch", "pipeline", "model"], devices)
         layout_map = keras.distribution.LayoutMap(mesh)
         for path, axes in rules_for(model).items():
             layout_map[path] = axes
-        return {"parallel": keras.distribution.ModelParallel(layout_map=layout_map,
-                                                             batch_dim_name="batch")}
+        distribution = keras.distribution.ModelParallel(layout_map=layout_map,
+                                                        batch_dim_name="batch")
+        if stages == 1:
+            return {"parallel": distribution}
+        pipeline = tfdist.parallel.Pipeline(cuts=test_pipeline_zoo.cuts_for(model, stages),
+                                            micro_batches=MICRO_BATCHES)
+        return {"parallel": [pipeline, distribution]}
 
     return options
 
 
 def _strategy(layout):
-    data, model_devices = layout
+    data, _, model_devices = layout
     if data == 1:
         return tf.distribute.get_strategy()
     return tfdist.make_strategy("mirrored", devices=[

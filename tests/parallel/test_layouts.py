@@ -35,7 +35,7 @@ def test_a_column_then_row_mlp():
     layout = ModelLayout.of(_distribution(
         {"d1/kernel": (None, "model"), "d1/bias": ("model",), "d2/kernel": ("model", None)}),
         _mlp())
-    assert layout.axes == {"data": 1, "model": 2}
+    assert layout.axes == {"data": 1, "pipeline": 1, "model": 2}
     assert (layout.data_axis, layout.model_axis) == ("batch", "model")
     assert layout.devices == (("cpu:0", "cpu:1"),)
     assert _sharded(layout) == [("d1/kernel", "Dense", "column", 1),
@@ -54,7 +54,7 @@ def test_the_keras_io_guides_rules_run_with_a_warning_for_the_rule_that_matches_
         layout = ModelLayout.of(distribution, _mlp(bias=False))
     assert _sharded(layout) == [("d1/kernel", "Dense", "column", 1)]
     assert layout.outputs == (("d2", ("batch", None)),)
-    assert layout.axes == {"data": 2, "model": 2}
+    assert layout.axes == {"data": 2, "pipeline": 1, "model": 2}
     assert layout.devices == (("cpu:0", "cpu:1"), ("cpu:2", "cpu:3"))
 
 

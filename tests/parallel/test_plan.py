@@ -25,12 +25,17 @@ def test_the_axes_are_keras_device_mesh_names_and_a_pipeline_fills_its_own():
     assert ModelPlan(across, strategy).axes == {"data": 2, "pipeline": 3, "model": 1}
     assert ModelPlan(across, strategy).cuts_batches
     assert ModelPlan(None, strategy).axes == {"data": 2, "pipeline": 1, "model": 1}
+    mesh = keras.distribution.DeviceMesh((1, 2, 2), ["batch", "pipeline", "model"],
+                                         [f"cpu:{index}" for index in range(4)])
+    layout = keras.distribution.ModelParallel(layout_map=keras.distribution.LayoutMap(mesh),
+                                              batch_dim_name="batch")
+    assert ModelPlan([two_stages, layout]).axes == {"data": 1, "pipeline": 2, "model": 2}
 
 
 def test_anything_else_as_parallel_is_refused_naming_what_it_takes():
-    with pytest.raises(ConfigurationError, match=r"must be a tfdist.parallel.Pipeline, a keras.distribution.ModelParallel or None"):
+    with pytest.raises(ConfigurationError, match=r"must be a tfdist.parallel.Pipeline, a keras.distribution.ModelParallel, a list of one of each"):
         ModelPlan("1f1b")
-    with pytest.raises(ConfigurationError, match=r"must be a tfdist.parallel.Pipeline, a keras.distribution.ModelParallel or None"):
+    with pytest.raises(ConfigurationError, match=r"must be a tfdist.parallel.Pipeline, a keras.distribution.ModelParallel, a list of one of each"):
         tfdist.attach(ref.compile_model(ref.build_mlp(), "sgd"), parallel=("h1",)).fit(
             *ref.classification_arrays(8)[:2], verbose=0)
 

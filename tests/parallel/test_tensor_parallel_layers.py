@@ -52,11 +52,12 @@ class Block(keras.layers.Layer):
         return {**super().get_config(), "causal": self.causal}
 
 
-def _model(causal=False, seed=5) -> keras.Model:
+def _model(causal=False, seed=5, body=None) -> keras.Model:
+    """Embedding, ``body()`` (default: one `Block`), pooling, a Dense head."""
     keras.utils.set_random_seed(seed)
     ids = keras.Input((LENGTH,), dtype="int32")
     x = keras.layers.Embedding(VOCABULARY, WIDTH, name="embedding")(ids)
-    x = Block(causal=causal, name="block")(x)
+    x = (body() if body is not None else Block(causal=causal, name="block"))(x)
     outputs = keras.layers.Dense(3, activation="softmax", name="head")(
         keras.layers.GlobalAveragePooling1D()(x))
     model = keras.Model(ids, outputs)
@@ -114,10 +115,7 @@ def test_transformer_equals_one_device(data, model_devices, rules, causal):
     history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
     ref.assert_logs_close(expected, history)
     ref.assert_weights_close(single, model)
-    ref.assert_logs_close(single.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True),
-                          model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True))
-    np.testing.assert_allclose(model.predict(x, batch_size=BATCH, verbose=0),
-                               single.predict(x, batch_size=BATCH, verbose=0), atol=1e-5)
+    ref.assert_evaluates_and_predicts_alike(single, model, x, y, BATCH)
     table = tensor_parallel.shards_of(model.get_layer("embedding").embeddings)
     axis = 0 if rules is TRANSFORMER else 1
     assert [s.shape[axis] for s in table] == [(VOCABULARY if axis == 0 else WIDTH)

@@ -9,9 +9,11 @@ import re
 import sys
 
 import numpy as np
+import pytest
 
 from tests.parallel import test_tensor_parallel as in_process
 from tests.support import reference as ref
+from tests.support import short_form
 from tests.support.launcher_harness import LauncherRun
 
 PROGRAM = [sys.executable, "tests/programs/tensor_parallel_per_worker.py"]
@@ -60,14 +62,37 @@ def test_a_mesh_over_two_workers_equals_one_device_and_refuses_what_it_cannot_ru
         assert all(str(mesh) in message for message in refusals.values()), refusals
 
 
-def test_a_killed_worker_of_a_mesh_restarts_from_the_checkpoint_and_ends_equal(tmp_path):
-    """SIGKILL of worker 1 mid-epoch under the 2 x 2 mesh: its shards and
-    their Adam state die with it. tfdist-run names it and restarts the
-    group; both workers restore from the last checkpoint (mid-epoch) and
-    end where one uninterrupted device ends."""
+def test_data_pipeline_and_model_axes_over_two_workers_equal_one_device(tmp_path):
+    """Mesh 2 x 2 x 2 (data x pipeline x model) over 2 workers, each
+    worker's 4 CPUs its 2 stages of 2 model devices: the column layer's
+    shards on stage 0's CPUs 0 and 1, the row layer's on stage 1's CPUs 2
+    and 3, 3 micro-batches; every worker ends at one device's weights,
+    History, evaluation and predictions."""
+    expected, expected_history = in_process._one_device("adam")  # pylint: disable=protected-access
+    program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", "--stages=2"]
+    with LauncherRun(["--num_workers=2"], program) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for task in (0, 1):
+        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
+        _assert_worker_equals(expected, expected_history, result)
+        stage_of = {"d1": 0, "d2": 1}
+        for name, copies in result["shards"].items():
+            device = 2 * stage_of[name[:2]] + int(name[-2])
+            assert copies == [f"/job:worker/replica:0/task:{task}/device:CPU:{device}"], (
+                name, copies)
+
+
+@pytest.mark.parametrize("stages", short_form.only([1, 2], in_ci=[1]))
+def test_a_killed_worker_of_a_mesh_restarts_from_the_checkpoint_and_ends_equal(tmp_path, stages):
+    """SIGKILL of worker 1 mid-epoch under the 2 x 2 mesh (with 2 stages:
+    2 x 2 x 2, data x pipeline x model): its shards and their Adam state
+    die with it. tfdist-run names it and restarts the group; both workers
+    restore from the last checkpoint (mid-epoch) and end where one
+    uninterrupted device ends."""
     expected, expected_history = in_process._one_device("adam", epochs=3)  # pylint: disable=protected-access
     program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'c'}",
-                         "--checkpoint_every_steps=2", "--step_delay=0.3", "--epochs=3"]
+                         "--checkpoint_every_steps=2", "--step_delay=0.3", "--epochs=3",
+                         f"--stages={stages}"]
     with LauncherRun(["--num_workers=2", "--max_restarts=1", "--grace_period=5"],
                      program) as run:
         run.interrupt_and_wait_for_restart("worker-1", after=r"\[worker-0\] epoch step 3 done")

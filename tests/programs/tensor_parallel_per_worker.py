@@ -3,7 +3,10 @@ MultiWorkerMirroredStrategy workers (one replica each) are the mesh's
 data axis, and each worker splits tests/parallel/test_tensor_parallel.py's
 MLP (a Dense column-then-row pair) over its own 2 logical CPUs, the
 mesh's model axis, from a Keras ``LayoutMap``; each shard's gradient is
-all-reduced over the workers once per step. ``--checkpoint_dir``:
+all-reduced over the workers once per step. ``--stages=2``: data x
+pipeline x model, each worker's 4 logical CPUs 2 pipeline stages (cut
+after d1: the column layer on stage 0, the row layer on stage 1) of 2
+model devices each. ``--checkpoint_dir``:
 checkpoints for fault tests; ``--refusals``: first tries meshes it must
 refuse, and writes each error.
 
@@ -18,6 +21,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
+import keras  # noqa: E402
 import tfdist  # noqa: E402
 
 
@@ -29,23 +33,34 @@ def main():
     parser.add_argument("--checkpoint_dir", default=None)
     parser.add_argument("--checkpoint_every_steps", type=int, default=None)
     parser.add_argument("--refusals", action="store_true")
+    parser.add_argument("--stages", type=int, default=1, choices=(1, 2))
     parser.add_argument("--step_delay", type=float, default=0.0,
                         help="seconds to sleep after each step (fault tests)")
     args = parser.parse_args()
 
-    tfdist.strategies.configure_logical_cpus(2)  # (the worker's replica, then its model device)
+    # (the worker's replica, then its model device; with 2 stages, stage 1's two)
+    tfdist.strategies.configure_logical_cpus(2 * args.stages)
     strategy = tfdist.make_strategy("multi_worker_mirrored", num_replicas=1)
     from tests.parallel import test_tensor_parallel as in_process  # pylint: disable=import-outside-toplevel
     from tests.support import step_progress  # pylint: disable=import-outside-toplevel
     from tfdist.parallel import tensor_parallel  # pylint: disable=import-outside-toplevel
 
-    devices = tfdist.parallel.mesh_devices(strategy, model_devices=2)
+    devices = tfdist.parallel.mesh_devices(strategy, model_devices=2 * args.stages)
     refusals = _refusals(strategy, in_process) if args.refusals else {}
     with strategy.scope():
         model = in_process._compiled(in_process._mlp(), args.optimizer)  # pylint: disable=protected-access
-    distribution = in_process._layout(2, 2, devices, in_process.MEGATRON)  # pylint: disable=protected-access
+    if args.stages == 1:
+        parallel = in_process._layout(2, 2, devices, in_process.MEGATRON)  # pylint: disable=protected-access
+    else:
+        mesh = keras.distribution.DeviceMesh((2, 2, 2), ["batch", "pipeline", "model"], devices)
+        layout_map = keras.distribution.LayoutMap(mesh)
+        for key, axes in in_process.MEGATRON.items():
+            layout_map[key] = axes
+        parallel = [tfdist.parallel.Pipeline(cuts=["d1"], micro_batches=3),
+                    keras.distribution.ModelParallel(layout_map=layout_map,
+                                                     batch_dim_name="batch")]
     model = tfdist.attach(
-        model, strategy, parallel=distribution,
+        model, strategy, parallel=parallel,
         checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir,
                                                every_steps=args.checkpoint_every_steps))
     x, y = in_process._data()  # pylint: disable=protected-access

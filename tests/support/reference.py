@@ -144,6 +144,15 @@ def assert_logs_close(expected: dict, actual: dict, rtol: float = 1e-5) -> None:
         )
 
 
+def assert_evaluates_and_predicts_alike(expected, model, x, y, batch_size: int) -> None:
+    """``model``'s ``evaluate`` logs and ``predict`` outputs on ``x``, ``y``
+    equal ``expected``'s (1e-5)."""
+    assert_logs_close(expected.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True),
+                      model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True))
+    np.testing.assert_allclose(model.predict(x, batch_size=batch_size, verbose=0),
+                               expected.predict(x, batch_size=batch_size, verbose=0), atol=1e-5)
+
+
 def restore_into(model, path: str) -> None:
     """The ``tf.train.Checkpoint`` of a model and its optimizer at ``path``
     read into ``model`` (built), every value consumed; its weights then

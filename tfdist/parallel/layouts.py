@@ -32,7 +32,9 @@ the weight and the rule: a weight two rules match, a split that does not divide 
 dimension, two dimensions on the model axis, a sharded weight of a layer
 without a sharded form, a bias split without its kernel, a weight split
 over the data axis (fully sharded weights are
-``communication=FullySharded()``), a mesh other than data x model. A rule
+``communication=FullySharded()``) or the pipeline axis (a ``Pipeline``
+places layers whole by its cuts), a mesh other than data x model or
+data x pipeline x model (its third axis named ``"pipeline"``). A rule
 that matches no weight and no layer output changes nothing, as in Keras,
 and is named in a warning (keras.io's distribution guide has one: a bias
 rule for a layer without a bias).
@@ -56,7 +58,7 @@ tfdist.errors.ConfigurationError: weight 'd2/bias' (rule '.*bias') splits a bias
 >>> layout = ModelLayout.of(keras.distribution.ModelParallel(
 ...     layout_map=layout_map, batch_dim_name="batch"), model)
 >>> layout.axes
-{'data': 1, 'model': 2}
+{'data': 1, 'pipeline': 1, 'model': 2}
 >>> [(w.path, w.form, w.dimension) for w in layout.sharded]
 [('d1/kernel', 'column', 1), ('d1/bias', 'column', 0), ('d2/kernel', 'row', 0)]
 """
@@ -64,13 +66,18 @@ tfdist.errors.ConfigurationError: weight 'd2/bias' (rule '.*bias') splits a bias
 import dataclasses
 import re
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import keras
+import numpy as np
 
 from tfdist._internal.keras import distributions as keras_distributions, layer_paths
 from tfdist.errors import ConfigurationError
 from tfdist.parallel.sharded_layers import KernelForm
+
+# The mesh axis a Pipeline's stages run along (data x pipeline x model), as
+# `tfdist.parallel.plan` names it.
+PIPELINE_AXIS = "pipeline"
 
 # The layer types with a sharded form, and the forms a split gives them.
 FORMS = {
@@ -107,9 +114,12 @@ class ModelLayout:
     """What a ``ModelParallel`` distribution asks of one built model.
 
     Attributes:
-      data_axis, model_axis: the mesh's axis names (the batch's, the other).
-      axes: each axis' size, under tfdist's names (``data``, ``model``).
-      devices: the mesh's devices, one row per data-axis index.
+      data_axis, model_axis: the mesh's axis names (the batch's, the one
+        weights are split over).
+      axes: each axis' size, under tfdist's names (``data``, ``pipeline``,
+        ``model``; ``pipeline`` 1 on a mesh without that axis).
+      devices: the mesh's devices, one row per data-axis index: its model
+        devices, or with a pipeline axis stage 0's, then stage 1's, ... (`stages_of`).
       sharded: each weight the model axis splits, in the model's order.
       outputs: each ``"<layer path>/output"`` rule that matched a layer, as
         (layer path, axes).
@@ -121,6 +131,12 @@ class ModelLayout:
     devices: Tuple[Tuple[str, ...], ...]
     sharded: Tuple[ShardedWeight, ...]
     outputs: Tuple[Tuple[str, tuple], ...]
+
+    def stages_of(self, row: Sequence[str]) -> List[List[str]]:
+        """One row of `devices` (a replica's) as its stages' model
+        devices: one list per pipeline-axis index."""
+        model = self.axes["model"]
+        return [list(row[start:start + model]) for start in range(0, len(row), model)]
 
     @staticmethod
     def check_distribution(distribution) -> None:
@@ -137,13 +153,21 @@ class ModelLayout:
         mesh = distribution.device_mesh
         names, shape = list(mesh.axis_names), tuple(mesh.shape)
         data_axis = distribution.batch_dim_name
-        if len(names) != 2 or data_axis not in names:
+        pipeline_axis = PIPELINE_AXIS if PIPELINE_AXIS in names and data_axis != PIPELINE_AXIS \
+            else None
+        others = [name for name in names if name not in (data_axis, pipeline_axis)]
+        if data_axis not in names or len(others) != 1:
             raise ConfigurationError(
                 f"tensor parallelism takes a mesh of two axes, the batch's ({data_axis!r}) and "
-                f"the model's; this one has axes {names} of sizes {list(shape)}.")
-        model_axis = names[1 - names.index(data_axis)]
-        axes = {"data": shape[names.index(data_axis)], "model": shape[names.index(model_axis)]}
-        devices = mesh.devices if names[0] == data_axis else mesh.devices.T
+                f"the model's, or three with a pipeline's named {PIPELINE_AXIS!r} (its stages' "
+                f"devices); this one has axes {names} of sizes {list(shape)}.")
+        model_axis = others[0]
+        order = [names.index(data_axis)] + ([names.index(pipeline_axis)] if pipeline_axis
+                                            else []) + [names.index(model_axis)]
+        grid = np.transpose(np.asarray(mesh.devices), order)
+        axes = {"data": grid.shape[0], "pipeline": grid.shape[1] if pipeline_axis else 1,
+                "model": grid.shape[-1]}
+        devices = grid.reshape(grid.shape[0], -1)  # (a data index' row: stage after stage)
         rules = dict(_rules(distribution))
         matched = set()
         sharded = []
@@ -154,7 +178,7 @@ class ModelLayout:
                 continue
             matched.add(rule)
             weight = _sharded(variable, rule, rules[rule], owners.get(id(variable)),
-                              data_axis, model_axis, axes)
+                              data_axis, model_axis, axes, pipeline_axis)
             if weight is not None:
                 sharded.append(weight)
         _check_biases(sharded)
@@ -203,8 +227,14 @@ def _owners(model) -> Dict[int, Tuple[str, object]]:
     return owners
 
 
-def _sharded(variable, rule, axes, owner, data_axis, model_axis, sizes) -> Optional[ShardedWeight]:
+def _sharded(variable, rule, axes, owner, data_axis, model_axis, sizes,
+             pipeline_axis=None) -> Optional[ShardedWeight]:
     where = f"weight {variable.path!r} (rule {rule!r}: {axes})"
+    if pipeline_axis is not None and pipeline_axis in axes:
+        raise ConfigurationError(
+            f"{where} splits a dimension over the pipeline axis {pipeline_axis!r}: a "
+            "Pipeline places each layer's weights whole on its stage's devices (by its "
+            "cuts); give the rule None there.")
     if len(axes) != len(variable.shape):
         raise ConfigurationError(
             f"{where}: the rule names {len(axes)} dimensions; the weight has "

@@ -74,6 +74,13 @@ gathered weights, summed over the micro-batches there, and
 reduce-scattered once into each replica's slice (as PyTorch's FSDP runs
 inside a pipeline's stages: no gather per micro-batch).
 
+**Split weights in the stages**: with a ``keras.distribution.ModelParallel``
+as well (``parallel=[pipeline, ModelParallel(...)]``, its mesh's
+``"pipeline"`` axis one index per pipeline device), each stage's split
+layers keep their shards on that stage's model devices and run sharded
+inside the stage's passes; the stages run on their first model devices
+(`tfdist.parallel.plan`).
+
 Not built yet, refused with a clear error: another ``communication=``
 part (compression, sharded optimizer state alone, local SGD), a
 model that overrides another step method (``train_step``, ``test_step``,
@@ -91,6 +98,7 @@ import tensorflow as tf
 from tfdist._internal.keras import batch_statistics as keras_statistics
 from tfdist._internal.keras import layer_paths
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
+from tfdist._internal.keras import sliced_weights
 from tfdist._internal.keras import weight_regularizers
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.errors import ConfigurationError
@@ -223,6 +231,8 @@ class Pipeline:
                                                 stages_per_device=self.stages_per_device)
         for unit, stage in stage_of:
             for weight in unit.layer.weights:
+                if sliced_weights.is_sliced(weight):
+                    continue  # (kept in shards another axis placed: tensor parallelism's)
                 placed_weights.place_copies(
                     weight, [devices[stage % len(devices)] for devices in per_replica],
                     strategy)
@@ -251,7 +261,8 @@ class Pipeline:
     # -- the step --------------------------------------------------------
 
     def _forward_backward(self, model, batch, global_examples, forward_backward, *,
-                          regularizers_apart: bool = True, sharding=None):
+                          regularizers_apart: bool = True, sharding=None, variables=None,
+                          split_terms=None):
         """The batch's gradients, loss parts and outputs from its
         micro-batches (replica context, traced): ``forward_backward`` is
         `tfdist.replica.step.forward_backward`. Returns the summed
@@ -267,11 +278,17 @@ class Pipeline:
         ``sharding``: `tfdist.communication.FullySharded`, whose weights
         are gathered once for the step on their stages' devices, the
         micro-batches' gradients taken of the gathered tensors, summed, and
-        reduce-scattered once per weight into this replica's slices."""
+        reduce-scattered once per weight into this replica's slices.
+
+        ``variables``: what the gradients are of, when not the model's
+        trainable weights (split weights' shards, in each stage's pass);
+        ``split_terms``: makes the weights' regularization pairs theirs
+        (`tfdist.parallel.split_regularizers.each_shard`)."""
         trace = StepTrace()
         results, sizes = [], []
         replica = distributed_variables.local_replica()
-        variables = model.trainable_variables
+        own_variables = variables
+        variables = model.trainable_variables if variables is None else variables
         weights = (None if sharding is None
                    else sharding._gathered_for_step(variables))  # pylint: disable=protected-access
         with (weight_regularizers.set_apart(model) if regularizers_apart
@@ -285,7 +302,8 @@ class Pipeline:
                     result = forward_backward(
                         model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),
                         inputs["mask"], global_examples, micro_batch=True,
-                        sources=None if weights is None else weights.tensors)
+                        sources=None if weights is None else weights.tensors,
+                        variables=own_variables)
                 results.append(result._replace(
                     y_pred=micro_batch_results.real_rows(part, result.y_pred)))
                 sizes.append(part.batch().real_examples())
@@ -303,6 +321,8 @@ class Pipeline:
                 "the schedule says.", stacklevel=2)
         # (each replica adds its rows' share of the weights' regularization
         # gradient; the strategy's all-reduce sums the shares to one)
+        if split_terms is not None:
+            regularized = split_terms(regularized)
         regularization = weight_regularizers.on_weight_devices(
             regularized, model.optimizer.scale_loss,
             share=_replica_share(batch.real_examples(), global_examples),

@@ -20,8 +20,13 @@ Its axes are named as Keras names a ``keras.distribution.DeviceMesh``'s:
   ``parallel=keras.distribution.ModelParallel(layout_map=...)`` over the
   model devices of each replica (`tfdist.parallel.tensor_parallel`): the
   step differentiates and updates each split weight's shards
-  (`trainable_variables`); with one more axis (a pipeline, fully sharded
-  weights) not yet (a clear error).
+  (`trainable_variables`). With a pipeline too
+  (``parallel=[Pipeline(...), ModelParallel(...)]``, a mesh of data x
+  pipeline x model whose second axis is named ``"pipeline"``), each
+  stage's split layers keep their shards on that stage's model devices and
+  run their sharded forms inside the stage's passes, the stage's other
+  weights on its first model device; fully sharded weights with the model
+  axis are not built yet (a clear error).
 
 Fully sharded weights (``communication=FullySharded()``) shard over the
 data axis, within each stage when there is a pipeline (data x pipeline x
@@ -59,14 +64,13 @@ import keras
 import tensorflow as tf
 
 from tfdist._internal import collectives
-from tfdist._internal.keras import patches as keras_patches
 from tfdist._internal.keras import model_state as keras_model_state
 from tfdist._internal.keras import placed_weights, weight_regularizers
 from tfdist.communication.fully_sharded import FullySharded
 from tfdist.communication.plan import parts_of
 from tfdist.errors import ConfigurationError
 from tfdist.parallel.pipeline import Pipeline
-from tfdist.parallel import split_regularizers, tensor_parallel
+from tfdist.parallel import mesh_rows, split_regularizers, tensor_parallel
 from tfdist.replica import accumulation, keras_steps, table_rows
 from tfdist.replica.step import ForwardBackward
 
@@ -74,32 +78,38 @@ AXES = ("data", "pipeline", "model")  # (as a keras.distribution.DeviceMesh name
 
 
 class ModelPlan:
-    """How ``parallel`` (a `tfdist.parallel.Pipeline` or None) splits a
-    model: the Trainer's one view of it (module doc)."""
+    """How ``parallel`` (a `tfdist.parallel.Pipeline`, a
+    ``keras.distribution.ModelParallel``, a list of one of each, or None)
+    splits a model: the Trainer's one view of it (module doc)."""
 
     def __init__(self, parallel, strategy: Optional[tf.distribute.Strategy] = None):
-        self.tensor_parallel = None
-        if isinstance(parallel, keras.distribution.ModelParallel):
-            self.tensor_parallel = tensor_parallel.TensorParallel(parallel)
-            parallel = None
-        elif parallel is not None and not isinstance(parallel, Pipeline):
+        ways = list(parallel) if isinstance(parallel, (list, tuple)) else [parallel]
+        pipelines = [way for way in ways if isinstance(way, Pipeline)]
+        layouts = [way for way in ways if isinstance(way, keras.distribution.ModelParallel)]
+        if (len(pipelines) > 1 or len(layouts) > 1
+                or len(pipelines) + len(layouts) != len([w for w in ways if w is not None])):
             raise ConfigurationError(
                 f"`parallel` ({parallel!r}) must be a tfdist.parallel.Pipeline, a "
-                "keras.distribution.ModelParallel or None.")
-        self.pipeline: Optional[Pipeline] = parallel
+                "keras.distribution.ModelParallel, a list of one of each (data x pipeline x "
+                "model), or None.")
+        self.tensor_parallel = (tensor_parallel.TensorParallel(layouts[0]) if layouts
+                                else None)
+        self.pipeline: Optional[Pipeline] = pipelines[0] if pipelines else None
         self._replicas = 1 if strategy is None else strategy.num_replicas_in_sync
         self._waiting = None  # (model, strategy, FullySharded parts) waiting for the build
         self.sharding = None  # FullySharded over the data axis, within each stage
 
     @classmethod
     def asked(cls, parallel, strategy: Optional[tf.distribute.Strategy] = None) -> "ModelPlan":
-        """The plan for ``parallel``; without one, for the distribution
-        set with ``keras.distribution.set_distribution`` when it is a
-        ``ModelParallel`` (what Keras on TensorFlow ignores), so a program
-        written for Keras on JAX runs with ``tfdist.attach`` added."""
-        if parallel is None and isinstance(keras.distribution.distribution(),
-                                           keras.distribution.ModelParallel):
-            parallel = keras.distribution.distribution()
+        """The plan for ``parallel``; with no ``ModelParallel`` in it, and
+        one set with ``keras.distribution.set_distribution`` (what Keras on
+        TensorFlow ignores), with that one too, so a program written for
+        Keras on JAX runs with ``tfdist.attach`` added."""
+        ways = list(parallel) if isinstance(parallel, (list, tuple)) else [parallel]
+        distribution = keras.distribution.distribution()
+        if isinstance(distribution, keras.distribution.ModelParallel) and not any(
+                isinstance(way, keras.distribution.ModelParallel) for way in ways):
+            parallel = [way for way in ways if way is not None] + [distribution]
         return cls(parallel, strategy)
 
     @property
@@ -124,7 +134,8 @@ class ModelPlan:
         return self.pipeline is not None or self.tensor_parallel is not None
 
     def __repr__(self) -> str:
-        return f"ModelPlan({self.tensor_parallel or self.pipeline!r})"
+        ways = [way for way in (self.pipeline, self.tensor_parallel) if way is not None]
+        return f"ModelPlan({ways[0] if len(ways) == 1 else ways or None!r})"
 
     def trainable_variables(self, model) -> list:
         """What the step differentiates and the optimizer updates: the
@@ -183,7 +194,8 @@ class ModelPlan:
             self._wait_for_the_build(model, strategy, communication)
 
     def _attach_tensor_parallel(self, model, strategy, communication, static_shapes) -> None:
-        split = self.tensor_parallel
+        split = self.tensor_parallel if self.pipeline is None \
+            else [self.pipeline, self.tensor_parallel]
         refused = []
         own_steps = [name for name in keras_steps.overridden(model) if name != "compute_loss"]
         if own_steps:
@@ -196,16 +208,37 @@ class ModelPlan:
             refused.append("static shapes (TPUStrategy, static_shapes=True)")
         if accumulation.accumulation_steps(model.optimizer):
             refused.append("gradient accumulation (gradient_accumulation_steps)")
-        if keras_patches.inner_optimizer(model.optimizer).clipnorm:
-            refused.append("clipnorm (a norm per weight; global_clipnorm is exact)")
         if refused:
             raise ConfigurationError(
                 f"parallel={split!r} does not combine with {'; '.join(refused)} yet. Drop "
                 "one of them.")
         if model.built:
-            split.attach(model, strategy)
+            self._attach_split_weights(model, strategy)
         else:
             self._waiting = (model, strategy, [])
+
+    def _attach_split_weights(self, model, strategy) -> None:
+        """Tensor parallelism, and with a pipeline its stages too (data x
+        pipeline x model): each split layer's shards on its stage's model
+        devices first (the mesh's ``"pipeline"`` axis); then the pipeline
+        places the other weights on each stage's first model device and
+        wraps each unit's call around its split layers' calls, so a split
+        layer runs its sharded form inside its stage's pass."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            self.tensor_parallel.attach(model, strategy)
+            return
+        self.tensor_parallel.attach(model, strategy, stage_of=_stage_of_layers(pipeline, model),
+                                    pipeline=pipeline)
+        devices = [device for row in self.tensor_parallel.stage_devices for device in row]
+        if pipeline.devices is not None and [mesh_rows.canonical(d) for d in pipeline.devices] \
+                != [mesh_rows.canonical(d) for d in devices]:
+            raise ConfigurationError(
+                f"{pipeline!r} was given devices={pipeline.devices}, but with "
+                f"parallel={self.tensor_parallel!r} its stages run on the mesh's devices "
+                f"({devices}: each stage's first model device). Drop `devices`.")
+        pipeline.devices = devices
+        pipeline._attach(model, strategy)  # pylint: disable=protected-access
 
     def _wait_for_the_build(self, model, strategy, communication) -> None:
         """For a model Keras builds on its first batch: the pipeline and the
@@ -237,10 +270,10 @@ class ModelPlan:
         model, strategy, sharded = self._waiting
         with strategy.scope():
             keras_model_state.build_layers(model, element_spec)
-        if self.pipeline is not None:
-            self.pipeline._attach(model, strategy)  # pylint: disable=protected-access
         if self.tensor_parallel is not None:
-            self.tensor_parallel.attach(model, strategy)
+            self._attach_split_weights(model, strategy)
+        elif self.pipeline is not None:
+            self.pipeline._attach(model, strategy)  # pylint: disable=protected-access
         for part in sharded:  # (after the pipeline: its slices go where it put the weights)
             part.attach_to(model, strategy)
         self._waiting = None
@@ -259,7 +292,8 @@ class ModelPlan:
         (`_split_weights_step`), or, for a model's own ``compute_loss``, the
         batch as one micro-batch. Returns a `tfdist.replica.step.ForwardBackward`."""
         pipeline = self.pipeline
-        if self.tensor_parallel is not None and not own_compute_loss:
+        split = self.tensor_parallel is not None
+        if split and pipeline is None and not own_compute_loss:
             return self._split_weights_step(model, batch, global_examples, whole)
         if pipeline is None and self.tensor_parallel is None:
             return whole(batch, global_examples)
@@ -271,7 +305,9 @@ class ModelPlan:
                                variables=self.trainable_variables(model))
         gradients, parts, outputs = pipeline._forward_backward(  # pylint: disable=protected-access
             model, batch, global_examples, micro_batch,
-            regularizers_apart=not own_compute_loss, sharding=self.sharding)
+            regularizers_apart=not own_compute_loss, sharding=self.sharding,
+            variables=self.trainable_variables(model) if split else None,
+            split_terms=split_regularizers.each_shard if split else None)
         return ForwardBackward(gradients, parts, global_examples, outputs)
 
     def _split_weights_step(self, model, batch, global_examples, whole: Callable):
@@ -298,6 +334,24 @@ class ModelPlan:
             gradients.append(gradient)
         loss = result.loss._replace(regularization=result.loss.regularization + terms.value)
         return result._replace(gradients=gradients, loss=loss)
+
+
+def _stage_of_layers(pipeline: Pipeline, model) -> Callable[[str], int]:
+    """A layer's stage in ``pipeline``, by path: its unit's (the unit it
+    is, or is inside); a split layer in no unit is refused, naming it."""
+    units = pipeline._stage_of(model)  # pylint: disable=protected-access
+
+    def stage_of(path: str) -> int:
+        for unit, stage in units:
+            if path == unit.path or path.startswith(unit.path + "/"):
+                return stage
+        raise ConfigurationError(
+            f"{pipeline!r}: layer {path!r} is split over the model axis, but no stage runs "
+            f"it as a unit (the units are {[unit.path for unit, _ in units]}; a layer's own "
+            "weights beside the sublayers a cut opens run on no stage's devices). Cut at "
+            "the layer that holds it, or drop its rules.")
+
+    return stage_of
 
 
 def _sharding_across_stages(pipeline, communication, replicas: int):

@@ -37,7 +37,8 @@ from typing import Callable
 import tensorflow as tf
 
 from tfdist._internal.keras import layer_units, optimizer as keras_optimizer, patches
-from tfdist._internal.keras import model_state as keras_model_state, placed_weights
+from tfdist._internal.keras import model_state as keras_model_state, norm_groups
+from tfdist._internal.keras import placed_weights
 from tfdist._internal.tensorflow import distributed_variables
 
 
@@ -100,10 +101,14 @@ def _placed(constraint: Callable, weight) -> Callable:
 def _clip_on_gradient_devices(optimizer, gradients) -> list:
     """Keras' clipping (``clipnorm``, ``global_clipnorm``, ``clipvalue``),
     each gradient's part of it under the gradient's device: a global norm
-    gathers only each gradient's squared norm."""
+    gathers only each gradient's squared norm, and so does ``clipnorm`` of a
+    weight kept as shards (`tfdist._internal.keras.norm_groups`)."""
     gradients = list(gradients)
     if (optimizer.clipnorm or 0) > 0 or (optimizer.global_clipnorm or 0) > 0:
-        return keras_optimizer.clip_slices(optimizer, gradients, lambda squares: squares,
+        variables = norm_groups.clipped_variables(gradients)
+        summed = None if variables is None or not (optimizer.clipnorm or 0) > 0 \
+            else norm_groups.summed_squares(variables)
+        return keras_optimizer.clip_slices(optimizer, gradients, summed or (lambda s: s),
                                            placed=True)
     clipped = list(gradients)  # (clipvalue, elementwise; or no clipping)
     present = [index for index, g in enumerate(gradients) if g is not None]

@@ -23,8 +23,9 @@ What a model attached with ``parallel=ModelParallel(...)`` becomes:
   the shards (`trainable_variables`), and the user's Keras optimizer is
   built for them: its state (Adam's moments) is made shard by shard
   beside each, and each shard is updated on its device. An elementwise
-  optimizer therefore computes one device's numbers; clipping by a
-  global norm too (the norm is summed over the shards). The optimizer
+  optimizer therefore computes one device's numbers; clipping too: a
+  global norm is summed over the shards, and ``clipnorm`` takes each split
+  weight's norm from its shards' (`tfdist._internal.keras.norm_groups`). The optimizer
   saves its state whole, as an unsplit one (`tfdist.parallel.split_state`).
 
 Layers with split forms: ``Dense`` and ``EinsumDense`` by columns or rows
@@ -36,8 +37,8 @@ A split weight's ``L1``, ``L2`` or ``L1L2`` regularizer is the sum of its
 shards' terms, each on its shard's device (`tfdist.parallel.split_regularizers`).
 
 Not built yet, refused with an error saying so: other split layers,
-other regularizers and constraints on split weights, LoRA and quantized layers, ``clipnorm``
-(a per-weight norm), gradient accumulation, a model's own ``train_step``
+other regularizers and constraints on split weights, LoRA and quantized layers,
+gradient accumulation, a model's own ``train_step``
 or ``test_step`` (a model that overrides only ``compute_loss`` runs
 tfdist's step, which calls it), other communication parts and other axes
 (pipeline, fully sharded) at once.
@@ -64,7 +65,7 @@ tfdist's step, which calls it), other communication parts and other axes
 import collections
 import contextlib
 import warnings
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import keras
 import numpy as np
@@ -73,12 +74,12 @@ import tensorflow as tf
 from tfdist._internal.keras import layer_paths, layer_units, model_state as keras_model_state
 from tfdist._internal.keras import distributions as keras_distributions
 from tfdist._internal.keras import optimizer as keras_optimizer, patches
-from tfdist._internal.keras import placed_weights, sliced_weights
+from tfdist._internal.keras import norm_groups, placed_weights, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.communication import sharded_checkpoints
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import mesh_rows, sharded_attention, split_regularizers, split_state
-from tfdist.parallel import stage_updates
+from tfdist.parallel import layouts, stage_updates
 from tfdist.parallel.layouts import ModelLayout
 from tfdist.parallel.sharded_embeddings import EmbeddingShards
 from tfdist.parallel.sharded_layers import KernelForm, KernelShards, SplitActivations
@@ -101,6 +102,8 @@ class TensorParallel:
         ModelLayout.check_distribution(distribution)
         self.distribution = distribution
         self.layout: Optional[ModelLayout] = None
+        # each local replica's stages' first model devices (`attach`)
+        self.stage_devices: Optional[List[List[str]]] = None
         self._activations = SplitActivations()
 
     def __repr__(self) -> str:
@@ -110,20 +113,42 @@ class TensorParallel:
 
     @property
     def model_devices(self) -> int:
+        """The mesh's model axis' size (1 for a mesh without one)."""
         mesh = self.distribution.device_mesh
         names = list(mesh.axis_names)
-        return int(mesh.shape[1 - names.index(self.distribution.batch_dim_name)]) \
-            if len(names) == 2 and self.distribution.batch_dim_name in names else 1
+        others = [index for index, name in enumerate(names)
+                  if name not in (self.distribution.batch_dim_name, layouts.PIPELINE_AXIS)]
+        return int(mesh.shape[others[0]]) if len(others) == 1 else 1
 
     # -- set-up ------------------------------------------------------------
 
-    def attach(self, model, strategy: Optional[tf.distribute.Strategy]) -> None:
-        """Splits ``model``'s weights as the layout says (module doc)."""
+    def attach(self, model, strategy: Optional[tf.distribute.Strategy],
+               stage_of: Optional[Callable[[str], int]] = None, pipeline=None) -> None:
+        """Splits ``model``'s weights as the layout says (module doc).
+
+        With ``pipeline`` (a `tfdist.parallel.Pipeline`, on a mesh whose
+        ``"pipeline"`` axis has one index per pipeline device) and
+        ``stage_of`` (a layer's stage, by path): each layer's shards go on
+        its stage's model devices, and ``stage_devices`` lists each
+        replica's stages' first model devices, where the pipeline runs the
+        stages (`tfdist.parallel.plan`)."""
         if self.layout is not None:
             return
         layout = ModelLayout.of(self.distribution, model)
         _check_outputs(layout, self)
-        per_replica = _model_devices(layout, strategy, self)
+        wanted = 1 if pipeline is None else pipeline.devices_per_pipeline
+        if layout.axes["pipeline"] != wanted:
+            raise ConfigurationError(
+                f"parallel={self!r}: " + (
+                    f"the mesh has a {layouts.PIPELINE_AXIS!r} axis; give the Pipeline whose "
+                    "stages it places with it: parallel=[tfdist.parallel.Pipeline(cuts=...), "
+                    "ModelParallel(...)]." if pipeline is None else
+                    f"{pipeline!r} runs on {wanted} devices per pipeline; the mesh needs a "
+                    f"{layouts.PIPELINE_AXIS!r} axis of that size (data x pipeline x model, "
+                    f"{[layout.axes['data'], wanted, layout.axes['model']]}); it has "
+                    f"{layout.axes['pipeline']}."))
+        stages = [layout.stages_of(row) for row in _model_devices(layout, strategy, self)]
+        self.stage_devices = [[devices[0] for devices in row] for row in stages]
         optimizer = patches.inner_optimizer(model.optimizer)
         if optimizer.built:
             raise ConfigurationError(
@@ -134,9 +159,12 @@ class TensorParallel:
         for weight in layout.sharded:
             by_layer.setdefault(weight.layer_path, []).append(weight)
         keys_before = {id(w): keras_optimizer.variable_key(optimizer, w) for w in model.weights}
-        split = {id(layers[path]): self._split_layer(layers[path], path, weights, per_replica,
-                                                     strategy)
-                 for path, weights in by_layer.items()}
+        split = {}
+        for path, weights in by_layer.items():
+            stage = 0 if stage_of is None else stage_of(path)
+            per_replica = [row[stage % len(row)] for row in stages]
+            split[id(layers[path])] = self._split_layer(layers[path], path, weights,
+                                                        per_replica, strategy)
         self._split_attentions(model, split)
         keras_build = optimizer.build
 
@@ -162,7 +190,16 @@ class TensorParallel:
         def finalize_variable_values(variables):  # (use_ema: the averages are the shards')
             keras_finalize(trainable_variables(variables))
 
-        patches.replace_methods_of(optimizer, {"build": build,
+        keras_apply = optimizer.apply
+
+        def apply(grads, trainable_variables=None):  # (clipnorm: which shards are one weight)
+            grads = list(grads)
+            if trainable_variables is None:
+                return keras_apply(grads, trainable_variables)
+            with norm_groups.clipping(grads, list(trainable_variables)):
+                return keras_apply(grads, trainable_variables)
+
+        patches.replace_methods_of(optimizer, {"build": build, "apply": apply,
                                                "finalize_variable_values": finalize_variable_values})
         stage_updates.run_on_weight_devices(model.optimizer)
         self.layout = layout
@@ -303,6 +340,7 @@ def _split(variable, dimension: int, per_replica: List[List[str]], strategy) -> 
                 with tf.device(devices[0]):
                     shards.append(_shard_like(variable, part))
     _keep_as_view(variable, shards, dimension)
+    norm_groups.share_one_norm(shards)  # (clipnorm: the whole weight's norm)
     if getattr(variable, "regularizer", None) is not None:  # (separable: _check_layer)
         variable.regularizer = split_regularizers.on_shards(variable.regularizer, shards)
     return shards

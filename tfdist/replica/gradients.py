@@ -17,7 +17,7 @@ plain ``optimizer.apply_gradients`` (no extra collective).
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share, sparse_gradients
-from tfdist._internal.keras import optimizer as keras_optimizer, patches
+from tfdist._internal.keras import norm_groups, optimizer as keras_optimizer, patches
 
 
 _CLIPS_SLICES = "_tfdist_clips_slices"
@@ -132,7 +132,7 @@ def _clipped_as_one_device(optimizer, clipping, gradients, variables):
     scale is divided out: so do these, then multiply it back)."""
     scale = keras_optimizer.loss_scale(optimizer)
     if scale is None:
-        return keras_optimizer.clip_gradients(clipping, gradients)
+        return _clipped(clipping, gradients, variables)
     unscaled = [g is not None and not keras_optimizer.keeps_gradient_unscaled(v)
                 for g, v in zip(gradients, variables)]
 
@@ -140,7 +140,19 @@ def _clipped_as_one_device(optimizer, clipping, gradients, variables):
         return [sparse_gradients.scaled_gradient(g, factor) if u else g
                 for g, u in zip(values, unscaled)]
 
-    return times(scale, keras_optimizer.clip_gradients(clipping, times(1.0 / scale, gradients)))
+    return times(scale, _clipped(clipping, times(1.0 / scale, gradients), variables))
+
+
+def _clipped(clipping, gradients, variables):
+    """Keras' clipping of ``gradients``; ``clipnorm`` of a weight kept as
+    shards by the whole weight's norm (`tfdist._internal.keras.norm_groups`)."""
+    summed = None
+    if (clipping.clipnorm or 0) > 0:
+        summed = norm_groups.summed_squares(
+            [v for g, v in zip(gradients, variables) if g is not None])
+    if summed is None:
+        return keras_optimizer.clip_gradients(clipping, gradients)
+    return keras_optimizer.clip_slices(clipping, list(gradients), summed, placed=True)
 
 
 def _batch_gradients(gradients):

@@ -74,10 +74,9 @@ class Trainer:
         when to use which): None: on for a TPUStrategy only; True rehearses it.
       communication: `Compression`, `LocalSGD` or `ShardedOptimizerState`
         (`tfdist.communication`), or a tuple.
-      parallel: a `tfdist.parallel.Pipeline`: the model cut into stages on
-        several devices, each batch run as micro-batches through them; or a
-        ``keras.distribution.ModelParallel`` (`tfdist.parallel.tensor_parallel`;
-        None: the one set with ``set_distribution``, if any).
+      parallel: how the model is split (`tfdist.parallel.plan`): a
+        `tfdist.parallel.Pipeline`, a ``keras.distribution.ModelParallel``
+        (None: the one set with ``set_distribution``, if any), or both.
 
     What ``model.compile`` owns is read from it: ``steps_per_execution``
     (steps run per host call in a device-side loop) and ``jit_compile``
