@@ -15,7 +15,11 @@ layout runs in a fresh process:
 - ``data_2``, ``data_4``: MirroredStrategy over 2 or 4 devices;
 - ``mesh_1x2``, ``mesh_1x4``, ``mesh_2x2``: ``parallel=ModelParallel``,
   data x model (2x2: MirroredStrategy(2), each replica's weights split
-  over its 2 model devices).
+  over its 2 model devices);
+- ``pipeline_2``: a ``Pipeline`` of 2 stages (cut after the middle pair),
+  4 micro-batches, one device per stage;
+- ``mesh_1x2x2``: both, data x pipeline x model: each stage's pair split
+  over its own 2 model devices.
 
 Reported per layout:
 
@@ -25,7 +29,8 @@ Reported per layout:
   gradients that cross devices in one traced training step
   (`tfdist.parallel.device_traffic`), against ``implied MB``: per pair and
   direction, the input to each other model device and the partial
-  product back (the first pair's input needs no gradient);
+  product back (the first pair's input needs no gradient); with a
+  pipeline, also the cut's activation and its gradient;
 - ``weight-sized MB``: any other tensor with a shape that crosses (goal 0);
 - ``all-reduce MB per replica``: what the strategy's collectives reduce;
 - ``ms per step``: the median over ``--rounds`` of ``--steps`` steps of
@@ -65,20 +70,23 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench import flags as bench_flags, limited_cluster, measure, outputs  # noqa: E402
 from tfdist.launch import network  # noqa: E402
 
-bench_flags.define_common("tensor_parallel_benchmark", quick="width 32, 2 steps per round.")
+bench_flags.define_common("tensor_parallel_benchmark",
+                          quick="width 32, batches of 48, 2 steps per round.")
 flags.DEFINE_integer("width", 512, "The model's width (the pairs' hidden layers are 4x).")
 flags.DEFINE_integer("pairs", 2, "Column-then-row Dense pairs.")
 flags.DEFINE_integer("batch_size", 64, "Rows per global batch.")
 flags.DEFINE_integer("steps", 20, "Steps per timed round.")
 flags.DEFINE_integer("rounds", 5, "Timed rounds (the median is reported).")
 flags.DEFINE_list("layouts", ["one_device", "data_2", "data_4", "mesh_1x2", "mesh_1x4",
-                              "mesh_2x2"], "The layouts measured, each in a fresh process.")
+                              "mesh_2x2", "pipeline_2", "mesh_1x2x2"],
+                  "The layouts measured, each in a fresh process.")
 flags.DEFINE_bool("workers", False, "Measure the 2-worker layouts on a simulated link.")
 flags.DEFINE_list("bandwidths", ["1gbit"], "With --workers: the link rates (tc), one cluster "
                   "per rate and layout.")
 flags.DEFINE_string("run_of", None, "(internal) measure one layout in this process.")
 flags.DEFINE_string("worker_output", None, "(internal) where a cluster's chief writes its row.")
 FLAGS = flags.FLAGS
+MICRO_BATCHES = 4  # (a pipeline's, per batch)
 
 
 def _model(keras, width: int, pairs: int):
@@ -104,21 +112,29 @@ def measure_one(layout: str) -> dict:
     from tfdist.training import keras_fit  # pylint: disable=import-outside-toplevel
 
     width = 32 if FLAGS.quick else FLAGS.width
-    data, model_axis = {"one_device": (1, 1), "data_2": (2, 1), "data_4": (4, 1),
-                        "mesh_1x2": (1, 2), "mesh_1x4": (1, 4), "mesh_2x2": (2, 2)}[layout]
-    replica_devices = devices[:data * model_axis:model_axis]  # (the mesh's first column)
+    data, stages, model_axis = {
+        "one_device": (1, 1, 1), "data_2": (2, 1, 1), "data_4": (4, 1, 1),
+        "mesh_1x2": (1, 1, 2), "mesh_1x4": (1, 1, 4), "mesh_2x2": (2, 1, 2),
+        "pipeline_2": (1, 2, 1), "mesh_1x2x2": (1, 2, 2)}[layout]
+    per_row = stages * model_axis
+    replica_devices = devices[:data * per_row:per_row]  # (the mesh's first column)
     strategy = (tfdist.make_strategy("mirrored", devices=replica_devices) if data > 1
                 else None)
     with strategy.scope() if strategy else tf.init_scope():
         model = _model(keras, width, FLAGS.pairs)
-    parallel = None
+    ways = []
+    if stages > 1:
+        ways.append(tfdist.parallel.Pipeline(cuts=[f"down{FLAGS.pairs // 2 - 1}"],
+                                             micro_batches=MICRO_BATCHES))
     if model_axis > 1:
-        mesh = keras.distribution.DeviceMesh((data, model_axis), ["batch", "model"],
-                                             devices[:data * model_axis])
-        parallel = keras.distribution.ModelParallel(layout_map=_rules(keras, mesh),
-                                                    batch_dim_name="batch")
-    tfdist.attach(model, strategy, parallel=parallel)
-    rows = FLAGS.batch_size
+        shape, names = ((data, model_axis), ["batch", "model"]) if stages == 1 else (
+            (data, stages, model_axis), ["batch", "pipeline", "model"])
+        mesh = keras.distribution.DeviceMesh(shape, names, devices[:data * per_row])
+        ways.append(keras.distribution.ModelParallel(layout_map=_rules(keras, mesh),
+                                                     batch_dim_name="batch"))
+    tfdist.attach(model, strategy, parallel=ways[0] if len(ways) == 1 else ways or None)
+    # (quick: 48 rows, so that no activation's shape is a width-32 weight's)
+    rows = 48 if FLAGS.quick else FLAGS.batch_size
     x = np.random.default_rng(0).random((rows, width), "float32")
     y = x.sum(axis=1, keepdims=True)
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
@@ -152,12 +168,14 @@ def measure_one(layout: str) -> dict:
     variables = (tensor_parallel.trainable_variables(model.trainable_weights)
                  + model.non_trainable_weights + model.optimizer.variables)
     weight_shapes = {tuple(v.shape) for v in variables}
-    activations = [c for c in crossings if c.shape[0] == per_replica
+    rows_crossing = {per_replica, per_replica // MICRO_BATCHES}  # (a batch's; a micro-batch's)
+    activations = [c for c in crossings if c.shape[0] in rows_crossing
                    and tuple(c.shape) not in weight_shapes]
     reduced = sum(int(np.prod(op.inputs[0].shape)) * op.inputs[0].dtype.size
                   for op in graph.get_operations() if op.type == "CollectiveReduceV2")
     activation_bytes = per_replica * width * 4
-    implied = data * (model_axis - 1) * activation_bytes * (4 * FLAGS.pairs - 1)
+    implied = (data * (model_axis - 1) * activation_bytes * (4 * FLAGS.pairs - 1)
+               + (stages - 1) * 2 * activation_bytes)  # (a pipeline's cut, both ways)
     weights = sum(int(np.prod(w.shape)) * 4 for w in model.trainable_weights)
     return {"layout": layout, "width": width, "weights_mb": weights / 2**20,
             "most_kept_on_a_device_mb": max(measure.kept_by_device(variables).values()) / 2**20,
@@ -264,7 +282,8 @@ def main(argv) -> int:
                               table)
         print(table)
         return 0
-    layouts = ["one_device", "data_2", "mesh_1x2", "mesh_2x2"] if FLAGS.quick else FLAGS.layouts
+    layouts = ["one_device", "data_2", "mesh_1x2", "mesh_2x2", "mesh_1x2x2"] if FLAGS.quick \
+        else FLAGS.layouts
     rows = []
     for layout in layouts:
         command = [sys.executable, __file__, f"--run_of={layout}", f"--quick={FLAGS.quick}",

@@ -408,12 +408,19 @@ def test_tensor_parallel_benchmark_quick_counts_what_the_layout_implies(tmp_path
     _run_benchmark(tmp_path, ["--quick"], 600, "tensor_parallel_benchmark.py")
     rows = {r["layout"]: r for r in json.loads(
         (tmp_path / "tensor_parallel_benchmark.json").read_text())["rows"]}
-    assert sorted(rows) == ["data_2", "mesh_1x2", "mesh_2x2", "one_device"]
+    assert sorted(rows) == ["data_2", "mesh_1x2", "mesh_1x2x2", "mesh_2x2", "one_device"]
     assert rows["mesh_1x2"]["most_kept_on_a_device_mb"] < rows["one_device"][
         "most_kept_on_a_device_mb"] * 0.6
     for name in ("mesh_1x2", "mesh_2x2"):
         assert abs(rows[name]["activation_mb"] - rows[name]["implied_mb"]) < 1e-6, rows[name]
-    assert rows["mesh_1x2"]["weight_sized_mb"] == 0, rows["mesh_1x2"]
+    # With 2 stages too: a quarter of the pairs' weights per device; the
+    # layout's activations and more (a pair's parts joined between units)
+    composed = rows["mesh_1x2x2"]
+    assert composed["most_kept_on_a_device_mb"] < rows["mesh_1x2"][
+        "most_kept_on_a_device_mb"] * 0.6, composed
+    assert composed["activation_mb"] > composed["implied_mb"], composed
+    for name in ("mesh_1x2", "mesh_1x2x2"):
+        assert rows[name]["weight_sized_mb"] == 0, rows[name]
     assert "| mesh_2x2 |" in (tmp_path / "tensor_parallel_benchmark.md").read_text()
 
 

@@ -297,7 +297,8 @@ class Pipeline:
             for index, part in enumerate(micro_batches.cut(batch, self.micro_batches)):
                 inputs = part.structure
                 with tf.device(last_stage), \
-                        self._units.micro_batch(trace, index, replica, weights), \
+                        self._units.micro_batch(trace, index, replica, weights,
+                                                data=inputs["x"]), \
                         keras_statistics.statistics_over_real_rows(inputs["mask"]):
                     result = forward_backward(
                         model, inputs["x"], inputs.get("y"), inputs.get("sample_weight"),

@@ -117,13 +117,17 @@ class StageUnits:
 
     @staticmethod
     @contextlib.contextmanager
-    def micro_batch(trace: StepTrace, index: int, pipeline: int = 0, weights=None):
+    def micro_batch(trace: StepTrace, index: int, pipeline: int = 0, weights=None,
+                    data=()):
         """Within this block, the layers' calls are micro-batch ``index``'s
         passes of ``pipeline`` in a pipelined training step traced into
         ``trace``. ``weights``: the step's gathered fully sharded weights
         (`tfdist.communication.fully_sharded.StepWeights`), which each
-        layer's pass reads and gives gradients to."""
-        with _SITE.set_to(_Site(trace, index, pipeline, weights)):
+        layer's pass reads and gives gradients to. ``data``: the
+        micro-batch's input tensors, whose gradients no pass computes (a
+        plain step's tape never asks for them either)."""
+        with _SITE.set_to(_Site(trace, index, pipeline, weights,
+                                frozenset(id(t) for t in tf.nest.flatten(data)))):
             yield
 
     def _stage_call(self, original, layer, stage: int):
@@ -145,12 +149,14 @@ class StageUnits:
 @dataclasses.dataclass
 class _Site:
     """The pipelined step a layer's call is part of: its trace, the
-    micro-batch, the replica's pipeline, the step's gathered weights."""
+    micro-batch, the replica's pipeline, the step's gathered weights, the
+    micro-batch's input tensors."""
 
     trace: StepTrace
     micro_batch: int
     pipeline: int
     weights: object = None
+    data: frozenset = frozenset()  # (ids of the micro-batch's input tensors)
 
 
 def _run_stage_pass(original, layer, args, kwargs, stage: int, device: str, site: _Site):
@@ -169,6 +175,9 @@ def _run_stage_pass(original, layer, args, kwargs, stage: int, device: str, site
 
     def forward_pass(tensors):
         starts = [tf.identity(t) for t in tensors]
+        # (the data's gradient: never used, and on the first stage the
+        # costliest of a layer's backward products; left out)
+        needed = [index for index, t in enumerate(tensors) if id(t) not in site.data]
         forward.starts += starts
         with tf.GradientTape(watch_accessed_variables=True) as tape, \
                 (site.weights.read_by(layer) if site.weights is not None
@@ -182,12 +191,16 @@ def _run_stage_pass(original, layer, args, kwargs, stage: int, device: str, site
             with tf.device(device):
                 arrived = [tf.identity(u) for u in upstream]
                 backward.starts += arrived
-                grads = tape.gradient(tf.nest.flatten(result), starts + read + variables,
-                                      output_gradients=arrived,
-                                      unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                computed = tape.gradient(tf.nest.flatten(result),
+                                         [starts[i] for i in needed] + read + variables,
+                                         output_gradients=arrived,
+                                         unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 backward.ends += [g.values if isinstance(g, tf.IndexedSlices) else g
-                                  for g in grads if g is not None]
-            return grads
+                                  for g in computed if g is not None]
+            inputs = [None] * len(starts)
+            for index, gradient in zip(needed, computed):
+                inputs[index] = gradient
+            return inputs + list(computed[len(needed):])
 
         return result, gradient
 
