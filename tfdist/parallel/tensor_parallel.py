@@ -40,8 +40,8 @@ Not built yet, refused with an error saying so: other split layers,
 other regularizers and constraints on split weights, LoRA and quantized layers,
 gradient accumulation, a model's own ``train_step``
 or ``test_step`` (a model that overrides only ``compute_loss`` runs
-tfdist's step, which calls it), other communication parts and other axes
-(pipeline, fully sharded) at once.
+tfdist's step, which calls it), communication parts (fully sharded weights
+among them). With a pipeline it composes: `tfdist.parallel.plan`.
 
 >>> import keras, numpy as np, tfdist
 >>> devices = tfdist.strategies.configure_logical_cpus(2)
