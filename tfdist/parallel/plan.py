@@ -83,7 +83,7 @@ class ModelPlan:
     splits a model: the Trainer's one view of it (module doc)."""
 
     def __init__(self, parallel, strategy: Optional[tf.distribute.Strategy] = None):
-        ways = list(parallel) if isinstance(parallel, (list, tuple)) else [parallel]
+        ways = _ways(parallel)
         pipelines = [way for way in ways if isinstance(way, Pipeline)]
         layouts = [way for way in ways if isinstance(way, keras.distribution.ModelParallel)]
         if (len(pipelines) > 1 or len(layouts) > 1
@@ -105,7 +105,7 @@ class ModelPlan:
         one set with ``keras.distribution.set_distribution`` (what Keras on
         TensorFlow ignores), with that one too, so a program written for
         Keras on JAX runs with ``tfdist.attach`` added."""
-        ways = list(parallel) if isinstance(parallel, (list, tuple)) else [parallel]
+        ways = _ways(parallel)
         distribution = keras.distribution.distribution()
         if isinstance(distribution, keras.distribution.ModelParallel) and not any(
                 isinstance(way, keras.distribution.ModelParallel) for way in ways):
@@ -334,6 +334,11 @@ class ModelPlan:
             gradients.append(gradient)
         loss = result.loss._replace(regularization=result.loss.regularization + terms.value)
         return result._replace(gradients=gradients, loss=loss)
+
+
+def _ways(parallel) -> list:
+    """``parallel`` as a list of ways of splitting (one given alone, or None)."""
+    return list(parallel) if isinstance(parallel, (list, tuple)) else [parallel]
 
 
 def _stage_of_layers(pipeline: Pipeline, model) -> Callable[[str], int]:
