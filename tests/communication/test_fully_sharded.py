@@ -15,6 +15,7 @@ import tensorflow as tf
 import tfdist
 from conformance import axes, harness
 from tests.support import mixed_precision, reference as ref, short_form
+from tests.support.strategy_columns import collectives_bounded
 from tests.support.models import GuideTrainStep, compiled_model
 from tfdist.communication import Compression, FullySharded
 from tfdist.errors import ConfigurationError
@@ -213,18 +214,34 @@ def test_freed_after_forward_at_most_two_layers_are_gathered_at_once():
     assert peaks["nested_units"] <= 12 / 4 + 3, peaks
 
 
-def test_a_layer_that_updates_statistics_keeps_its_gathered_weights_and_says_so():
+class _Checked(keras.layers.Dense):
+    """A Dense layer that checks its input (a stateful op reading no variable)."""
+
+    def call(self, inputs):
+        with tf.control_dependencies([tf.debugging.assert_less(tf.reduce_max(inputs), 1e9)]):
+            return super().call(tf.identity(inputs))
+
+
+@pytest.mark.parametrize("middle,found", [
+    # (no bias before the normalization: its gradient is round-off, which
+    # Adam would scale up)
+    (lambda: keras.layers.BatchNormalization(synchronized=True, name="norm"), "Assign"),
+    (lambda: _Checked(3, name="norm"), "Assert"),
+])
+def test_a_layer_that_updates_statistics_or_checks_keeps_its_gathered_weights_and_says_so(
+        middle, found):
     """BatchNormalization updates its moving statistics in the forward
     pass, so a second forward pass in the backward pass would update them
-    twice: that layer is not freed after its forward pass (a warning naming
-    it) and the numbers stay one device's."""
+    twice; a layer that checks its input (``tf.debugging.assert_*``) would
+    check again in replica 0's backward pass, which TensorFlow runs before
+    replica 1's first check (they run in the order traced), while replica
+    0's backward pass waits for replica 1's gathers: the step hung. Neither
+    layer is freed after its forward pass (a warning naming it) and the
+    numbers stay one device's."""
     def build():
-        # (no bias before the normalization: its gradient is round-off,
-        # which Adam would scale up)
         model = keras.Sequential([keras.Input((4,)),
                                   keras.layers.Dense(3, use_bias=False, name="dense"),
-                                  keras.layers.BatchNormalization(synchronized=True, name="norm"),
-                                  keras.layers.Dense(2, name="head")])
+                                  middle(), keras.layers.Dense(2, name="head")])
         model.compile("adam", "mse")
         return model
 
@@ -238,7 +255,9 @@ def test_a_layer_that_updates_statistics_keeps_its_gathered_weights_and_says_so(
         model = build()
         model.set_weights(initial)
     model = tfdist.attach(model, strategy, communication=FullySharded())
-    with pytest.warns(UserWarning, match="layer .norm. changes state in its forward pass .Assign"):
+    with collectives_bounded(strategy, seconds=60), pytest.warns(
+            UserWarning, match=f"layer .norm. runs ops in its forward pass that a second run "
+                               f"would repeat .{found}"):
         model.fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
     ref.assert_weights_close(expected, model)
 

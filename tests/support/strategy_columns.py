@@ -7,8 +7,11 @@ all draw from here; a combination that does not apply skips with its reason
 where the test decides it.
 """
 
+import contextlib
 import dataclasses
 from typing import List
+
+import tensorflow as tf
 
 import tfdist
 
@@ -20,6 +23,24 @@ def in_process(replicas: int):
     if replicas == 1:
         return tfdist.make_strategy("one_device")
     return tfdist.make_strategy("mirrored", num_replicas=replicas)
+
+
+@contextlib.contextmanager
+def collectives_bounded(strategy, seconds: float):
+    """Within the block, the collectives ``strategy``'s steps trace time out
+    after ``seconds`` (a deadlock fails the test instead of hanging the
+    suite). MirroredStrategy takes no timeout, so its launchers' options
+    are set (TensorFlow reads them when it traces a collective)."""
+    launchers = getattr(getattr(strategy.extended, "_cross_device_ops", None), "_launchers", [])
+    before = [launcher._options for launcher in launchers]  # pylint: disable=protected-access
+    for launcher in launchers:
+        launcher._options = tf.distribute.experimental.CommunicationOptions(  # pylint: disable=protected-access
+            timeout_seconds=seconds)
+    try:
+        yield
+    finally:
+        for launcher, options in zip(launchers, before):
+            launcher._options = options  # pylint: disable=protected-access
 
 
 @dataclasses.dataclass(frozen=True)

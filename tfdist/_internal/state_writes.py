@@ -1,5 +1,7 @@
 """Whether traced code wrote a variable or drew stateful random numbers:
-what makes running the same code a second time differ from the first.
+what makes running the same code a second time differ from the first;
+or ran a check or a print, which a second run in the backward pass
+could wait on forever.
 
 Fully sharded weights free a layer's gathered weights after its forward
 pass and compute the forward pass again in the backward pass
@@ -7,7 +9,13 @@ pass and compute the forward pass again in the backward pass
 second pass does what the first did: a layer that updates a variable
 (``BatchNormalization``'s moving statistics, a Keras ``SeedGenerator``
 drawing a ``Dropout`` mask) or draws from TensorFlow's stateful random
-ops would update or draw again. `Writes` looks at the ops a piece of
+ops would update or draw again. A stateful op that reads no variable (a
+``tf.debugging.assert_*``, ``tf.print``) is run by TensorFlow after the
+one traced before it, whichever replica traced that: MirroredStrategy
+traces replica 0's step, backward pass included, before replica 1's, so
+such an op in a recomputed forward pass (replica 0's backward) would make
+replica 1's forward pass wait for replica 0's backward pass, which waits
+for replica 1's gathers: a deadlock. `Writes` looks at the ops a piece of
 traced code added, and at the functions it added (a ``tf.while_loop``'s
 body, a branch), for such ops.
 
@@ -41,10 +49,13 @@ _WRITE_PREFIXES = ("Assign", "ResourceScatter", "ResourceApply", "ResourceStride
                    "Random", "StatefulRandom", "StatefulUniform", "StatefulStandardNormal",
                    "StatefulTruncatedNormal", "RngSkip", "RngReadAndSkip")
 _WRITE_TYPES = {"TruncatedNormal", "Multinomial", "ParameterizedTruncatedNormal"}
+# Stateful ops that read no variable: TensorFlow runs them in the order traced.
+_ORDERED_TYPES = {"Assert", "Print", "PrintV2", "CheckNumerics", "CheckNumericsV2"}
 
 
 def _writes(op_type: str) -> bool:
-    return op_type.startswith(_WRITE_PREFIXES) or op_type in _WRITE_TYPES
+    return (op_type.startswith(_WRITE_PREFIXES) or op_type in _WRITE_TYPES
+            or op_type in _ORDERED_TYPES)
 
 
 class Writes:

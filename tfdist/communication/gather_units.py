@@ -23,10 +23,13 @@ same holds with the units' output gradients in reverse order.
 
 A unit whose forward pass changes state (``BatchNormalization``'s moving
 statistics, a ``Dropout``'s random seed: a second forward pass would
-update or draw again; `tfdist._internal.state_writes`) is not
-recomputed: its gradient uses the forward pass's tensors, so its
-gathered weights stay alive until its backward pass, with a warning
-naming it. The numbers are the same either way.
+update or draw again) or runs a check or a print (a
+``tf.debugging.assert_*``: a second run in the backward pass would wait
+for the next replica's forward pass, a deadlock;
+`tfdist._internal.state_writes`) is not recomputed: its gradient uses
+the forward pass's tensors, so its gathered weights stay alive until its
+backward pass, with a warning naming it. The numbers are the same either
+way.
 """
 
 import functools
@@ -196,8 +199,9 @@ class GatherUnits:
             return
         self.kept_whole.append(layer.name)
         warnings.warn(
-            f"FullySharded: layer {layer.name!r} changes state in its forward pass "
-            f"({', '.join(written)}: it updates statistics or draws random numbers), so its "
-            "forward pass is not computed again in the backward pass and its gathered "
-            "weights stay alive until then. The numbers are the same; only the bound on "
+            f"FullySharded: layer {layer.name!r} runs ops in its forward pass that a second "
+            f"run would repeat ({', '.join(written)}: it updates statistics, draws random "
+            "numbers, or checks or prints, which TensorFlow runs in the order the replicas "
+            "were traced), so its forward pass is not computed again in the backward pass "
+            "and its gathered weights stay alive until then. The numbers are the same; only the bound on "
             "gathered weights alive at once does not cover this layer.", stacklevel=2)
