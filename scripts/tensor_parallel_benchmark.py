@@ -19,7 +19,10 @@ layout runs in a fresh process:
 - ``pipeline_2``: a ``Pipeline`` of 2 stages (cut after the middle pair),
   4 micro-batches, one device per stage;
 - ``mesh_1x2x2``: both, data x pipeline x model: each stage's pair split
-  over its own 2 model devices.
+  over its own 2 model devices;
+- ``data_2_fs``, ``mesh_2x2_fs``: ``data_2`` and ``mesh_2x2`` with
+  ``communication=FullySharded()`` (data x model x fully sharded: each
+  shard sliced over the 2 replicas).
 
 Reported per layout:
 
@@ -33,6 +36,8 @@ Reported per layout:
   pipeline, also the cut's activation and its gradient;
 - ``weight-sized MB``: any other tensor with a shape that crosses (goal 0);
 - ``all-reduce MB per replica``: what the strategy's collectives reduce;
+  ``gather MB per replica``: what fully sharded weights' collectives
+  gather and reduce-scatter (their operands' bytes, a replica's slices);
 - ``ms per step``: the median over ``--rounds`` of ``--steps`` steps of
   ``fit``. The 4 logical CPUs share this machine's 2 cores, so step times
   say what the split costs, not what separate devices would gain.
@@ -78,7 +83,8 @@ flags.DEFINE_integer("batch_size", 64, "Rows per global batch.")
 flags.DEFINE_integer("steps", 20, "Steps per timed round.")
 flags.DEFINE_integer("rounds", 5, "Timed rounds (the median is reported).")
 flags.DEFINE_list("layouts", ["one_device", "data_2", "data_4", "mesh_1x2", "mesh_1x4",
-                              "mesh_2x2", "pipeline_2", "mesh_1x2x2"],
+                              "mesh_2x2", "pipeline_2", "mesh_1x2x2", "data_2_fs",
+                              "mesh_2x2_fs"],
                   "The layouts measured, each in a fresh process.")
 flags.DEFINE_bool("workers", False, "Measure the 2-worker layouts on a simulated link.")
 flags.DEFINE_list("bandwidths", ["1gbit"], "With --workers: the link rates (tc), one cluster "
@@ -112,10 +118,11 @@ def measure_one(layout: str) -> dict:
     from tfdist.training import keras_fit  # pylint: disable=import-outside-toplevel
 
     width = 32 if FLAGS.quick else FLAGS.width
+    sliced = layout.endswith("_fs")
     data, stages, model_axis = {
         "one_device": (1, 1, 1), "data_2": (2, 1, 1), "data_4": (4, 1, 1),
         "mesh_1x2": (1, 1, 2), "mesh_1x4": (1, 1, 4), "mesh_2x2": (2, 1, 2),
-        "pipeline_2": (1, 2, 1), "mesh_1x2x2": (1, 2, 2)}[layout]
+        "pipeline_2": (1, 2, 1), "mesh_1x2x2": (1, 2, 2)}[layout.removesuffix("_fs")]
     per_row = stages * model_axis
     replica_devices = devices[:data * per_row:per_row]  # (the mesh's first column)
     strategy = (tfdist.make_strategy("mirrored", devices=replica_devices) if data > 1
@@ -132,7 +139,8 @@ def measure_one(layout: str) -> dict:
         mesh = keras.distribution.DeviceMesh(shape, names, devices[:data * per_row])
         ways.append(keras.distribution.ModelParallel(layout_map=_rules(keras, mesh),
                                                      batch_dim_name="batch"))
-    tfdist.attach(model, strategy, parallel=ways[0] if len(ways) == 1 else ways or None)
+    tfdist.attach(model, strategy, parallel=ways[0] if len(ways) == 1 else ways or None,
+                  communication=tfdist.communication.FullySharded() if sliced else None)
     # (quick: 48 rows, so that no activation's shape is a width-32 weight's)
     rows = 48 if FLAGS.quick else FLAGS.batch_size
     x = np.random.default_rng(0).random((rows, width), "float32")
@@ -171,8 +179,12 @@ def measure_one(layout: str) -> dict:
     rows_crossing = {per_replica, per_replica // MICRO_BATCHES}  # (a batch's; a micro-batch's)
     activations = [c for c in crossings if c.shape[0] in rows_crossing
                    and tuple(c.shape) not in weight_shapes]
-    reduced = sum(int(np.prod(op.inputs[0].shape)) * op.inputs[0].dtype.size
-                  for op in graph.get_operations() if op.type == "CollectiveReduceV2")
+    def operand_bytes(types):
+        return sum(int(np.prod(op.inputs[0].shape)) * op.inputs[0].dtype.size
+                   for op in graph.get_operations() if op.type in types)
+
+    reduced = operand_bytes(("CollectiveReduceV2",))
+    gathered = operand_bytes(("CollectiveGatherV2", "CollectiveAllToAllV2"))
     activation_bytes = per_replica * width * 4
     implied = (data * (model_axis - 1) * activation_bytes * (4 * FLAGS.pairs - 1)
                + (stages - 1) * 2 * activation_bytes)  # (a pipeline's cut, both ways)
@@ -183,6 +195,7 @@ def measure_one(layout: str) -> dict:
             "implied_mb": implied / 2**20,
             "weight_sized_mb": sum(c.bytes for c in crossings if c not in activations) / 2**20,
             "all_reduce_mb_per_replica": reduced / data / 2**20,
+            "gather_mb_per_replica": gathered / data / 2**20,
             "ms_per_step": 1000 * float(np.median(seconds))}
 
 
@@ -282,8 +295,8 @@ def main(argv) -> int:
                               table)
         print(table)
         return 0
-    layouts = ["one_device", "data_2", "mesh_1x2", "mesh_2x2", "mesh_1x2x2"] if FLAGS.quick \
-        else FLAGS.layouts
+    layouts = ["one_device", "data_2", "mesh_1x2", "mesh_2x2", "mesh_1x2x2",
+               "mesh_2x2_fs"] if FLAGS.quick else FLAGS.layouts
     rows = []
     for layout in layouts:
         command = [sys.executable, __file__, f"--run_of={layout}", f"--quick={FLAGS.quick}",
@@ -295,10 +308,12 @@ def main(argv) -> int:
     one = next((r for r in rows if r["layout"] == "one_device"), None)
     lines = ["| layout | weights MB | most weights + state MB on a device | activation MB "
              "between devices | implied MB | weight-sized MB | all-reduce MB per replica | "
-             "ms per step | vs one device |", "|---|---|---|---|---|---|---|---|---|"]
+             "gather MB per replica | ms per step | vs one device |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['layout']} | {r['weights_mb']:.2f} | {r['most_kept_on_a_device_mb']:.2f} | "
               f"{r['activation_mb']:.2f} | {r['implied_mb']:.2f} | {r['weight_sized_mb']:.2f} | "
-              f"{r['all_reduce_mb_per_replica']:.2f} | {r['ms_per_step']:.1f} | "
+              f"{r['all_reduce_mb_per_replica']:.2f} | "
+              f"{r.get('gather_mb_per_replica', 0.0):.2f} | {r['ms_per_step']:.1f} | "
               + (f"{r['ms_per_step'] / one['ms_per_step']:.2f}x |" if one else "- |")
               for r in rows]
     table = "\n".join(lines) + "\n"

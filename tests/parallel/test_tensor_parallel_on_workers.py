@@ -82,17 +82,40 @@ def test_data_pipeline_and_model_axes_over_two_workers_equal_one_device(tmp_path
                 name, copies)
 
 
-@pytest.mark.parametrize("stages", short_form.only([1, 2], in_ci=[1]))
-def test_a_killed_worker_of_a_mesh_restarts_from_the_checkpoint_and_ends_equal(tmp_path, stages):
-    """SIGKILL of worker 1 mid-epoch under the 2 x 2 mesh (with 2 stages:
-    2 x 2 x 2, data x pipeline x model): its shards and their Adam state
-    die with it. tfdist-run names it and restarts the group; both workers
+def test_data_model_and_fully_sharded_over_two_workers_equal_one_device(tmp_path):
+    """Mesh 2 x 2 over 2 workers with ``communication=FullySharded()``:
+    each worker keeps half of each of its shards (slice r of shard j on
+    its CPU j), gathered among the workers' CPUs j; every worker ends at
+    one device's weights, History, evaluation and predictions."""
+    expected, expected_history = in_process._one_device("adam")  # pylint: disable=protected-access
+    program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", "--fully_sharded"]
+    with LauncherRun(["--num_workers=2"], program) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for task in (0, 1):
+        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
+        _assert_worker_equals(expected, expected_history, result)
+        for name, copies in result["shards"].items():
+            assert copies == [f"/job:worker/replica:0/task:{task}/device:CPU:{name[-2]}"], (
+                name, copies)
+        # d1/kernel (5, 8): shards of 20, half on each worker
+        assert result["slice_elements"]["d1/kernel[1]"] == [10], result["slice_elements"]
+
+
+@pytest.mark.parametrize("layout", short_form.only(
+    ["2x2", "2x2x2", "2x2_sliced"], in_ci=["2x2"]))
+def test_a_killed_worker_of_a_mesh_restarts_from_the_checkpoint_and_ends_equal(
+        tmp_path, layout):
+    """SIGKILL of worker 1 mid-epoch under the 2 x 2 mesh (2x2x2: data x
+    pipeline x model, 2 stages; 2x2_sliced: data x model x fully
+    sharded): its shards (or its slices of them) and their Adam state die
+    with it. tfdist-run names it and restarts the group; both workers
     restore from the last checkpoint (mid-epoch) and end where one
     uninterrupted device ends."""
     expected, expected_history = in_process._one_device("adam", epochs=3)  # pylint: disable=protected-access
     program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'c'}",
                          "--checkpoint_every_steps=2", "--step_delay=0.3", "--epochs=3",
-                         f"--stages={stages}"]
+                         f"--stages={2 if layout == '2x2x2' else 1}"] + (
+                             ["--fully_sharded"] if layout.endswith("sliced") else [])
     with LauncherRun(["--num_workers=2", "--max_restarts=1", "--grace_period=5"],
                      program) as run:
         run.interrupt_and_wait_for_restart("worker-1", after=r"\[worker-0\] epoch step 3 done")

@@ -6,7 +6,9 @@ mesh's model axis, from a Keras ``LayoutMap``; each shard's gradient is
 all-reduced over the workers once per step. ``--stages=2``: data x
 pipeline x model, each worker's 4 logical CPUs 2 pipeline stages (cut
 after d1: the column layer on stage 0, the row layer on stage 1) of 2
-model devices each. ``--checkpoint_dir``:
+model devices each. ``--fully_sharded``: data x model x fully sharded,
+each shard (and each replicated weight) sliced over the 2 workers'
+replicas (`tfdist.communication.FullySharded`). ``--checkpoint_dir``:
 checkpoints for fault tests; ``--refusals``: first tries meshes it must
 refuse, and writes each error.
 
@@ -34,6 +36,7 @@ def main():
     parser.add_argument("--checkpoint_every_steps", type=int, default=None)
     parser.add_argument("--refusals", action="store_true")
     parser.add_argument("--stages", type=int, default=1, choices=(1, 2))
+    parser.add_argument("--fully_sharded", action="store_true")
     parser.add_argument("--step_delay", type=float, default=0.0,
                         help="seconds to sleep after each step (fault tests)")
     args = parser.parse_args()
@@ -61,16 +64,19 @@ def main():
                                                      batch_dim_name="batch")]
     model = tfdist.attach(
         model, strategy, parallel=parallel,
+        communication=tfdist.communication.FullySharded() if args.fully_sharded else None,
         checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir,
                                                every_steps=args.checkpoint_every_steps))
     x, y = in_process._data()  # pylint: disable=protected-access
     history = model.fit(x, y, batch_size=in_process.BATCH, epochs=args.epochs, shuffle=False,
                         verbose=0, callbacks=[step_progress.callback(model, args.step_delay)]
                         ).history
-    shards = {}
+    shards, slices = {}, {}
     for weight in model.weights:
         for index, shard in enumerate(tensor_parallel.shards_of(weight) or []):
             shards[f"{weight.path}[{index}]"] = [copy.device for copy in shard.value.values]
+            slices[f"{weight.path}[{index}]"] = [
+                int(copy.shape.num_elements()) for copy in shard.value.values]
     result = {
         "history": history,
         "evaluation": model.evaluate(x, y, batch_size=in_process.BATCH, verbose=0,
@@ -79,6 +85,7 @@ def main():
         "weights": [w.tolist() for w in model.get_weights()],
         "mesh": devices,
         "shards": shards,
+        "slice_elements": slices,
         "refusals": refusals,
     }
     output = pathlib.Path(args.output_dir)

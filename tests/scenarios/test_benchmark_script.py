@@ -408,7 +408,8 @@ def test_tensor_parallel_benchmark_quick_counts_what_the_layout_implies(tmp_path
     _run_benchmark(tmp_path, ["--quick"], 600, "tensor_parallel_benchmark.py")
     rows = {r["layout"]: r for r in json.loads(
         (tmp_path / "tensor_parallel_benchmark.json").read_text())["rows"]}
-    assert sorted(rows) == ["data_2", "mesh_1x2", "mesh_1x2x2", "mesh_2x2", "one_device"]
+    assert sorted(rows) == ["data_2", "mesh_1x2", "mesh_1x2x2", "mesh_2x2", "mesh_2x2_fs",
+                            "one_device"]
     assert rows["mesh_1x2"]["most_kept_on_a_device_mb"] < rows["one_device"][
         "most_kept_on_a_device_mb"] * 0.6
     for name in ("mesh_1x2", "mesh_2x2"):
@@ -421,6 +422,15 @@ def test_tensor_parallel_benchmark_quick_counts_what_the_layout_implies(tmp_path
     assert composed["activation_mb"] > composed["implied_mb"], composed
     for name in ("mesh_1x2", "mesh_1x2x2"):
         assert rows[name]["weight_sized_mb"] == 0, rows[name]
+    # Sliced over the 2 replicas too: about half of mesh_2x2's per device,
+    # gathered and reduce-scattered, the activations as mesh_2x2's
+    sliced = rows["mesh_2x2_fs"]
+    assert sliced["most_kept_on_a_device_mb"] < rows["mesh_2x2"][
+        "most_kept_on_a_device_mb"] * 0.6, sliced
+    assert sliced["gather_mb_per_replica"] > 0, sliced  # (and no gradient all-reduce)
+    assert sliced["all_reduce_mb_per_replica"] < rows["mesh_2x2"][
+        "all_reduce_mb_per_replica"] * 0.1, sliced
+    assert abs(sliced["activation_mb"] - rows["mesh_2x2"]["activation_mb"]) < 1e-6, sliced
     assert "| mesh_2x2 |" in (tmp_path / "tensor_parallel_benchmark.md").read_text()
 
 

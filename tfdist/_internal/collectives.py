@@ -90,6 +90,44 @@ def replica_launcher(strategy: tf.distribute.Strategy, replica: int):
     return launchers[replica % len(launchers)]
 
 
+def group_launcher(strategy: tf.distribute.Strategy, devices, replica: int):
+    """The collective launcher of replica ``replica`` (its index in the
+    whole group) in a group of the strategy's size over other devices than
+    its replicas': ``devices``, one per local replica in their order (a
+    tensor-parallel shard's copies, `tfdist.communication.FullySharded`
+    with the model axis), so a collective runs where its operands live,
+    not on each replica's first device. The strategy's own launcher when
+    ``devices`` are its replicas'; None when it does not reduce with
+    collective ops (`replica_launcher`).
+
+    Every worker must ask for its groups in the same order (TensorFlow
+    numbers a new group's key by the order it is first asked for), as
+    every worker attaches the same model the same way."""
+    cross_device_ops = getattr(strategy.extended, "_cross_device_ops", None)
+    launchers = getattr(cross_device_ops, "_launchers", None)
+    if not launchers:
+        return None
+    # pylint: disable=protected-access
+    devices = tuple(_full_name(d) for d in devices)
+    if devices == tuple(_full_name(l._device) for l in launchers):
+        return launchers[replica % len(launchers)]
+    groups = cross_device_ops.__dict__.setdefault("_tfdist_device_groups", {})
+    if devices not in groups:
+        keys, first = cross_device_ops._collective_keys, launchers[0]
+        group_key = keys.get_group_key(devices)
+        groups[devices] = [_cross_device_utils.CollectiveReplicaLauncher(
+            group_key, first._group_size, keys, device, first._options) for device in devices]
+    return groups[devices][replica % len(devices)]
+
+
+def _full_name(device: str) -> str:
+    """``device`` named in full (job, replica, task: a variable's copies'
+    devices and a launcher's are; a short name is this process's)."""
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.replace(job=spec.job or "localhost", replica=spec.replica or 0,
+                        task=spec.task or 0).to_string()
+
+
 def reduce_scatter_sum(launcher, rows: tf.Tensor) -> tf.Tensor:
     """Row ``r`` of ``rows`` (shape ``[N, length]``, one row per replica)
     summed over every replica, on replica ``r``: a reduce-scatter.

@@ -76,6 +76,12 @@ What runs and what is refused (a `ConfigurationError` saying why):
 - Within a pipeline's stages (``parallel=tfdist.parallel.Pipeline(...)``,
   data x pipeline x fully sharded): each stage's slices on its devices,
   gathered once per step (`tfdist.parallel.pipeline`).
+- With the model axis (``parallel=keras.distribution.ModelParallel(...)``,
+  data x model x fully sharded): each split weight's shards are sliced,
+  shard j's slices on every replica's model device j, gathered and
+  reduce-scattered in a collective group of those devices
+  (`tfdist._internal.collectives.group_launcher`), inside the split
+  layer's sharded form (`tfdist.parallel.plan`).
 - Not built yet, refused: weights of more than one dtype;
   ParameterServerStrategy, TPUStrategy and LocalSGD as for
   `ShardedOptimizerState`.
@@ -91,7 +97,6 @@ What runs and what is refused (a `ConfigurationError` saying why):
   (`tfdist.communication.gather_units`).
 """
 
-import types
 import warnings
 import weakref
 from typing import Optional, Sequence
@@ -99,10 +104,9 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share, sparse_gradients, step_graph
-from tfdist._internal.keras import optimizer as keras_optimizer, sliced_weights
-from tfdist._internal.tensorflow import distributed_variables
-from tfdist.communication import compression, gather_units, model_support, sharded_checkpoints
-from tfdist.communication import step_gathers
+from tfdist._internal.keras import optimizer as keras_optimizer
+from tfdist.communication import compression, gather_units, model_support
+from tfdist.communication import step_gathers, weight_slices
 from tfdist.communication.step_gathers import StepWeights
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.sharding import ShardedOptimizerState
@@ -161,6 +165,10 @@ class FullySharded(ShardedOptimizerState):
         self._per_step = False  # (`_gather_once_per_step`: within a pipeline's stages)
         self._when_built = False  # (`_attach_when_built`: a model Keras builds later)
         self._step_weights = weakref.WeakKeyDictionary()  # graph -> {replica: StepWeights}
+        # With the model axis (`_over_split_weights`): the model's trainable
+        # weights as the step differentiates them (each split one as its shards).
+        self._weights_of = lambda model: list(model.trainable_variables)
+        self._launcher_devices = []  # per weight: the devices of its local slices
 
     def __repr__(self) -> str:
         options = []
@@ -197,53 +205,18 @@ class FullySharded(ShardedOptimizerState):
 
     def _slice_weights(self, model, strategy) -> None:
         """Replaces every trainable weight's storage (a whole copy per
-        replica) with one slice per replica."""
-        variables = list(model.trainable_variables)
-        if len({v.dtype for v in variables}) > 1:
-            raise ConfigurationError(
-                f"{self!r} shards weights of one dtype; this model's trainable weights are "
-                f"{sorted({str(v.dtype) for v in variables})}. Drop it for this model.")
+        replica) with one slice per replica (`tfdist.communication.weight_slices`)."""
+        variables = self._weights_of(model)
+        weight_slices.check_one_dtype(self, variables)
         self._strategy = strategy
         self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync)
-        slices = sharded_checkpoints.Shards(strategy, self._layout)
-        for index, variable in enumerate(variables):
-            whole = variable.numpy()
-            old = sliced_weights.storage(variable)
-            with strategy.scope(), distributed_variables.on_devices_of(strategy, old):
-                storage = tf.Variable(tf.zeros([self._layout.slice_sizes[index]], variable.dtype),
-                                      trainable=True, name=old.name.split(":")[0])
-            # (`Shards` reads a state variable's storage from its ``value``)
-            held = types.SimpleNamespace(value=storage, dtype=storage.dtype)
-            reads = sliced_weights.SlicedReads(
-                read_in_replica=self._gatherer(index, storage),
-                whole=lambda held=held, index=index: slices.whole(held, index),
-                assign_whole=lambda value, held=held, index=index: slices.assign_whole(
-                    held, index, value, replica=self._replica_index(strategy)),
-                worker_pieces=lambda held=held, index=index: slices.worker_pieces(held, index))
-            reads.assign_whole(whole)
-            sliced_weights.store_in_slices(variable, storage, reads)
+        self._launcher_devices = weight_slices.store_in_slices(
+            strategy, self._layout, variables, self._gatherer,
+            lambda: self._replica_index(strategy))
 
     def _accumulation_sums(self, variables) -> accumulation.SumStorage:
-        """Gradient accumulation's sums (`tfdist.replica.accumulation`):
-        one variable of each weight's slice length per replica, saved whole
-        (the slices put together, as the optimizer's state is saved)."""
-        variables = list(variables)
-        if [tuple(v.shape) for v in variables] != list(self._layout.shapes):
-            raise ConfigurationError(
-                f"{self!r}: gradient accumulation was asked for other weights than the "
-                "model's trainable weights it sharded. Accumulate the model's own weights.")
-        shards = sharded_checkpoints.Shards(self._strategy, self._layout)
-        with self._strategy.scope():
-            sums = [tf.Variable(tf.zeros([length], variable.dtype), trainable=False,
-                                synchronization=tf.VariableSynchronization.ON_READ,
-                                aggregation=tf.VariableAggregation.NONE,
-                                name="gradient_sum_slice")
-                    for variable, length in zip(variables, self._layout.slice_sizes)]
-        # (`Shards` reads a state variable's storage from its ``value``)
-        held = [types.SimpleNamespace(value=total, dtype=total.dtype) for total in sums]
-        return accumulation.SumStorage(
-            sums=sums, saved=[sharded_checkpoints.WholeSlot(shards, total, index)
-                              for index, total in enumerate(held)])
+        """Gradient accumulation's sums, in slices (`tfdist.communication.weight_slices`)."""
+        return weight_slices.accumulation_sums(self, self._strategy, self._layout, variables)
 
     def _gatherer(self, index: int, storage):
         """A function reading weight ``index`` whole inside a replica of a
@@ -275,6 +248,13 @@ class FullySharded(ShardedOptimizerState):
 
         return read_in_replica
 
+    def _launcher(self, index: int, replica: int):
+        """Replica ``replica``'s collective launcher for weight ``index``:
+        in the group of the devices its slices live on (the strategy's
+        replicas', or a tensor-parallel shard's model devices), so its
+        gather and reduce-scatter run beside them."""
+        return collectives.group_launcher(self._strategy, self._launcher_devices[index], replica)
+
     def _replica_index(self, strategy) -> "int | None":
         """The index of the replica of ``strategy`` running here, or None
         outside one (cross-replica context, another strategy)."""
@@ -301,7 +281,7 @@ class FullySharded(ShardedOptimizerState):
         all-gather of its slices, whose gradient is the reduce-scatter of the
         whole weight's gradient."""
         layout = self._layout
-        launcher = collectives.replica_launcher(self._strategy, replica)
+        launcher = self._launcher(index, replica)
         local = tf.convert_to_tensor(storage)  # this replica's slice (read on the tape)
 
         @tf.custom_gradient
@@ -341,6 +321,16 @@ class FullySharded(ShardedOptimizerState):
         """Set by `tfdist.parallel.plan.ModelPlan` for a model Keras builds on
         its first batch: `attach_to` waits for the plan to call it again."""
         self._when_built = True
+
+    def _over_split_weights(self, weights_of) -> None:
+        """Set by `tfdist.parallel.plan.ModelPlan` with the model axis
+        (tensor parallelism): the weights sliced over the replicas are
+        ``weights_of(model)``, each split weight's shards (each shard's
+        slices on its model devices, gathered and reduce-scattered among
+        the devices holding that shard), and the optimizer's state is built
+        by the tensor-parallel build, which calls `_build_state` for the shards."""
+        self._weights_of = weights_of
+        self._state_built_by_split = True
 
     def _gather_once_per_step(self) -> None:
         """Set by `tfdist.parallel.plan.ModelPlan` before attaching, when a

@@ -224,8 +224,12 @@ class WholeSlot(tf.__internal__.tracking.Trackable):
         """This worker's slices, as `Shards.worker_pieces`."""
         return self._shards.worker_pieces(self._state, self._weight)
 
+    def read_whole(self) -> tf.Tensor:
+        """The whole value (a tensor of the weight's shape)."""
+        return self._shards.whole(self._state, self._weight)
+
     def numpy(self):
-        return self._shards.whole(self._state, self._weight).numpy()
+        return self.read_whole().numpy()
 
     def assign(self, value) -> None:
         self._shards.assign_whole(self._state, self._weight, value)
@@ -247,7 +251,17 @@ class OrdinaryLayout:
         self._weights = list(weights)
         self._views = {id(state): WholeSlot(shards, state, record.weight_of[id(state)])
                        for state in record.state_variables()}
+        self._record = BuildRecord()
+        for state in record.state_variables():
+            view = self._views[id(state)]
+            self._record.weight_of[id(view)] = record.weight_of[id(state)]
+            self._record.made.append(view)
         self._children = None
+
+    def record(self) -> BuildRecord:
+        """The views, each with its weight's index, in the order Keras
+        made the state they stand for."""
+        return self._record
 
     def variables(self, sharded_variables) -> list:
         """The ordinary ``optimizer.variables`` for the sharded ones."""

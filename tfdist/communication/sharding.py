@@ -101,6 +101,8 @@ class ShardedOptimizerState:
         self._shards = []  # per weight, a variable of one replica's slice
         self._keys, self._names = [], []  # the weights the state was built for, in order
         self._ordinary = None  # the state as checkpoints see it, once built
+        # (with the model axis: the tensor-parallel build calls `_build_state`)
+        self._state_built_by_split = False
 
     def __repr__(self) -> str:
         return "ShardedOptimizerState()"
@@ -140,11 +142,19 @@ class ShardedOptimizerState:
         # What checkpoints and model.save see: the ordinary Keras state.
         patches.replace_checkpoint_children_of(target, lambda children: (
             self._ordinary.children(children) if self._ordinary else children))
-        patches.replace_methods_of(target, {
-            "build": lambda variables: self._build(target, keras_build, variables, strategy)})
+        if not self._state_built_by_split:
+            patches.replace_methods_of(target, {"build": lambda variables: self._build_state(
+                target, keras_build, variables, strategy)})
         # ``model.save`` / ``save_weights``: the ordinary Keras state.
         sharded_checkpoints.save_in_ordinary_form(
             target, lambda: self._ordinary_variables(target), repr(self))
+
+    def _ordinary_state_record(self) -> sharded_checkpoints.BuildRecord:
+        """The ordinary (unsharded) state's variables (`WholeSlot` views),
+        each with the index of the weight it was built for, in the order
+        Keras made them: what a tensor-parallel optimizer groups into each
+        split weight's state (`tfdist.parallel.split_state`)."""
+        return self._ordinary.record()
 
     def _ordinary_variables(self, optimizer) -> list:
         if self._ordinary is None:
@@ -160,7 +170,7 @@ class ShardedOptimizerState:
             "optimizer itself (tf.train.Checkpoint(optimizer=...), model.save), which saves "
             "the whole state.")
 
-    def _build(self, optimizer, keras_build, variables, strategy) -> None:
+    def _build_state(self, optimizer, keras_build, variables, strategy) -> None:
         """Per replica, the optimizer's state for its slice of each weight
         (built by Keras from stand-ins of the slices' shapes, emptied before
         it builds), the shapeless slice variables the updates run in (made

@@ -25,8 +25,11 @@ Its axes are named as Keras names a ``keras.distribution.DeviceMesh``'s:
   pipeline x model whose second axis is named ``"pipeline"``), each
   stage's split layers keep their shards on that stage's model devices and
   run their sharded forms inside the stage's passes, the stage's other
-  weights on its first model device; fully sharded weights with the model
-  axis are not built yet (a clear error).
+  weights on its first model device. With fully sharded weights
+  (``communication=FullySharded()``, data x model x fully sharded), each
+  shard is sliced over the replicas on its model devices, gathered and
+  reduce-scattered among them (`tfdist.communication.FullySharded`); the
+  three axes at once (a pipeline too) are not built yet (a clear error).
 
 Fully sharded weights (``communication=FullySharded()``) shard over the
 data axis, within each stage when there is a pipeline (data x pipeline x
@@ -202,8 +205,15 @@ class ModelPlan:
             refused.append(f"this model's own {', '.join(own_steps)} (tfdist's step "
                            "differentiates the shards; a model that overrides only "
                            "compute_loss runs)")
-        if parts_of(communication):
-            refused.append(f"communication={communication!r}")
+        parts = parts_of(communication)
+        sharded = [part for part in parts if isinstance(part, FullySharded)]
+        if len(sharded) < len(parts):
+            refused.append(f"communication={communication!r} (of the communication parts, "
+                           "FullySharded() composes with the model axis)")
+        elif sharded and self.pipeline is not None:
+            refused.append(f"communication={communication!r} together with a pipeline "
+                           "(FullySharded() composes with the model axis alone, data x "
+                           "model x fully sharded)")
         if static_shapes:
             refused.append("static shapes (TPUStrategy, static_shapes=True)")
         if accumulation.accumulation_steps(model.optimizer):
@@ -212,10 +222,16 @@ class ModelPlan:
             raise ConfigurationError(
                 f"parallel={split!r} does not combine with {'; '.join(refused)} yet. Drop "
                 "one of them.")
+        if sharded and self._replicas > 1:  # (one replica: nothing to shard)
+            self.sharding = sharded[0]
+            sharded[0]._over_split_weights(  # pylint: disable=protected-access
+                lambda model: self.trainable_variables(model))
         if model.built:
             self._attach_split_weights(model, strategy)
         else:
-            self._waiting = (model, strategy, [])
+            for part in sharded:
+                part._attach_when_built()  # pylint: disable=protected-access
+            self._waiting = (model, strategy, sharded)
 
     def _attach_split_weights(self, model, strategy) -> None:
         """Tensor parallelism, and with a pipeline its stages too (data x
@@ -226,7 +242,7 @@ class ModelPlan:
         layer runs its sharded form inside its stage's pass."""
         pipeline = self.pipeline
         if pipeline is None:
-            self.tensor_parallel.attach(model, strategy)
+            self.tensor_parallel.attach(model, strategy, sharding=self.sharding)
             return
         self.tensor_parallel.attach(model, strategy, stage_of=_stage_of_layers(pipeline, model),
                                     pipeline=pipeline)

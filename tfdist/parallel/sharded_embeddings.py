@@ -32,12 +32,13 @@ ids are refused.
 import dataclasses
 from typing import Optional, Sequence
 
+import keras
 import tensorflow as tf
 
-from tfdist._internal.keras import model_state as keras_model_state, placed_weights
+from tfdist._internal.keras import placed_weights
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import sharded_forms
-from tfdist.parallel.sharded_layers import SplitActivations
+from tfdist.parallel.sharded_layers import SplitActivations, read_by_form
 
 
 @dataclasses.dataclass
@@ -68,23 +69,17 @@ class EmbeddingShards:
                 f"Embedding {name!r} is split over the model axis and got "
                 f"{type(ids).__name__} ids: split tables take dense ids (pad them, with "
                 "mask_zero=True to mask the padding).")
-        tables = [keras_model_state.tensorflow_variable(t) for t in self.tables]
-        devices = [placed_weights.device_of(t) for t in tables]
+        tables = [read_by_form(t) for t in self.tables]
+        devices = [placed_weights.device_of(t) for t in self.tables]
         ids = tf.convert_to_tensor(ids)
         with tf.device(devices[0]):
             if ids.dtype not in (tf.int32, tf.int64):
                 ids = tf.cast(ids, tf.int32)
             ids = tf.where(ids < 0, ids + tf.cast(self.vocabulary, ids.dtype), ids)
-            checks = [tf.debugging.assert_non_negative(
-                          ids, message=f"Embedding {name!r}: an id below -{self.vocabulary}"),
-                      tf.debugging.assert_less(
-                          ids, tf.cast(self.vocabulary, ids.dtype),
-                          message=f"Embedding {name!r}: an id at or above its vocabulary "
-                                  f"({self.vocabulary} rows)")]
-            with tf.control_dependencies(checks):
-                ids = tf.identity(ids)
+        ids = _in_vocabulary(ids, self.vocabulary, devices[0], name)
         if self.form == "embedding_columns":
-            parts = [sharded_forms.on_device(device, lambda t=table: _cast(tf.gather(t, ids), dtype), [])
+            parts = [sharded_forms.on_device(device, lambda t=table: _cast(tf.gather(_rows(t), ids),
+                                                                           dtype), [])
                      for table, device in zip(tables, devices)]
             if self.activations is None:
                 with tf.device(devices[0]):
@@ -95,13 +90,37 @@ class EmbeddingShards:
         def in_range(table, offset):
             local = ids - tf.cast(offset, ids.dtype)
             inside = tf.logical_and(local >= 0, local < rows)
-            vectors = tf.gather(table, tf.where(inside, local, tf.zeros_like(local)))
+            vectors = tf.gather(_rows(table), tf.where(inside, local, tf.zeros_like(local)))
             return _cast(vectors * tf.cast(inside, vectors.dtype)[..., None], dtype)
 
         partials = [sharded_forms.on_device(device, lambda t=table, o=j * rows: in_range(t, o), [])
                     for j, (table, device) in enumerate(zip(tables, devices))]
         with tf.device(devices[0]):
             return tf.add_n(partials)
+
+
+def _in_vocabulary(ids, vocabulary: int, device: str, name: str):
+    """``ids``, or an error naming the layer when one is outside
+    ``[0, vocabulary)``: the ids looked up in ``range(vocabulary)`` on a
+    CPU (``device``, or its host's), whose gather fails on an index out of
+    range ("indices[...] = 20 is not in [0, 16)"), as one CPU's lookup
+    does. (A gather, not a ``tf.debugging.assert_*``: TensorFlow runs
+    asserts in the order they were traced, whichever replica traced them,
+    which with collectives in a replica's step can wait forever:
+    `tfdist._internal.state_writes`.)"""
+    spec = tf.DeviceSpec.from_string(device)
+    if spec.device_type not in (None, "CPU"):
+        device = spec.replace(device_type="CPU", device_index=0).to_string()
+    with tf.device(device), tf.name_scope(f"{name}_ids_in_vocabulary"):
+        return tf.gather(tf.range(vocabulary, dtype=ids.dtype), ids)
+
+
+def _rows(table):
+    """What a lookup gathers rows from: ``table`` (a ``tf.Variable``: only
+    the ids' rows are read), or the whole shard a fully sharded table's
+    read gathers (`read_by_form`; TensorFlow's gather would read the
+    Keras variable's storage, one replica's slice)."""
+    return tf.convert_to_tensor(table) if isinstance(table, keras.Variable) else table
 
 
 def _cast(value: tf.Tensor, dtype) -> tf.Tensor:

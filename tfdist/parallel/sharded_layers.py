@@ -40,6 +40,7 @@ import keras
 import tensorflow as tf
 
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
+from tfdist._internal.keras import sliced_weights
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import sharded_forms
 
@@ -89,6 +90,18 @@ class SplitActivations:
             whole = tf.concat(parts, axis=axis)
         self.keep(whole, parts, axis)
         return whole
+
+
+def read_by_form(shard):
+    """What a split layer's form reads for ``shard`` (a Keras variable):
+    its TensorFlow variable; or, when fully sharded weights keep the shard
+    in slices over the data axis (`tfdist.communication.FullySharded`
+    with the model axis), the Keras variable itself, whose read inside
+    the step gathers the slices where the form reads it (on the shard's
+    device, inside the form's unit, which then differentiates the slices)."""
+    if sliced_weights.is_sliced(shard):
+        return shard
+    return keras_model_state.tensorflow_variable(shard)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,17 +193,17 @@ class KernelShards:
         it is called (`sharded_forms.column_part`)."""
         bias = None if self.biases is None else self.biases[index]
         return sharded_forms.column_part(
-            inputs, keras_model_state.tensorflow_variable(self.kernels[index]),
-            None if bias is None else keras_model_state.tensorflow_variable(bias),
+            inputs, read_by_form(self.kernels[index]),
+            None if bias is None else read_by_form(bias),
             layer.activation, self.form.times)
 
     def call(self, layer, inputs, training=None):
         """What ``layer`` computes from ``inputs``, sharded."""
         del training  # (Dense and EinsumDense compute the same in both phases)
-        kernels = [keras_model_state.tensorflow_variable(k) for k in self.kernels]
+        kernels = [read_by_form(k) for k in self.kernels]
         devices = self.devices()
         biases = (None if self.biases is None
-                  else [keras_model_state.tensorflow_variable(b) for b in self.biases])
+                  else [read_by_form(b) for b in self.biases])
         form = self.form
         if form.form == "column":
             parts = self.activations.precomputed(self, inputs) or sharded_forms.column(

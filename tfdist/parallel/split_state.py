@@ -46,18 +46,25 @@ class ShardStates:
     def whole(state: SplitState, weight: int) -> tf.Tensor:
         del weight
         with tf.device("/cpu:0"):
-            return tf.concat([tf.convert_to_tensor(getattr(p, "value", p)) for p in state.parts],
-                             axis=state.dimension)
+            return tf.concat([_read(p) for p in state.parts], axis=state.dimension)
 
     def assign_whole(self, state: SplitState, weight: int, value, replica=None) -> None:
         del weight, replica
-        value = tf.cast(tf.convert_to_tensor(value), state.parts[0].dtype)
+        value = tf.cast(tf.convert_to_tensor(value), _read(state.parts[0]).dtype)
         for part, piece in zip(state.parts, tf.split(value, len(state.parts),
                                                      axis=state.dimension)):
             part.assign(piece)
 
     def worker_pieces(self, state: SplitState, weight: int) -> WorkerPieces:
         return WorkerPieces(self.whole(state, weight), [], (0,), 1)  # (every shard is local)
+
+
+def _read(part) -> tf.Tensor:
+    """A shard's state variable's value; whole when fully sharded weights
+    keep it in slices over the data axis (a `WholeSlot`)."""
+    if isinstance(part, WholeSlot):
+        return part.read_whole()
+    return tf.convert_to_tensor(getattr(part, "value", part))
 
 
 class OrdinaryState:
@@ -107,11 +114,15 @@ class OrdinaryState:
         return self._children
 
 
-def save_whole(optimizer, ordinary: OrdinaryState) -> None:
+def save_whole(optimizer, ordinary: OrdinaryState, below=None) -> None:
     """Makes ``optimizer`` save and load through ``ordinary`` (its
-    checkpoint children, ``save_own_variables`` / ``load_own_variables``)."""
+    checkpoint children, ``save_own_variables`` / ``load_own_variables``).
+    ``below``: the optimizer's variables as fully sharded weights save
+    them (each shard's state whole, `tfdist.communication.FullySharded`
+    over the data axis), which ``ordinary`` then joins by weight; by
+    default its own variables."""
     patches.replace_checkpoint_children_of(optimizer, ordinary.children)
+    below = below or (lambda: list(optimizer.variables))
 
     sharded_checkpoints.save_in_ordinary_form(
-        optimizer, lambda: ordinary.variables(list(optimizer.variables)),
-        "a tensor-parallel layout")
+        optimizer, lambda: ordinary.variables(below()), "a tensor-parallel layout")

@@ -26,7 +26,8 @@ What a model attached with ``parallel=ModelParallel(...)`` becomes:
   optimizer therefore computes one device's numbers; clipping too: a
   global norm is summed over the shards, and ``clipnorm`` takes each split
   weight's norm from its shards' (`tfdist._internal.keras.norm_groups`). The optimizer
-  saves its state whole, as an unsplit one (`tfdist.parallel.split_state`).
+  saves its state whole, as an unsplit one (`tfdist.parallel.split_state`;
+  the optimizer made for the shards: `tfdist.parallel.split_optimizer`).
 
 Layers with split forms: ``Dense`` and ``EinsumDense`` by columns or rows
 (`tfdist.parallel.sharded_layers`), ``MultiHeadAttention`` by heads (its
@@ -40,8 +41,9 @@ Not built yet, refused with an error saying so: other split layers,
 other regularizers and constraints on split weights, LoRA and quantized layers,
 gradient accumulation, a model's own ``train_step``
 or ``test_step`` (a model that overrides only ``compute_loss`` runs
-tfdist's step, which calls it), communication parts (fully sharded weights
-among them). With a pipeline it composes: `tfdist.parallel.plan`.
+tfdist's step, which calls it), communication parts other than
+``FullySharded()``. With a pipeline, and with fully sharded weights (each
+shard sliced over the data axis), it composes: `tfdist.parallel.plan`.
 
 >>> import keras, numpy as np, tfdist
 >>> devices = tfdist.strategies.configure_logical_cpus(2)
@@ -76,10 +78,9 @@ from tfdist._internal.keras import distributions as keras_distributions
 from tfdist._internal.keras import optimizer as keras_optimizer, patches
 from tfdist._internal.keras import norm_groups, placed_weights, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
-from tfdist.communication import sharded_checkpoints
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import mesh_rows, sharded_attention, split_regularizers, split_state
-from tfdist.parallel import layouts, stage_updates
+from tfdist.parallel import mesh_rows, sharded_attention, split_regularizers
+from tfdist.parallel import layouts, split_optimizer, stage_updates
 from tfdist.parallel.layouts import ModelLayout
 from tfdist.parallel.sharded_embeddings import EmbeddingShards
 from tfdist.parallel.sharded_layers import KernelForm, KernelShards, SplitActivations
@@ -123,7 +124,8 @@ class TensorParallel:
     # -- set-up ------------------------------------------------------------
 
     def attach(self, model, strategy: Optional[tf.distribute.Strategy],
-               stage_of: Optional[Callable[[str], int]] = None, pipeline=None) -> None:
+               stage_of: Optional[Callable[[str], int]] = None, pipeline=None,
+               sharding=None) -> None:
         """Splits ``model``'s weights as the layout says (module doc).
 
         With ``pipeline`` (a `tfdist.parallel.Pipeline`, on a mesh whose
@@ -131,7 +133,12 @@ class TensorParallel:
         ``stage_of`` (a layer's stage, by path): each layer's shards go on
         its stage's model devices, and ``stage_devices`` lists each
         replica's stages' first model devices, where the pipeline runs the
-        stages (`tfdist.parallel.plan`)."""
+        stages (`tfdist.parallel.plan`).
+
+        With ``sharding`` (a `tfdist.communication.FullySharded` over the
+        data axis, which slices the shards once this returns): the
+        optimizer's state is the shards' slices' (its ``_build_state``), saved
+        whole by weight through each shard's whole state."""
         if self.layout is not None:
             return
         layout = ModelLayout.of(self.distribution, model)
@@ -166,41 +173,9 @@ class TensorParallel:
             split[id(layers[path])] = self._split_layer(layers[path], path, weights,
                                                         per_replica, strategy)
         self._split_attentions(model, split)
-        keras_build = optimizer.build
-
-        def build(variables):
-            for variable in variables:
-                if shards_of(variable):
-                    keras_optimizer.exclude_from_decay_like(
-                        optimizer, shards_of(variable),
-                        (keys_before.get(id(variable)),
-                         keras_optimizer.variable_key(optimizer, variable)))
-            flat = trainable_variables(variables)
-            record = sharded_checkpoints.BuildRecord()
-            with record.recording(optimizer, flat):
-                keras_build(flat)
-            shards = [(index, part, getattr(variable, _DIMENSION, None))
-                      for index, variable in enumerate(variables)
-                      for part in range(len(shards_of(variable) or [variable]))]
-            split_state.save_whole(optimizer, split_state.OrdinaryState(record, shards,
-                                                                        variables))
-
-        keras_finalize = optimizer.finalize_variable_values
-
-        def finalize_variable_values(variables):  # (use_ema: the averages are the shards')
-            keras_finalize(trainable_variables(variables))
-
-        keras_apply = optimizer.apply
-
-        def apply(grads, trainable_variables=None):  # (clipnorm: which shards are one weight)
-            grads = list(grads)
-            if trainable_variables is None:
-                return keras_apply(grads, trainable_variables)
-            with norm_groups.clipping(grads, list(trainable_variables)):
-                return keras_apply(grads, trainable_variables)
-
-        patches.replace_methods_of(optimizer, {"build": build, "apply": apply,
-                                               "finalize_variable_values": finalize_variable_values})
+        split_optimizer.build_for_shards(
+            optimizer, split_optimizer.SplitWeights(shards_of, trainable_variables, _dimension_of),
+            keys_before, strategy, sharding)
         stage_updates.run_on_weight_devices(model.optimizer)
         self.layout = layout
 
@@ -248,6 +223,11 @@ class TensorParallel:
                    and p.form.axis == projections[0].form.axis
                    and len(p.kernels) == len(projections[0].kernels) for p in projections):
                 sharded_attention.split_by_heads(layer, projections, self._activations)
+
+
+def _dimension_of(variable) -> Optional[int]:
+    """The dimension a split weight's shards divide (None: not split)."""
+    return getattr(variable, _DIMENSION, None)
 
 
 def trainable_variables(variables) -> list:
@@ -362,7 +342,8 @@ def _keep_as_view(variable, shards: list, dimension: int) -> None:
 
     def whole():
         with tf.device("/cpu:0"):
-            return tf.concat([tf.convert_to_tensor(keras_model_state.tensorflow_variable(s))
+            return tf.concat([sliced_weights.whole(s) if sliced_weights.is_sliced(s) else
+                              tf.convert_to_tensor(keras_model_state.tensorflow_variable(s))
                               for s in shards], axis=dimension)
 
     def assign_whole(value):

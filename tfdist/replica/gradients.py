@@ -102,7 +102,9 @@ def clip_slices_in_apply(optimizer) -> None:
     reduce-scatters, and the optimizer updates each replica's slice of each
     weight). A norm is then a sum over the replicas' slices: one all-reduce
     of one number per weight, and Keras' rule with the whole norms
-    (`tfdist._internal.keras.optimizer.clip_slices`); ``clipvalue`` clips
+    (`tfdist._internal.keras.optimizer.clip_slices`; a weight split over
+    the model axis takes the norm summed over its shards,
+    `tfdist._internal.keras.norm_groups`); ``clipvalue`` clips
     each element, with no collective. `apply_gradients` and a model's own
     step then leave the clipping to it. (A LossScaleOptimizer: its inner
     optimizer clips, after the loss scale is divided out.)"""
@@ -114,8 +116,16 @@ def clip_slices_in_apply(optimizer) -> None:
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync == 1:
             return keras_optimizer.clip_gradients(self, gradients)
-        return keras_optimizer.clip_slices(
-            self, list(gradients), lambda squares: collectives.all_reduce_sum(squares))
+        gradients = list(gradients)
+        # (the model axis too: a weight's shards share its norm, `norm_groups`)
+        variables = norm_groups.clipped_variables(gradients)
+        shared = None if variables is None else norm_groups.summed_squares(variables)
+
+        def whole_norms(squares):
+            squares = collectives.all_reduce_sum(squares)
+            return squares if shared is None else shared(squares)
+
+        return keras_optimizer.clip_slices(self, gradients, whole_norms, placed=True)
 
     patches.replace_clipping_of(clipping, clip)
     object.__setattr__(clipping, _CLIPS_SLICES, True)

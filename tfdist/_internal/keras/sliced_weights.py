@@ -132,6 +132,18 @@ def is_sliced(variable) -> bool:
     return hasattr(variable, _READS)
 
 
+def read(variable) -> tf.Tensor:
+    """A sliced weight's value, whole, in its own dtype (inside a replica
+    of a step: the gather ``read_in_replica`` makes)."""
+    return getattr(variable, _READS).read()
+
+
+def whole(variable) -> tf.Tensor:
+    """A sliced weight's value put together from every replica's slice
+    (outside a step: a save, ``get_weights``)."""
+    return getattr(variable, _READS).whole()
+
+
 def storage(variable) -> tf.Variable:
     """The ``tf.Variable`` a Keras variable keeps its value in (a sliced
     one's: the replicas' slices)."""
