@@ -1,6 +1,8 @@
 """The documentation's code runs: every ```python block of README.md and
-docs/**/*.md is executed, each in a fresh Python process (so each makes its
-own strategy before TensorFlow starts), in an empty directory, on CPUs.
+docs/**/*.md is executed, each in a Python process of its own (so each
+makes its own strategy before TensorFlow starts; forked from one that has
+imported TensorFlow, Keras and tfdist and run nothing,
+`tests.support.preloaded`), in an empty directory, on CPUs.
 
 A block that cannot run here (it needs a cluster, a TPU, a cloud account or
 another program's names, or is a fragment) carries a marker on the last
@@ -21,12 +23,12 @@ site's home page from the README itself (`docs/_ext/readme_sections.py`).
 import os
 import pathlib
 import re
-import signal
-import subprocess
 import sys
 from typing import List, NamedTuple, Optional
 
 import pytest
+
+from tests.support import preloaded
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_SECONDS = 300
@@ -72,21 +74,37 @@ def blocks() -> List[Block]:
 RUNNABLE = [block for block in blocks() if block.no_run is None]
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=[block.name for block in RUNNABLE])
-def test_docs_example_runs(block, tmp_path):
+@pytest.fixture(scope="module")
+def preloaded_python():
+    """One process per test worker with TensorFlow, Keras and tfdist
+    imported, forked for each example (`tests.support.preloaded`)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("TF_CONFIG", None)  # an example is one process, not a cluster task
-    process = subprocess.Popen(
-        [sys.executable, "-c", block.code], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT_SECONDS)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # its own session: the example and its children
-        output, _ = process.communicate()
+    process = preloaded.Preloaded(env)
+    yield process
+    process.close()
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[block.name for block in RUNNABLE])
+def test_docs_example_runs(block, tmp_path, preloaded_python):
+    code, output = preloaded_python.run(block.code, str(tmp_path), TIMEOUT_SECONDS)
+    if code is None:
         pytest.fail(f"{block.name} ran over {TIMEOUT_SECONDS} s; last output:\n{output[-4000:]}")
-    assert process.returncode == 0, (
-        f"{block.name} exited with {process.returncode}:\n{output[-6000:]}")
+    assert code == 0, f"{block.name} exited with {code}:\n{output[-6000:]}"
+
+
+def test_a_failing_example_is_reported_as_python_would(tmp_path, preloaded_python):
+    """What a fresh ``python -c`` gives: an uncaught exception's traceback
+    and exit code 1, ``sys.exit``'s code, output written by threads the
+    program left running (joined at exit, as the interpreter does)."""
+    assert preloaded_python.run("print('fine')", str(tmp_path), 60) == (0, "fine\n")
+    code, output = preloaded_python.run("raise ValueError('not fine')", str(tmp_path), 60)
+    assert code == 1 and "ValueError: not fine" in output, output
+    assert preloaded_python.run("import sys; sys.exit(3)", str(tmp_path), 60)[0] == 3
+    threaded = ("import threading, time\n"
+                "threading.Thread(target=lambda: (time.sleep(0.5), print('joined'))).start()")
+    assert preloaded_python.run(threaded, str(tmp_path), 60) == (0, "joined\n")
+    assert preloaded_python.run("import time; time.sleep(30)", str(tmp_path), 1)[0] is None
 
 
 def test_every_no_run_marker_gives_a_reason():

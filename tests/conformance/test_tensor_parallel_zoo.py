@@ -48,7 +48,6 @@ EXPECTED = {
     "own_test_step": _OWN_STEP,
     "keras_io_gan": _OWN_STEP,
     "own_metrics_property": _OWN_STEP,
-    "gradient_accumulation": (ConfigurationError, r"does not combine with gradient accumulation"),
 }
 # Float16 round-off: where one device's matmul adds a column layer's input
 # gradient (or a row layer's product) in one product, the model axis adds

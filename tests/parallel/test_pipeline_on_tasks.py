@@ -92,6 +92,7 @@ def test_four_stages_per_worker_on_two_devices_fully_sharded_equal_one_device(tm
     _each_worker_equals(expected, tmp_path / "out")
 
 
+@pytest.mark.full_form  # (CI kills a pipeline's stage, and a fully sharded worker, apart)
 def test_a_killed_worker_of_a_fully_sharded_pipeline_per_worker_restarts_and_ends_equal(
         tmp_path):
     """The composed layout on processes (2 MultiWorkerMirroredStrategy

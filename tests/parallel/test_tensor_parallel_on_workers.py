@@ -86,9 +86,14 @@ def test_data_model_and_fully_sharded_over_two_workers_equal_one_device(tmp_path
     """Mesh 2 x 2 over 2 workers with ``communication=FullySharded()``:
     each worker keeps half of each of its shards (slice r of shard j on
     its CPU j), gathered among the workers' CPUs j; every worker ends at
-    one device's weights, History, evaluation and predictions."""
+    one device's weights, History, evaluation and predictions. Background
+    saves every 2 steps hold only the worker's own slices on its host (the
+    chief: its half of the weights and Adam's moments and the counters),
+    never the whole model."""
     expected, expected_history = in_process._one_device("adam")  # pylint: disable=protected-access
-    program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", "--fully_sharded"]
+    program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", "--fully_sharded",
+                         f"--checkpoint_dir={tmp_path / 'c'}", "--checkpoint_every_steps=2",
+                         "--async_checkpoint"]
     with LauncherRun(["--num_workers=2"], program) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     for task in (0, 1):
@@ -99,6 +104,11 @@ def test_data_model_and_fully_sharded_over_two_workers_equal_one_device(tmp_path
                 name, copies)
         # d1/kernel (5, 8): shards of 20, half on each worker
         assert result["slice_elements"]["d1/kernel[1]"] == [10], result["slice_elements"]
+        # weights + Adam's 2 moments, whole: 3 x 4 bytes per weight element
+        whole = 12 * sum(w.size for w in expected.get_weights())
+        # (about half each; the chief's counters: the step, the rate)
+        assert 0.45 * whole < result["background_host_bytes"] < 0.5 * whole + 128, (
+            result["background_host_bytes"], whole)
 
 
 @pytest.mark.parametrize("layout", short_form.only(
@@ -107,7 +117,7 @@ def test_a_killed_worker_of_a_mesh_restarts_from_the_checkpoint_and_ends_equal(
         tmp_path, layout):
     """SIGKILL of worker 1 mid-epoch under the 2 x 2 mesh (2x2x2: data x
     pipeline x model, 2 stages; 2x2_sliced: data x model x fully
-    sharded): its shards (or its slices of them) and their Adam state die
+    sharded, saved in the background, each worker writing its slices): its shards (or its slices of them) and their Adam state die
     with it. tfdist-run names it and restarts the group; both workers
     restore from the last checkpoint (mid-epoch) and end where one
     uninterrupted device ends."""
@@ -115,7 +125,8 @@ def test_a_killed_worker_of_a_mesh_restarts_from_the_checkpoint_and_ends_equal(
     program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", f"--checkpoint_dir={tmp_path / 'c'}",
                          "--checkpoint_every_steps=2", "--step_delay=0.3", "--epochs=3",
                          f"--stages={2 if layout == '2x2x2' else 1}"] + (
-                             ["--fully_sharded"] if layout.endswith("sliced") else [])
+                             ["--fully_sharded", "--async_checkpoint"]  # (merged slices)
+                             if layout.endswith("sliced") else [])
     with LauncherRun(["--num_workers=2", "--max_restarts=1", "--grace_period=5"],
                      program) as run:
         run.interrupt_and_wait_for_restart("worker-1", after=r"\[worker-0\] epoch step 3 done")

@@ -37,6 +37,8 @@ def main():
     parser.add_argument("--refusals", action="store_true")
     parser.add_argument("--stages", type=int, default=1, choices=(1, 2))
     parser.add_argument("--fully_sharded", action="store_true")
+    parser.add_argument("--async_checkpoint", action="store_true",
+                        help="background saves; reports the most bytes they held on the host")
     parser.add_argument("--step_delay", type=float, default=0.0,
                         help="seconds to sleep after each step (fault tests)")
     args = parser.parse_args()
@@ -66,10 +68,13 @@ def main():
         model, strategy, parallel=parallel,
         communication=tfdist.communication.FullySharded() if args.fully_sharded else None,
         checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir,
-                                               every_steps=args.checkpoint_every_steps))
+                                               every_steps=args.checkpoint_every_steps,
+                                               async_write=args.async_checkpoint))
     x, y = in_process._data()  # pylint: disable=protected-access
+    host_bytes = {"most": 0}
     history = model.fit(x, y, batch_size=in_process.BATCH, epochs=args.epochs, shuffle=False,
-                        verbose=0, callbacks=[step_progress.callback(model, args.step_delay)]
+                        verbose=0, callbacks=[step_progress.callback(model, args.step_delay),
+                                              _background_host_bytes(model, host_bytes)]
                         ).history
     shards, slices = {}, {}
     for weight in model.weights:
@@ -86,11 +91,26 @@ def main():
         "mesh": devices,
         "shards": shards,
         "slice_elements": slices,
+        "background_host_bytes": host_bytes["most"],
         "refusals": refusals,
     }
     output = pathlib.Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     (output / f"{tfdist.cluster.task_name()}.json").write_text(json.dumps(result))
+
+
+def _background_host_bytes(model, noted: dict):
+    """A callback keeping in ``noted["most"]`` the most bytes this worker's
+    background saves held on its host, seen after every step."""
+    from tfdist.training import keras_fit  # pylint: disable=import-outside-toplevel
+
+    def seen(batch, logs):
+        del batch, logs
+        checkpoint = keras_fit.attachment_of(model).trainer()._checkpoint  # pylint: disable=protected-access
+        if checkpoint is not None:
+            noted["most"] = max(noted["most"], checkpoint.background_host_bytes())
+
+    return keras.callbacks.LambdaCallback(on_train_batch_end=seen)
 
 
 def _refusals(strategy, in_process) -> dict:

@@ -116,6 +116,10 @@ class Shards:
         self._replicas = [int(i) for i in strategy.experimental_local_results(ids)]
         self._gathers: Dict[int, object] = {}
 
+    def shape_of(self, weight: int) -> tuple:
+        """Weight ``weight``'s whole shape."""
+        return tuple(self._layout.shapes[weight])
+
     def _components(self, state) -> list:
         return list(self._strategy.experimental_local_results(_tensorflow_variable(state)))
 
@@ -223,6 +227,11 @@ class WholeSlot(tf.__internal__.tracking.Trackable):
     def worker_pieces(self) -> WorkerPieces:
         """This worker's slices, as `Shards.worker_pieces`."""
         return self._shards.worker_pieces(self._state, self._weight)
+
+    @property
+    def shape(self) -> tf.TensorShape:
+        """The whole value's shape (the weight's)."""
+        return tf.TensorShape(self._shards.shape_of(self._weight))
 
     def read_whole(self) -> tf.Tensor:
         """The whole value (a tensor of the weight's shape)."""

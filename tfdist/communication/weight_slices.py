@@ -64,20 +64,24 @@ def store_in_slices(strategy, layout: ShardLayout, variables, gatherer: Callable
 
 def accumulation_sums(what, strategy, layout: ShardLayout, variables) -> accumulation.SumStorage:
     """Gradient accumulation's sums (`tfdist.replica.accumulation`): one
-    variable of each weight's slice length per replica, saved whole (the
-    slices put together, as the optimizer's state is saved)."""
+    variable of each weight's slice length per replica, beside the weight's
+    slices, saved whole (the slices put together, as the optimizer's state
+    is saved)."""
     variables = list(variables)
     if [tuple(v.shape) for v in variables] != list(layout.shapes):
         raise ConfigurationError(
             f"{what!r}: gradient accumulation was asked for other weights than the "
             "model's trainable weights it sharded. Accumulate the model's own weights.")
     shards = sharded_checkpoints.Shards(strategy, layout)
-    with strategy.scope():
-        sums = [tf.Variable(tf.zeros([length], variable.dtype), trainable=False,
-                            synchronization=tf.VariableSynchronization.ON_READ,
-                            aggregation=tf.VariableAggregation.NONE,
-                            name="gradient_sum_slice")
-                for variable, length in zip(variables, layout.slice_sizes)]
+    sums = []
+    for variable, length in zip(variables, layout.slice_sizes):
+        # (beside the weight's slices: a stage's, a tensor-parallel shard's devices)
+        with strategy.scope(), distributed_variables.on_devices_of(
+                strategy, sliced_weights.storage(variable)):
+            sums.append(tf.Variable(tf.zeros([length], variable.dtype), trainable=False,
+                                    synchronization=tf.VariableSynchronization.ON_READ,
+                                    aggregation=tf.VariableAggregation.NONE,
+                                    name="gradient_sum_slice"))
     # (`Shards` reads a state variable's storage from its ``value``)
     held = [types.SimpleNamespace(value=total, dtype=total.dtype) for total in sums]
     return accumulation.SumStorage(

@@ -74,7 +74,7 @@ from tfdist.communication.plan import parts_of
 from tfdist.errors import ConfigurationError
 from tfdist.parallel.pipeline import Pipeline
 from tfdist.parallel import mesh_rows, split_regularizers, tensor_parallel
-from tfdist.replica import accumulation, keras_steps, table_rows
+from tfdist.replica import keras_steps, table_rows
 from tfdist.replica.step import ForwardBackward
 
 AXES = ("data", "pipeline", "model")  # (as a keras.distribution.DeviceMesh names them)
@@ -216,8 +216,6 @@ class ModelPlan:
                            "model x fully sharded)")
         if static_shapes:
             refused.append("static shapes (TPUStrategy, static_shapes=True)")
-        if accumulation.accumulation_steps(model.optimizer):
-            refused.append("gradient accumulation (gradient_accumulation_steps)")
         if refused:
             raise ConfigurationError(
                 f"parallel={split!r} does not combine with {'; '.join(refused)} yet. Drop "

@@ -17,7 +17,9 @@ optimizer instance (its ``build``, ``apply`` and
   which that part builds, saved whole through each shard's whole state;
 - ``apply``: ``clipnorm`` clips a split weight's gradient by the whole
   weight's norm (`tfdist._internal.keras.norm_groups`);
-- ``finalize_variable_values`` (``use_ema``): the shards' averages.
+- ``finalize_variable_values`` (``use_ema``): the shards' averages;
+- gradient accumulation (`tfdist.replica.accumulation`) keeps a sum beside
+  each shard and saves one whole sum per weight.
 """
 
 import dataclasses
@@ -26,6 +28,7 @@ from typing import Callable
 from tfdist._internal.keras import norm_groups, optimizer as keras_optimizer, patches
 from tfdist.communication import sharded_checkpoints
 from tfdist.parallel import split_state
+from tfdist.replica import accumulation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +47,13 @@ class SplitWeights:
 
 
 def build_for_shards(optimizer, split: SplitWeights, keys_before: dict, strategy,
-                     sharding=None) -> None:
+                     weights: Callable, sharding=None) -> None:
     """Makes ``optimizer`` (unbuilt) build, apply and finalize for the
     shards (module doc). ``keys_before``: each weight's optimizer key
     before it was split (by ``id``), for weight decay's exclusions by
-    name; ``sharding``: a `tfdist.communication.FullySharded` slicing the
-    shards over the data axis, or None."""
+    name; ``weights()``: the model's trainable weights; ``sharding``: a
+    `tfdist.communication.FullySharded` slicing the shards over the data
+    axis, or None."""
     keras_build = optimizer.build
 
     def build(variables):
@@ -91,3 +95,5 @@ def build_for_shards(optimizer, split: SplitWeights, keys_before: dict, strategy
 
     patches.replace_methods_of(optimizer, {"build": build, "apply": apply,
                                            "finalize_variable_values": finalize_variable_values})
+    accumulation.sums_saved_as(optimizer, lambda parts: split_state.joined_by_weight(
+        parts, weights(), split.shards_of, split.dimension_of))

@@ -25,6 +25,7 @@ from typing import Dict, List, Sequence
 
 import tensorflow as tf
 
+from tfdist._internal import flat_pieces
 from tfdist._internal.keras import optimizer as keras_optimizer, patches
 from tfdist._internal.tensorflow import trackable_lists
 from tfdist.communication import sharded_checkpoints
@@ -56,15 +57,52 @@ class ShardStates:
             part.assign(piece)
 
     def worker_pieces(self, state: SplitState, weight: int) -> WorkerPieces:
-        return WorkerPieces(self.whole(state, weight), [], (0,), 1)  # (every shard is local)
+        del weight
+        if not isinstance(state.parts[0], WholeSlot):
+            return WorkerPieces(self.whole(state, 0), [], (0,), 1)  # (every shard is local)
+        return joined_worker_pieces([part.worker_pieces() for part in state.parts],
+                                    [tuple(part.shape) for part in state.parts],
+                                    state.dimension)
+
+
+def joined_worker_pieces(parts: Sequence[WorkerPieces], shapes: Sequence[tuple],
+                        dimension: int) -> WorkerPieces:
+    """What this worker holds of a weight split along ``dimension`` into
+    parts of ``shapes``, each part's held as ``parts`` (its slices over the
+    replicas, `tfdist.communication.sharded_checkpoints.Shards.worker_pieces`):
+    the whole weight when the worker holds every part whole, else each
+    part's rectangles moved to where the part sits in the weight, so a
+    background save copies only the worker's own slices to its host
+    (`tfdist.checkpoint.slice_writes`)."""
+    if all(part.whole is not None for part in parts):
+        with tf.device("/cpu:0"):
+            whole = tf.concat([part.whole for part in parts], axis=dimension)
+        return WorkerPieces(whole, [], parts[0].replicas, parts[0].all_replicas)
+    whole_shape = list(shapes[0])
+    whole_shape[dimension] = sum(shape[dimension] for shape in shapes)
+    pieces, offset = [], 0
+    for part, shape in zip(parts, shapes):
+        if part.whole is not None:  # (a small part whose elements this worker holds)
+            offsets = [0] * len(shape)
+            offsets[dimension] = offset
+            pieces.append((flat_pieces.Piece(tuple(whole_shape), tuple(offsets), tuple(shape),
+                                             0, 0), part.whole))
+        for piece, values in part.pieces:
+            offsets = list(piece.offsets)
+            offsets[dimension] += offset
+            pieces.append((flat_pieces.Piece(tuple(whole_shape), tuple(offsets), piece.lengths,
+                                             piece.start, piece.stop), values))
+        offset += shape[dimension]
+    return WorkerPieces(None, pieces, parts[0].replicas, parts[0].all_replicas)
 
 
 def _read(part) -> tf.Tensor:
-    """A shard's state variable's value; whole when fully sharded weights
-    keep it in slices over the data axis (a `WholeSlot`)."""
+    """A shard's state variable's value (or its gradient accumulation's
+    sum); whole when fully sharded weights keep it in slices over the data
+    axis (a `WholeSlot`)."""
     if isinstance(part, WholeSlot):
         return part.read_whole()
-    return tf.convert_to_tensor(getattr(part, "value", part))
+    return tf.convert_to_tensor(part)  # (a sync-on-read sum: its total over the replicas)
 
 
 class OrdinaryState:
@@ -112,6 +150,21 @@ class OrdinaryState:
                     children[name] = child
             self._children = children
         return self._children
+
+
+def joined_by_weight(parts: Sequence, weights: Sequence, shards_of, dimension_of) -> list:
+    """``parts`` (one saved object per shard of ``weights``, in the flat
+    order: each split weight's shards in its place) joined into one per
+    weight: a split weight's a view of its shards' (a `WholeSlot`), an
+    unsplit one's as it is. What gradient accumulation saves for a split
+    model (`tfdist.replica.accumulation.sums_saved_as`)."""
+    parts, joined = list(parts), []
+    for index, weight in enumerate(weights):
+        count = len(shards_of(weight) or [weight])
+        own, parts = parts[:count], parts[count:]
+        joined.append(own[0] if count == 1 else WholeSlot(
+            ShardStates(), SplitState(tuple(own), dimension_of(weight)), index))
+    return joined
 
 
 def save_whole(optimizer, ordinary: OrdinaryState, below=None) -> None:

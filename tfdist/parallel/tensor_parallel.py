@@ -39,7 +39,7 @@ shards' terms, each on its shard's device (`tfdist.parallel.split_regularizers`)
 
 Not built yet, refused with an error saying so: other split layers,
 other regularizers and constraints on split weights, LoRA and quantized layers,
-gradient accumulation, a model's own ``train_step``
+a model's own ``train_step``
 or ``test_step`` (a model that overrides only ``compute_loss`` runs
 tfdist's step, which calls it), communication parts other than
 ``FullySharded()``. With a pipeline, and with fully sharded weights (each
@@ -79,7 +79,7 @@ from tfdist._internal.keras import optimizer as keras_optimizer, patches
 from tfdist._internal.keras import norm_groups, placed_weights, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import mesh_rows, sharded_attention, split_regularizers
+from tfdist.parallel import mesh_rows, sharded_attention, split_regularizers, split_state
 from tfdist.parallel import layouts, split_optimizer, stage_updates
 from tfdist.parallel.layouts import ModelLayout
 from tfdist.parallel.sharded_embeddings import EmbeddingShards
@@ -175,7 +175,7 @@ class TensorParallel:
         self._split_attentions(model, split)
         split_optimizer.build_for_shards(
             optimizer, split_optimizer.SplitWeights(shards_of, trainable_variables, _dimension_of),
-            keys_before, strategy, sharding)
+            keys_before, strategy, lambda: model.trainable_variables, sharding)
         stage_updates.run_on_weight_devices(model.optimizer)
         self.layout = layout
 
@@ -363,7 +363,11 @@ def _keep_as_view(variable, shards: list, dimension: int) -> None:
     def worker_pieces():
         from tfdist.communication.sharded_checkpoints import WorkerPieces  # pylint: disable=import-outside-toplevel
 
-        return WorkerPieces(whole(), [], (0,), 1)
+        if not sliced_weights.is_sliced(shards[0]):
+            return WorkerPieces(whole(), [], (0,), 1)  # (every shard is this worker's)
+        return split_state.joined_worker_pieces(  # (each shard's slices: only this worker's)
+            [shard.worker_pieces() for shard in shards], [tuple(s.shape) for s in shards],
+            dimension)
 
     with tf.init_scope(), tf.device("/cpu:0"):
         placeholder = tf.Variable(tf.zeros([0], variable.dtype), trainable=False,

@@ -60,11 +60,14 @@ import tensorflow as tf
 from tfdist.errors import ConfigurationError
 from tfdist._internal import collectives, sparse_gradients
 from tfdist._internal.keras import patches
+from tfdist._internal.tensorflow import distributed_variables
 from tfdist.replica import gradients as gradients_lib
 
 # Set on an optimizer whose gradients are each replica's slices: the
 # function that makes the accumulator's sums (`sums_in_slices`).
 _SLICE_SUMS = "_tfdist_slice_sums"
+# Set on an optimizer of a split model: how its sums are saved (`sums_saved_as`).
+_SAVED_SUMS = "_tfdist_saved_sums"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,15 +95,29 @@ def sums_in_slices(optimizer, make_sums: Callable[[Sequence], SumStorage]) -> No
     object.__setattr__(patches.inner_optimizer(optimizer), _SLICE_SUMS, make_sums)
 
 
-def _whole_sums(variables) -> SumStorage:
-    """One whole replica-local sum per weight, saved as the total over the
-    replicas (restored: an equal part on each)."""
-    sums = [
-        tf.Variable(tf.zeros(v.shape, v.dtype), aggregation=tf.VariableAggregation.SUM,
-                    name="gradient_sum", trainable=False,
-                    synchronization=tf.VariableSynchronization.ON_READ)
-        for v in variables
-    ]
+def sums_saved_as(optimizer, saved: Callable[[List[object]], List[object]]) -> None:
+    """Marks ``optimizer`` as one whose weights are kept in parts (a
+    tensor-parallel model's shards, `tfdist.parallel.split_optimizer`): an
+    accumulator for it saves ``saved(each part's saved sum)``, one whole
+    sum per weight, as an unsplit model's accumulator saves."""
+    object.__setattr__(patches.inner_optimizer(optimizer), _SAVED_SUMS, saved)
+
+
+def _whole_sums(variables, strategy) -> SumStorage:
+    """One whole replica-local sum per weight, beside it (a tensor-parallel
+    shard's on its model devices), saved as the total over the replicas
+    (restored: an equal part on each)."""
+    sums = []
+    for variable in variables:
+        storage = getattr(variable, "value", variable)
+        placed = (distributed_variables.on_devices_of(strategy, storage)
+                  if distributed_variables.is_distributed(storage)
+                  else tf.device(storage.device))
+        with placed:
+            sums.append(tf.Variable(
+                tf.zeros(variable.shape, variable.dtype), aggregation=tf.VariableAggregation.SUM,
+                name="gradient_sum", trainable=False,
+                synchronization=tf.VariableSynchronization.ON_READ))
     return SumStorage(sums=sums, saved=list(sums))
 
 
@@ -146,10 +163,12 @@ class GradientAccumulator:
         self._variables = list(variables)
         self.steps = steps
         on_read = dict(trainable=False, synchronization=tf.VariableSynchronization.ON_READ)
-        make_sums = getattr(patches.inner_optimizer(optimizer), _SLICE_SUMS, None)
+        inner = patches.inner_optimizer(optimizer)
+        make_sums = getattr(inner, _SLICE_SUMS, None)
         storage = (make_sums(self._variables) if make_sums is not None
-                   else _whole_sums(self._variables))
-        self._sums, self._saved_sums = list(storage.sums), list(storage.saved)
+                   else _whole_sums(self._variables, strategy))
+        saved = getattr(inner, _SAVED_SUMS, list)
+        self._sums, self._saved_sums = list(storage.sums), list(saved(list(storage.saved)))
         self._examples = tf.Variable(0.0, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
                                      name="examples", **on_read)
         # Counted in cross-replica context: the same on every replica and worker.
@@ -172,7 +191,8 @@ class GradientAccumulator:
             if isinstance(gradient, tf.IndexedSlices):
                 self._warn_sparse(variable)
             if gradient is not None:
-                total.assign_add(tf.convert_to_tensor(gradient) * tf.cast(count, total.dtype))
+                with tf.device(total.device):  # (beside the sum: a shard's on its device)
+                    total.assign_add(tf.convert_to_tensor(gradient) * tf.cast(count, total.dtype))
         self._examples.assign_add(count)
 
     def _warn_sparse(self, variable) -> None:
@@ -207,7 +227,10 @@ class GradientAccumulator:
 
     def _apply(self) -> None:
         examples = tf.maximum(self._examples.read_value(), 1.0)
-        gradients = [total.read_value() / tf.cast(examples, total.dtype) for total in self._sums]
+        gradients = []
+        for total in self._sums:
+            with tf.device(total.device):
+                gradients.append(total.read_value() / tf.cast(examples, total.dtype))
         with _keras_accumulation_off(self._optimizer):
             gradients_lib.apply_gradients(self._optimizer, gradients, self._variables)
         for total in self._sums:
@@ -215,9 +238,12 @@ class GradientAccumulator:
         self._examples.assign(0.0)
 
 
-def accumulator_for(model, strategy) -> Optional[GradientAccumulator]:
+def accumulator_for(model, strategy, variables=None) -> Optional[GradientAccumulator]:
     """The accumulator the model's optimizer asks for (None: it does not).
     Call under ``strategy.scope()`` once the model and optimizer are built.
+    ``variables``: what the step differentiates, in order (default: the
+    model's trainable weights; a split model's shards,
+    `tfdist.parallel.plan.ModelPlan.trainable_variables`).
 
     >>> import keras, tfdist
     >>> from tfdist.replica.accumulation import accumulator_for
@@ -239,7 +265,9 @@ def accumulator_for(model, strategy) -> Optional[GradientAccumulator]:
             f"`gradient_accumulation_steps` ({steps}) is not supported under "
             "ParameterServerStrategy: workers apply their steps independently. Use a "
             "global batch `gradient_accumulation_steps` times larger instead.")
-    return GradientAccumulator(strategy, model.optimizer, model.trainable_variables, steps)
+    return GradientAccumulator(strategy, model.optimizer,
+                               model.trainable_variables if variables is None else variables,
+                               steps)
 
 
 __all__ = ["GradientAccumulator", "accumulation_steps", "accumulator_for"]

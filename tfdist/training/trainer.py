@@ -157,7 +157,8 @@ class Trainer:
             self._plan.when_built(spec)  # (a model Keras builds on its first batch)
             with self.strategy.scope():
                 keras_model_state.build_model_state(self.model, spec)
-                accumulator = accumulation.accumulator_for(self.model, self.strategy)
+                accumulator = accumulation.accumulator_for(
+                    self.model, self.strategy, self._plan.trainable_variables(self.model))
                 self._steps.use_accumulator(accumulator)
                 communication_state = self._communication.prepare(self.model)
             self._built_spec = spec
