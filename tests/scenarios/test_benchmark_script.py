@@ -423,14 +423,16 @@ def test_tensor_parallel_benchmark_quick_counts_what_the_layout_implies(tmp_path
     for name in ("mesh_1x2", "mesh_1x2x2"):
         assert rows[name]["weight_sized_mb"] == 0, rows[name]
     # Sliced over the 2 replicas too: about half of mesh_2x2's per device,
-    # gathered and reduce-scattered, the activations as mesh_2x2's
+    # gathered and reduce-scattered where the shards live (no weight-sized
+    # crossing, no gradient all-reduce); the layout's activations and more
+    # (each layer a unit, recomputed in the backward pass)
     sliced = rows["mesh_2x2_fs"]
     assert sliced["most_kept_on_a_device_mb"] < rows["mesh_2x2"][
         "most_kept_on_a_device_mb"] * 0.6, sliced
-    assert sliced["gather_mb_per_replica"] > 0, sliced  # (and no gradient all-reduce)
+    assert sliced["gather_mb_per_replica"] > 0 and sliced["weight_sized_mb"] == 0, sliced
     assert sliced["all_reduce_mb_per_replica"] < rows["mesh_2x2"][
         "all_reduce_mb_per_replica"] * 0.1, sliced
-    assert abs(sliced["activation_mb"] - rows["mesh_2x2"]["activation_mb"]) < 1e-6, sliced
+    assert sliced["activation_mb"] >= sliced["implied_mb"], sliced
     assert "| mesh_2x2 |" in (tmp_path / "tensor_parallel_benchmark.md").read_text()
 
 

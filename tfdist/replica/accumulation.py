@@ -59,7 +59,7 @@ import tensorflow as tf
 
 from tfdist.errors import ConfigurationError
 from tfdist._internal import collectives, sparse_gradients
-from tfdist._internal.keras import patches
+from tfdist._internal.keras import model_state as keras_model_state, patches
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.replica import gradients as gradients_lib
 
@@ -109,7 +109,7 @@ def _whole_sums(variables, strategy) -> SumStorage:
     (restored: an equal part on each)."""
     sums = []
     for variable in variables:
-        storage = getattr(variable, "value", variable)
+        storage = keras_model_state.tensorflow_variable(variable)
         placed = (distributed_variables.on_devices_of(strategy, storage)
                   if distributed_variables.is_distributed(storage)
                   else tf.device(storage.device))
