@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
 import tfdist
 from tests.parallel import test_tensor_parallel as flat
-from tests.support import reference as ref
+from tests.support import reference as ref, step_progress
 from tfdist.communication import FullySharded
 
 BATCH, STEPS = flat.BATCH, 2  # (36 examples: unions of 16, 16 and 4)
@@ -59,21 +58,6 @@ def test_accumulated_shards_equal_one_device_on_the_union_batches(data, optimize
     assert devices[:2] == shard_devices, (devices, shard_devices)  # (beside each shard)
 
 
-class _StopAt(keras.callbacks.Callback):
-    """Raises KeyboardInterrupt before training batch ``batch`` of epoch ``epoch``."""
-
-    def __init__(self, epoch, batch):
-        super().__init__()
-        self.at, self.epoch = (epoch, batch), None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if (self.epoch, batch) == self.at:
-            raise KeyboardInterrupt(f"stopped at epoch {self.epoch}, batch {batch}")
-
-
 def test_a_run_stopped_mid_accumulation_resumes_under_another_layout(tmp_path):
     """Stopped in epoch 2 after its first micro-batch (saved mid-union, its
     sums in the checkpoint) on 2x2 with sliced shards; resumed on 1x2: ends
@@ -85,7 +69,7 @@ def test_a_run_stopped_mid_accumulation_resumes_under_another_layout(tmp_path):
                   checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=6))
     with pytest.raises(KeyboardInterrupt):  # (step 6: epoch 2's first micro-batch)
         first.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
-                  callbacks=[_StopAt(1, 1)])
+                  callbacks=[step_progress.interrupt_at(1, 1)])
     model, _, layout, _ = _accumulating(1, "adam")
     tfdist.attach(model, parallel=layout, checkpointing=tfdist.CheckpointOptions(str(tmp_path)))
     history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)

@@ -10,7 +10,7 @@ import pytest
 
 import tfdist
 from tests.support import reference as ref
-from tests.support import short_form
+from tests.support import short_form, step_progress
 
 ROWS, MICRO, K = 37, 8, 3  # micro-batches 8,8,8 | 8,5 -> one device: 24 | 13
 
@@ -67,19 +67,6 @@ def test_accumulation_with_clipping_and_executions_that_straddle_updates(make_st
     ref.assert_logs_close(expected_history.history, history.history)
 
 
-class _InterruptAt(keras.callbacks.Callback):
-    def __init__(self, epoch, batch):
-        super().__init__()
-        self.at, self.epoch = (epoch, batch), None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if (self.epoch, batch) == self.at:
-            raise KeyboardInterrupt(f"interrupted at epoch {self.epoch}, batch {batch}")
-
-
 def test_resume_mid_accumulation_on_another_replica_count(make_strategy, tmp_path):
     dataset = ref.global_batches(ROWS, MICRO, weighted=False)
     expected, expected_history = _one_device_on_unions(epochs=2)
@@ -89,7 +76,7 @@ def test_resume_mid_accumulation_on_another_replica_count(make_strategy, tmp_pat
         # Saved at step 7 (epoch 2, micro-batch 2 of 3), stopped before step 8.
         tfdist.Trainer(first, first_strategy,
             checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=7)).fit(
-            dataset, epochs=2, verbose=0, callbacks=[_InterruptAt(1, 2)])
+            dataset, epochs=2, verbose=0, callbacks=[step_progress.interrupt_at(1, 2)])
     strategy = make_strategy(2)
     model = _accumulating_model(strategy)
     trainer = tfdist.Trainer(model, strategy, checkpointing=tfdist.CheckpointOptions(str(tmp_path)))
