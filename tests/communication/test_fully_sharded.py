@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import tfdist
 from conformance import axes, harness
-from tests.support import mixed_precision, reference as ref, short_form
+from tests.support import mixed_precision, reference as ref, short_form, step_progress
 from tests.support.strategy_columns import collectives_bounded
 from tests.support.models import GuideTrainStep, compiled_model
 from tfdist.communication import Compression, FullySharded
@@ -529,7 +529,7 @@ def test_a_run_stopped_mid_accumulation_resumes_on_another_count_and_stage(tmp_p
         tfdist.Trainer(first_model, first_strategy,
                        communication=_accumulation_stage(first_stage),
                        checkpointing=tfdist.CheckpointOptions(str(tmp_path), every_steps=7)).fit(
-            dataset, epochs=2, verbose=0, callbacks=[accumulation._InterruptAt(1, 2)])  # pylint: disable=protected-access
+            dataset, epochs=2, verbose=0, callbacks=[step_progress.interrupt_at(1, 2)])
     saved = dict(tf.train.list_variables(tf.train.latest_checkpoint(str(tmp_path))))
     sums = [shape for name, shape in saved.items()
             if name.startswith("gradient_accumulation/sum_")]
