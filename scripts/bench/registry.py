@@ -54,6 +54,10 @@ TOOLS: Dict[str, Tool] = {
     "tensor_parallel": Tool("tensor_parallel_benchmark.py", "benchmark",
                             "tensor parallelism from a LayoutMap against data parallelism and "
                             "one device: memory per device, bytes per step, step time"),
+    "sequence_parallel": Tool("sequence_parallel_benchmark.py", "benchmark",
+                              "sequence parallelism against tensor parallelism alone and one "
+                              "device: forward bytes per device, bytes between devices, "
+                              "step time"),
     "tables": Tool("tables_benchmark.py", "benchmark",
                    "an embedding step's time against the table's rows: Keras fit, tfdist on "
                    "one device and on 2 replicas, SGD and Adagrad"),

@@ -437,6 +437,25 @@ def test_tensor_parallel_benchmark_quick_counts_what_the_layout_implies(tmp_path
 
 
 @pytest.mark.full_form
+def test_sequence_parallel_benchmark_quick_keeps_less_on_the_first_device(tmp_path):
+    """scripts/sequence_parallel_benchmark.py --quick: every layout runs;
+    splitting the replicated region by sequence keeps fewer of the step's
+    activations on the first device than tensor parallelism alone (which
+    keeps fewer than one device), for more bytes between devices (the
+    input's cut, the output's join, the residual stream's gradients)."""
+    _run_benchmark(tmp_path, ["--quick"], 600, "sequence_parallel_benchmark.py")
+    rows = {r["layout"]: r for r in json.loads(
+        (tmp_path / "sequence_parallel_benchmark.json").read_text())["rows"]}
+    assert sorted(rows) == ["mesh_1x2", "mesh_1x2_sp", "mesh_1x4", "mesh_1x4_sp", "one_device"]
+    for model_axis in ("1x2", "1x4"):
+        plain, split = rows[f"mesh_{model_axis}"], rows[f"mesh_{model_axis}_sp"]
+        assert split["kept_mb_first"] < plain["kept_mb_first"] < rows["one_device"][
+            "kept_mb_first"], (plain, split)
+        assert split["activation_mb"] > plain["activation_mb"] > 0, (plain, split)
+    assert "| mesh_1x2_sp |" in (tmp_path / "sequence_parallel_benchmark.md").read_text()
+
+
+@pytest.mark.full_form
 @needs_namespaces
 def test_tensor_parallel_benchmark_on_workers_moves_the_gradients_once(tmp_path):
     """scripts/tensor_parallel_benchmark.py --workers --quick: 2 workers on a

@@ -104,7 +104,7 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share, sparse_gradients, step_graph
-from tfdist._internal.keras import optimizer as keras_optimizer
+from tfdist._internal.keras import layer_units, optimizer as keras_optimizer
 from tfdist.communication import compression, gather_units, model_support
 from tfdist.communication import step_gathers, weight_slices
 from tfdist.communication.step_gathers import StepWeights
@@ -241,6 +241,9 @@ class FullySharded(ShardedOptimizerState):
             step = self._step_weights.get(graph, {}).get(replica)
             if step is not None:  # (a pipelined training step: gathered for it)
                 step.check_read(index)
+            if layer_units.weight_reads_separate():  # (a part with its own gradient)
+                with graph.as_default(), tf.control_dependencies(after):
+                    return self._gather(index, storage, context, replica)
             if (replica, index) not in gathered:
                 with graph.as_default(), tf.control_dependencies(after):
                     gathered[(replica, index)] = self._gather(index, storage, context, replica)

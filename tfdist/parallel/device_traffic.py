@@ -49,7 +49,7 @@ def _device(name: str) -> str:
                         task=spec.task or 0).to_string()
 
 
-def _needed(graph) -> Optional[set]:
+def needed_ops(graph) -> Optional[set]:
     """The names of the ops a function graph runs: those its outputs and
     its stateful ops (its control outputs) need; TensorFlow prunes the
     rest. None for a graph that is not a function's."""
@@ -93,7 +93,7 @@ def crossings(graph, default_device: Optional[str] = None) -> List[Crossing]:
         return placed[op.name]
 
     found, seen = [], set()
-    needed = _needed(graph)
+    needed = needed_ops(graph)
     for op in graph.get_operations():
         if needed is not None and op.name not in needed:
             continue

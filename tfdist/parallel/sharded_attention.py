@@ -32,7 +32,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from tfdist._internal.keras import attention as keras_attention, layer_units
-from tfdist.parallel import sharded_forms
+from tfdist.parallel import sharded_forms, sharded_sequence
 from tfdist.parallel.sharded_layers import KernelShards, SplitActivations
 
 
@@ -65,12 +65,16 @@ def split_by_heads(layer, projections: Sequence[KernelShards],
                     distinct.append(tensor)
             index = [next(i for i, seen in enumerate(distinct) if seen is t) for t in inputs]
             per_device = []
-            for j, device in enumerate(query.devices()):
+            devices = query.devices()
+            gathered = [sharded_sequence.whole_on_each(activations, t, devices)
+                        for t in distinct]  # (a sequence split input: whole on each device)
+            for j, device in enumerate(devices):
                 def three(*tensors, j=j):
                     return tuple(shards.column_part(sublayer, j, tensors[index[n]])
                                  for n, (shards, sublayer) in enumerate(zip(projections,
                                                                             sublayers)))
-                per_device.append(sharded_forms.on_device(device, three, distinct))
+                per_device.append(sharded_forms.on_device(
+                    device, three, [t if g is None else g[j] for t, g in zip(distinct, gathered)]))
             for n, (shards, tensor) in enumerate(zip(projections, inputs)):
                 activations.precompute(shards, tensor, [parts[n] for parts in per_device])
             return call(query_input, value, key, *args, **kwargs)

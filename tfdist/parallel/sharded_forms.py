@@ -51,6 +51,8 @@ from typing import Callable, List, Optional, Sequence
 import keras
 import tensorflow as tf
 
+from tfdist._internal.tensorflow import placed_gradients
+
 
 def _activation(activation) -> Callable:
     return keras.activations.get(activation) if activation is not None else (lambda z: z)
@@ -66,7 +68,7 @@ def on_device(device: str, function: Callable, inputs: Sequence[tf.Tensor]):
     them sends them once. ``function`` may return a tuple of tensors (an
     attention's output and scores): the result is that tuple."""
     with tf.device(device):
-        @tf.custom_gradient
+        @placed_gradients.custom_gradient
         def unit(*tensors):
             with tf.GradientTape() as tape:
                 tape.watch(tensors)
@@ -108,18 +110,20 @@ def _times(x: tf.Tensor, kernel) -> tf.Tensor:
     return tf.tensordot(x, kernel, [[x.shape.rank - 1], [0]])
 
 
-def column(x: tf.Tensor, kernels: Sequence[tf.Variable], biases: Optional[Sequence],
+def column(x, kernels: Sequence[tf.Variable], biases: Optional[Sequence],
            devices: Sequence[str], activation=None, times: Optional[Callable] = None) -> List[tf.Tensor]:
     """``activation(x @ kernels[j] + biases[j])`` on ``devices[j]``, for
     each j: the column form (module doc). ``x``: [..., inputs], on its own
-    device; ``kernels[j]``: [inputs, columns of shard j]; ``biases``: one
-    per shard, or None. ``times(x, kernel)``: the product, by default
-    ``Dense``'s (an ``EinsumDense`` gives its equation's). Returns the
-    output's parts, in order."""
+    device (or a list of it, whole on each device: gathered there by
+    `tfdist.parallel.sharded_sequence`); ``kernels[j]``: [inputs, columns
+    of shard j]; ``biases``: one per shard, or None. ``times(x, kernel)``:
+    the product, by default ``Dense``'s (an ``EinsumDense`` gives its
+    equation's). Returns the output's parts, in order."""
     biases = list(biases) if biases is not None else [None] * len(kernels)
-    return [on_device(device, lambda inputs, k=kernel, b=bias: column_part(
-                inputs, k, b, activation, times), [x])
-            for kernel, bias, device in zip(kernels, biases, devices)]
+    inputs = list(x) if isinstance(x, (list, tuple)) else [x] * len(kernels)
+    return [on_device(device, lambda tensor, k=kernel, b=bias: column_part(
+                tensor, k, b, activation, times), [each])
+            for kernel, bias, device, each in zip(kernels, biases, devices, inputs)]
 
 
 def column_part(x: tf.Tensor, kernel, bias, activation=None,
@@ -142,12 +146,26 @@ def row(parts: Sequence[tf.Tensor], kernels: Sequence[tf.Variable], bias,
     shard j, outputs] there (on ``devices[j]``, by default the kernel's
     own device); ``bias``: [outputs] or None, added once. ``times``: as
     for `column`."""
+    products = row_products(parts, kernels, devices, times)
+    with tf.device(device):
+        return row_finish(tf.add_n(products), bias, activation)  # (each product sent once)
+
+
+def row_products(parts: Sequence[tf.Tensor], kernels: Sequence[tf.Variable],
+                 devices: Optional[Sequence[str]] = None,
+                 times: Optional[Callable] = None) -> List[tf.Tensor]:
+    """The row form's partial products, ``parts[j] @ kernels[j]`` on
+    ``devices[j]`` (`row` sums them on one device;
+    `tfdist.parallel.sharded_sequence` reduce-scatters them)."""
     times = times or _times
     devices = list(devices) if devices is not None else [k.device for k in kernels]
-    products = [on_device(shard_device, lambda p, k=kernel: times(p, k), [part])
-                for part, kernel, shard_device in zip(parts, kernels, devices)]
-    with tf.device(device):
-        output = tf.add_n(products)  # (each partial product sent once)
-        if bias is not None:
-            output = output + _as(tf.convert_to_tensor(bias), output.dtype)
-        return _activation(activation)(output)
+    return [on_device(shard_device, lambda p, k=kernel: times(p, k), [part])
+            for part, kernel, shard_device in zip(parts, kernels, devices)]
+
+
+def row_finish(output: tf.Tensor, bias, activation=None) -> tf.Tensor:
+    """The row form's summed product with its bias added once and its
+    activation, where it is called."""
+    if bias is not None:
+        output = output + _as(tf.convert_to_tensor(bias), output.dtype)
+    return _activation(activation)(output)

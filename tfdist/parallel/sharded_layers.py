@@ -42,7 +42,7 @@ import tensorflow as tf
 from tfdist._internal.keras import model_state as keras_model_state, placed_weights
 from tfdist._internal.keras import sliced_weights
 from tfdist.errors import ConfigurationError
-from tfdist.parallel import sharded_forms
+from tfdist.parallel import sharded_forms, sharded_sequence
 
 
 class SplitActivations:
@@ -55,6 +55,7 @@ class SplitActivations:
         self._limit = limit
         self._parts: Dict[int, Tuple[tf.Tensor, List[tf.Tensor], int]] = {}
         self._precomputed: Dict[Tuple[int, int], Tuple[tf.Tensor, List[tf.Tensor]]] = {}
+        self._sequences: Dict[int, Tuple[tf.Tensor, List[tf.Tensor], int]] = {}
 
     def keep(self, whole: tf.Tensor, parts: List[tf.Tensor], axis: int) -> None:
         """Records that ``whole`` joins ``parts`` along ``axis`` (negative:
@@ -63,6 +64,27 @@ class SplitActivations:
         self._parts[id(whole)] = (whole, list(parts), axis)
         if len(self._parts) > self._limit:  # (the oldest first)
             del self._parts[next(iter(self._parts))]
+
+    def keep_sequence(self, whole: tf.Tensor, chunks: List[tf.Tensor], axis: int) -> None:
+        """Records that ``whole`` is split by sequence into ``chunks``, one
+        per model device, along ``axis`` (`tfdist.parallel.sharded_sequence`)."""
+        self._sequences.pop(id(whole), None)
+        self._sequences[id(whole)] = (whole, list(chunks), axis)
+        if len(self._sequences) > self._limit:
+            del self._sequences[next(iter(self._sequences))]
+
+    def sequence_of(self, tensor) -> Optional[Tuple[List[tf.Tensor], int]]:
+        """``tensor``'s sequence chunks and their axis, when kept; else None."""
+        whole, chunks, axis = self._sequences.get(id(tensor), (None, None, None))
+        return None if whole is not tensor else (chunks, axis)
+
+    def join_sequence(self, chunks: List[tf.Tensor], axis: int, device: str) -> tf.Tensor:
+        """``chunks`` joined along ``axis`` on ``device`` (for the layers that
+        read the whole tensor), and kept as its sequence chunks."""
+        with tf.device(device):
+            whole = tf.concat(chunks, axis=axis)
+        self.keep_sequence(whole, chunks, axis)
+        return whole
 
     def parts_of(self, tensor, axis: int, count: int) -> Optional[List[tf.Tensor]]:
         """``tensor``'s ``count`` parts along ``axis`` when a split layer
@@ -176,12 +198,16 @@ class KernelShards:
       biases: the bias' shards (column form), the whole bias (row form:
         a list of one), or None.
       activations: the table split outputs are kept in.
+      sequence_axis: for a row form whose output a rule splits by
+        sequence, the output's axis it splits (negative): its products are
+        reduce-scattered (`tfdist.parallel.sharded_sequence`); else None.
     """
 
     form: KernelForm
     kernels: Sequence
     biases: Optional[Sequence]
     activations: SplitActivations
+    sequence_axis: Optional[int] = None
 
     def devices(self) -> List[str]:
         """This replica's model devices (where its copies of the shards are)."""
@@ -206,13 +232,24 @@ class KernelShards:
                   else [read_by_form(b) for b in self.biases])
         form = self.form
         if form.form == "column":
-            parts = self.activations.precomputed(self, inputs) or sharded_forms.column(
-                inputs, kernels, biases, devices, layer.activation, times=form.times)
+            parts = self.activations.precomputed(self, inputs)
+            if parts is None:
+                gathered = sharded_sequence.whole_on_each(self.activations, inputs, devices)
+                parts = sharded_forms.column(inputs if gathered is None else gathered, kernels,
+                                             biases, devices, layer.activation, times=form.times)
             return self.activations.join(parts, form.axis, devices[0])
         parts = self.activations.parts_of(inputs, form.axis, len(kernels))
         if parts is None:
             with tf.device(devices[0]):
                 parts = tf.split(inputs, len(kernels), axis=form.axis)
-        return sharded_forms.row(parts, kernels, None if biases is None else biases[0],
-                                 devices[0], layer.activation, devices=devices,
-                                 times=form.times)
+        bias = None if biases is None else biases[0]
+        if self.sequence_axis is None:
+            return sharded_forms.row(parts, kernels, bias, devices[0], layer.activation,
+                                     devices=devices, times=form.times)
+        chunks = sharded_sequence.reduce_scatter(
+            sharded_forms.row_products(parts, kernels, devices, form.times), devices,
+            self.sequence_axis)
+        outputs = sharded_sequence.on_each(
+            devices, lambda c: sharded_forms.row_finish(c, bias, layer.activation),
+            [[chunk] for chunk in chunks])
+        return self.activations.join_sequence(outputs, self.sequence_axis, devices[0])

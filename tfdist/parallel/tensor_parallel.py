@@ -33,6 +33,8 @@ Layers with split forms: ``Dense`` and ``EinsumDense`` by columns or rows
 (`tfdist.parallel.sharded_layers`), ``MultiHeadAttention`` by heads (its
 projections' rules; `tfdist.parallel.sharded_attention`), ``Embedding``
 by vocabulary rows or by columns (`tfdist.parallel.sharded_embeddings`).
+Output rules that put the model axis on a sequence dimension split the
+layers between them by sequence (`tfdist.parallel.sharded_sequence`).
 
 A split weight's ``L1``, ``L2`` or ``L1L2`` regularizer is the sum of its
 shards' terms, each on its shard's device (`tfdist.parallel.split_regularizers`).
@@ -80,7 +82,7 @@ from tfdist._internal.keras import norm_groups, placed_weights, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
 from tfdist.errors import ConfigurationError
 from tfdist.parallel import mesh_rows, sharded_attention, split_regularizers, split_state
-from tfdist.parallel import layouts, split_optimizer, stage_updates
+from tfdist.parallel import layouts, sharded_sequence, split_optimizer, stage_updates
 from tfdist.parallel.layouts import ModelLayout
 from tfdist.parallel.sharded_embeddings import EmbeddingShards
 from tfdist.parallel.sharded_layers import KernelForm, KernelShards, SplitActivations
@@ -142,7 +144,7 @@ class TensorParallel:
         if self.layout is not None:
             return
         layout = ModelLayout.of(self.distribution, model)
-        _check_outputs(layout, self)
+        sequence_rules = _sequence_rules(layout, self, pipeline)
         wanted = 1 if pipeline is None else pipeline.devices_per_pipeline
         if layout.axes["pipeline"] != wanted:
             raise ConfigurationError(
@@ -173,6 +175,9 @@ class TensorParallel:
             split[id(layers[path])] = self._split_layer(layers[path], path, weights,
                                                         per_replica, strategy)
         self._split_attentions(model, split)
+        sharded_sequence.apply_rules(
+            sequence_rules, layers, split, self._activations, sharded_sequence.devices_by_first(
+                [devices for row in stages for devices in row], mesh_rows.canonical), self)
         split_optimizer.build_for_shards(
             optimizer, split_optimizer.SplitWeights(shards_of, trainable_variables, _dimension_of),
             keys_before, strategy, lambda: model.trainable_variables, sharding)
@@ -258,17 +263,31 @@ def _model_devices(layout: ModelLayout, strategy, what) -> List[List[str]]:
     return rows
 
 
-def _check_outputs(layout: ModelLayout, what) -> None:
-    """An output rule may lay the batch over the data axis (what the
-    strategy's replicas hold already); any other is refused."""
+def _sequence_rules(layout: ModelLayout, what, pipeline) -> list:
+    """The output rules that split a sequence over the model axis, as
+    (layer path, axes, axis); an output rule may otherwise lay the batch
+    over the data axis (what the strategy's replicas hold already) and
+    nothing else."""
+    rules = []
     for path, axes in layout.outputs:
-        if not keras_distributions.splits_the_batch_only(axes, layout.data_axis):
+        if keras_distributions.splits_the_batch_only(axes, layout.data_axis):
+            continue
+        axis = sharded_sequence.sequence_axis(axes, layout.data_axis, layout.model_axis)
+        if axis is None:
             raise ConfigurationError(
                 f"parallel={what!r}: the rule for {path + '/output'!r} lays it out as {axes}; "
                 f"tfdist lays outputs out over the batch (their first dimension on "
-                f"{layout.data_axis!r}) only: splitting them over {layout.model_axis!r} "
-                "(sequence parallelism) is not built yet. Drop the rule.")
-    keras_distributions.lay_out_outputs_on_the_batch(layout.data_axis)
+                f"{layout.data_axis!r}), and over {layout.model_axis!r} on one sequence "
+                "dimension between the batch and the features (sequence parallelism, e.g. "
+                f"({layout.data_axis!r}, {layout.model_axis!r}, None)). Change or drop the rule.")
+        if pipeline is not None:
+            raise ConfigurationError(
+                f"parallel={what!r}: the rule for {path + '/output'!r} splits a sequence over "
+                f"{layout.model_axis!r}; with a Pipeline that is not built yet. Drop the rule.")
+        rules.append((path, tuple(axes), axis))
+    keras_distributions.lay_out_outputs_on_the_batch(
+        layout.data_axis, layout.model_axis if rules else None)
+    return rules
 
 
 _SPLIT_TYPES = (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Embedding)

@@ -30,13 +30,17 @@ def splits_the_batch_only(axes: tuple, batch_axis: str) -> bool:
     return all(axis is None for axis in axes[1:]) and axes[:1] in ((), (None,), (batch_axis,))
 
 
-def lay_out_outputs_on_the_batch(batch_axis: str) -> None:
+def lay_out_outputs_on_the_batch(batch_axis: str, model_axis=None) -> None:
     """Gives Keras' TensorFlow backend a ``distribute_tensor`` (module
-    doc) for layouts that split dimension 0 over ``batch_axis`` at most."""
+    doc) for layouts that split dimension 0 over ``batch_axis`` at most;
+    with ``model_axis``, also those that split a middle dimension over it
+    (sequence parallelism, which tfdist's layers have laid out already)."""
     from keras.src.backend.tensorflow import distribution_lib  # pylint: disable=import-outside-toplevel
 
     def distribute_tensor(tensor, layout):
         axes = tuple(getattr(layout, "axes", ()) or ())
+        if model_axis is not None and model_axis in axes[1:-1]:
+            return tensor
         if not splits_the_batch_only(axes, batch_axis):
             raise NotImplementedError(
                 f"tfdist lays out layer outputs over the batch's axis {batch_axis!r} (their "

@@ -24,6 +24,10 @@ gives the forward pass and, from it, the gradient; this keeps what a
 custom gradient drops (the Keras masks of the outputs) and gives each
 input its gradient in the input's own form. `replace_constraint` sets a
 variable's ``constraint`` (Keras' ``apply`` runs it after the update).
+`separate_weight_reads` marks a part of a call run as a custom gradient
+of its own (a chunk of a sequence: `tfdist.parallel.sharded_sequence`):
+a weight it reads is read for it, never a value another part read, so
+its gradient reaches the weight (fully sharded weights gather it again).
 The Keras contract test pins each (`tests/_internal/test_keras_contract.py`).
 
 >>> import keras, numpy as np, tensorflow as tf
@@ -47,12 +51,26 @@ from typing import Callable, Sequence, Tuple
 import tensorflow as tf
 
 from tfdist._internal.keras import compiled as keras_compiled, layer_calls
+from tfdist._internal.thread_values import ThreadValue
 from tfdist._internal.tensorflow import placed_gradients
 
 # What the gradient of one unit gets and gives: (upstream gradients of the
 # outputs, the variables the forward pass read) -> gradients of the
 # inputs' tensors, then of the variables, in order.
 Gradient = Callable[[list, list], list]
+
+
+_SEPARATE_READS = ThreadValue(False)
+
+
+def separate_weight_reads():
+    """A context inside which each weight read is the part's own (module doc)."""
+    return _SEPARATE_READS.set_to(True)
+
+
+def weight_reads_separate() -> bool:
+    """Whether a read now is a part's own (`separate_weight_reads`)."""
+    return bool(_SEPARATE_READS.get())
 
 
 def _marker(policy: str) -> str:
