@@ -4,7 +4,8 @@ transformer block's replicated region (its layer norms, residual sums,
 dropout and the outputs of its row-split layers). The block, written as
 one Keras layer with its rules by path, trains, evaluates and predicts as
 single-device Keras does (1e-5) on meshes 1x2, 1x4 (a sequence of 6 in
-chunks of 2, 2, 1, 1) and 2x2, with fully sharded weights too; one traced
+chunks of 2, 2, 1, 1) and 2x2, with fully sharded weights too, and two
+blocks in two pipeline stages of 2 model devices each; one traced
 step moves sequence chunks where plain tensor parallelism moves whole
 activations (each all-gather and reduce-scatter counted per phase);
 rules tfdist cannot run are refused by name."""
@@ -104,6 +105,43 @@ def test_a_block_split_by_sequence_equals_one_device(data, model_devices, sharde
     single = _model()
     expected = single.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
     model = _split(data, model_devices, communication=FullySharded() if sharded else None)
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    ref.assert_logs_close(expected, history)
+    ref.assert_weights_close(single, model)
+    ref.assert_evaluates_and_predicts_alike(single, model, x, y, BATCH)
+
+
+def _two_blocks():
+    keras.utils.set_random_seed(5)
+    ids = keras.Input((LENGTH,), dtype="int32")
+    x = keras.layers.Embedding(layers.VOCABULARY, WIDTH, name="embedding")(ids)
+    x = PreNormBlock(name="block_1")(PreNormBlock(name="block_0")(x))
+    outputs = keras.layers.Dense(3, activation="softmax", name="head")(
+        keras.layers.GlobalAveragePooling1D()(x))
+    model = keras.Model(ids, outputs)
+    model.compile(optimizer=ref.make_optimizer("sgd"), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def test_blocks_split_by_sequence_in_pipeline_stages_equal_one_device():
+    """Data x pipeline x model with sequence rules: two blocks, a stage each
+    (cut after the first), each block's weights split over its stage's 2
+    model devices and its replicated region by sequence (1 x 2 x 2)."""
+    devices = tfdist.strategies.configure_logical_cpus(4)
+    rules = {key.replace("block/", "block_./"): axes for key, axes in RULES.items()
+             if key.startswith("block/")}
+    x, y = layers._data()  # pylint: disable=protected-access
+    single = _two_blocks()
+    expected = single.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    model = _two_blocks()
+    mesh = keras.distribution.DeviceMesh((1, 2, 2), ["batch", "pipeline", "model"], devices)
+    layout_map = keras.distribution.LayoutMap(mesh)
+    for key, axes in rules.items():
+        layout_map[key] = axes
+    tfdist.attach(model, parallel=[
+        tfdist.parallel.Pipeline(cuts=["block_0"], micro_batches=2),
+        keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")])
     history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
     ref.assert_logs_close(expected, history)
     ref.assert_weights_close(single, model)

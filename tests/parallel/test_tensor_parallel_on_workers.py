@@ -19,16 +19,17 @@ from tests.support.launcher_harness import LauncherRun
 PROGRAM = [sys.executable, "tests/programs/tensor_parallel_per_worker.py"]
 
 
-def _assert_worker_equals(expected_model, expected_history, result, epochs_run=None) -> None:
+def _assert_worker_equals(expected_model, expected_history, result, epochs_run=None,
+                          data=in_process._data, batch_size=in_process.BATCH) -> None:  # pylint: disable=protected-access
     ref.assert_weight_lists_close(expected_model.get_weights(),
                                   [np.asarray(w, np.float32) for w in result["weights"]])
-    x, y = in_process._data()  # pylint: disable=protected-access
+    x, y = data()
     ref.assert_logs_close(
-        expected_model.evaluate(x, y, batch_size=in_process.BATCH, verbose=0, return_dict=True),
+        expected_model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True),
         result["evaluation"])
     np.testing.assert_allclose(
         np.asarray(result["predictions"], np.float32),
-        expected_model.predict(x, batch_size=in_process.BATCH, verbose=0), atol=1e-5)
+        expected_model.predict(x, batch_size=batch_size, verbose=0), atol=1e-5)
     losses = expected_history["loss"][-(epochs_run or len(expected_history["loss"])):]
     np.testing.assert_allclose(result["history"]["loss"], losses, rtol=1e-5)
 
@@ -109,6 +110,28 @@ def test_data_model_and_fully_sharded_over_two_workers_equal_one_device(tmp_path
         # (about half each; the chief's counters: the step, the rate)
         assert 0.45 * whole < result["background_host_bytes"] < 0.5 * whole + 128, (
             result["background_host_bytes"], whole)
+
+
+def test_a_block_split_by_sequence_over_two_workers_equals_one_device(tmp_path):
+    """Mesh 2 x 2 over 2 workers, each worker's transformer block split by
+    heads and its replicated region by sequence over its 2 CPUs
+    (`tests.parallel.test_sequence_parallel`): every worker ends at one
+    device's weights, History, evaluation and predictions."""
+    from tests.parallel import test_sequence_parallel as sequence  # pylint: disable=import-outside-toplevel
+
+    x, y = sequence.layers._data()  # pylint: disable=protected-access
+    expected = sequence._model()  # pylint: disable=protected-access
+    expected_history = expected.fit(x, y, batch_size=sequence.BATCH, epochs=2, shuffle=False,
+                                    verbose=0).history
+    program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", "--sequence"]
+    with LauncherRun(["--num_workers=2"], program) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for task in (0, 1):
+        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
+        _assert_worker_equals(expected, expected_history, result,
+                              data=sequence.layers._data, batch_size=sequence.BATCH)  # pylint: disable=protected-access
+        assert result["shards"]["block/down/kernel[1]"] == [
+            f"/job:worker/replica:0/task:{task}/device:CPU:1"], result["shards"]
 
 
 @pytest.mark.parametrize("layout", short_form.only(

@@ -8,7 +8,10 @@ pipeline x model, each worker's 4 logical CPUs 2 pipeline stages (cut
 after d1: the column layer on stage 0, the row layer on stage 1) of 2
 model devices each. ``--fully_sharded``: data x model x fully sharded,
 each shard (and each replicated weight) sliced over the 2 workers'
-replicas (`tfdist.communication.FullySharded`). ``--checkpoint_dir``:
+replicas (`tfdist.communication.FullySharded`). ``--sequence``: instead
+of the MLP, tests/parallel/test_sequence_parallel.py's transformer block,
+its attention split by heads and its replicated region by sequence over
+each worker's 2 CPUs. ``--checkpoint_dir``:
 checkpoints for fault tests; ``--refusals``: first tries meshes it must
 refuse, and writes each error.
 
@@ -37,6 +40,7 @@ def main():
     parser.add_argument("--refusals", action="store_true")
     parser.add_argument("--stages", type=int, default=1, choices=(1, 2))
     parser.add_argument("--fully_sharded", action="store_true")
+    parser.add_argument("--sequence", action="store_true")
     parser.add_argument("--async_checkpoint", action="store_true",
                         help="background saves; reports the most bytes they held on the host")
     parser.add_argument("--step_delay", type=float, default=0.0,
@@ -52,9 +56,19 @@ def main():
 
     devices = tfdist.parallel.mesh_devices(strategy, model_devices=2 * args.stages)
     refusals = _refusals(strategy, in_process) if args.refusals else {}
+    x, y = in_process._data()  # pylint: disable=protected-access
+    batch_size = in_process.BATCH
     with strategy.scope():
         model = in_process._compiled(in_process._mlp(), args.optimizer)  # pylint: disable=protected-access
-    if args.stages == 1:
+    if args.sequence:
+        from tests.parallel import test_sequence_parallel as sequence  # pylint: disable=import-outside-toplevel
+
+        with strategy.scope():
+            model = sequence._model()  # pylint: disable=protected-access
+        parallel = sequence.layers._layout(2, 2, devices, sequence.RULES)  # pylint: disable=protected-access
+        x, y = sequence.layers._data()  # pylint: disable=protected-access
+        batch_size = sequence.BATCH
+    elif args.stages == 1:
         parallel = in_process._layout(2, 2, devices, in_process.MEGATRON)  # pylint: disable=protected-access
     else:
         mesh = keras.distribution.DeviceMesh((2, 2, 2), ["batch", "pipeline", "model"], devices)
@@ -70,9 +84,8 @@ def main():
         checkpointing=tfdist.CheckpointOptions(args.checkpoint_dir,
                                                every_steps=args.checkpoint_every_steps,
                                                async_write=args.async_checkpoint))
-    x, y = in_process._data()  # pylint: disable=protected-access
     host_bytes = {"most": 0}
-    history = model.fit(x, y, batch_size=in_process.BATCH, epochs=args.epochs, shuffle=False,
+    history = model.fit(x, y, batch_size=batch_size, epochs=args.epochs, shuffle=False,
                         verbose=0, callbacks=[step_progress.callback(model, args.step_delay),
                                               _background_host_bytes(model, host_bytes)]
                         ).history
@@ -84,9 +97,9 @@ def main():
                 int(copy.shape.num_elements()) for copy in shard.value.values]
     result = {
         "history": history,
-        "evaluation": model.evaluate(x, y, batch_size=in_process.BATCH, verbose=0,
+        "evaluation": model.evaluate(x, y, batch_size=batch_size, verbose=0,
                                      return_dict=True),
-        "predictions": model.predict(x, batch_size=in_process.BATCH, verbose=0).tolist(),
+        "predictions": model.predict(x, batch_size=batch_size, verbose=0).tolist(),
         "weights": [w.tolist() for w in model.get_weights()],
         "mesh": devices,
         "shards": shards,

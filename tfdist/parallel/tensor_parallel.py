@@ -144,7 +144,7 @@ class TensorParallel:
         if self.layout is not None:
             return
         layout = ModelLayout.of(self.distribution, model)
-        sequence_rules = _sequence_rules(layout, self, pipeline)
+        sequence_rules = _sequence_rules(layout, self)
         wanted = 1 if pipeline is None else pipeline.devices_per_pipeline
         if layout.axes["pipeline"] != wanted:
             raise ConfigurationError(
@@ -263,7 +263,7 @@ def _model_devices(layout: ModelLayout, strategy, what) -> List[List[str]]:
     return rows
 
 
-def _sequence_rules(layout: ModelLayout, what, pipeline) -> list:
+def _sequence_rules(layout: ModelLayout, what) -> list:
     """The output rules that split a sequence over the model axis, as
     (layer path, axes, axis); an output rule may otherwise lay the batch
     over the data axis (what the strategy's replicas hold already) and
@@ -280,10 +280,6 @@ def _sequence_rules(layout: ModelLayout, what, pipeline) -> list:
                 f"{layout.data_axis!r}), and over {layout.model_axis!r} on one sequence "
                 "dimension between the batch and the features (sequence parallelism, e.g. "
                 f"({layout.data_axis!r}, {layout.model_axis!r}, None)). Change or drop the rule.")
-        if pipeline is not None:
-            raise ConfigurationError(
-                f"parallel={what!r}: the rule for {path + '/output'!r} splits a sequence over "
-                f"{layout.model_axis!r}; with a Pipeline that is not built yet. Drop the rule.")
         rules.append((path, tuple(axes), axis))
     keras_distributions.lay_out_outputs_on_the_batch(
         layout.data_axis, layout.model_axis if rules else None)
