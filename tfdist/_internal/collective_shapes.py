@@ -57,7 +57,7 @@ def _shape_varies(tensor) -> bool:
     return not tf.TensorShape(tensor.shape).is_fully_defined()
 
 
-def _reserve_keys(launcher) -> tf.Tensor:
+def reserve_keys(launcher) -> tf.Tensor:
     """The first of ``KEYS_PER_VARIABLE_SHAPE_OP`` consecutive instance keys,
     drawn from the launcher's own counter at trace time: the same keys on
     every member, none shared with another op."""
@@ -68,7 +68,7 @@ def _reserve_keys(launcher) -> tf.Tensor:
     return tf.constant(keys[0], tf.int32)
 
 
-def _padded_size_and_bucket(size: tf.Tensor):
+def padded_size_and_bucket(size: tf.Tensor):
     """The smallest power of two >= ``size`` (1 for 0) and its exponent,
     in integers: the exponent counts the powers of two below ``size``."""
     powers = tf.bitwise.left_shift(tf.constant(1, tf.int64),
@@ -80,7 +80,7 @@ def _padded_size_and_bucket(size: tf.Tensor):
 def _flat_padded(tensor):
     flat = tf.reshape(tensor, [-1])
     size = tf.size(flat, out_type=tf.int32)
-    padded_size, bucket = _padded_size_and_bucket(size)
+    padded_size, bucket = padded_size_and_bucket(size)
     padded = tf.pad(flat, [[0, padded_size - size]])
     return padded, size, padded_size, bucket
 
@@ -91,7 +91,7 @@ def _all_gather_bucketed(launcher, input_tensor, options):
     # pylint: disable=protected-access
     options = launcher._options.merge(options)
     with tf.device(launcher._device):
-        first_key = _reserve_keys(launcher)
+        first_key = reserve_keys(launcher)
         input_tensor = tf.convert_to_tensor(input_tensor)
         padded, size, padded_size, bucket = _flat_padded(input_tensor)
         gathered = collective_ops.all_gather_v2(
@@ -109,7 +109,7 @@ def _all_reduce_bucketed(launcher, input_tensor, control_input, options):
     # pylint: disable=protected-access
     options = launcher._options.merge(options)
     with tf.device(launcher._device):
-        first_key = _reserve_keys(launcher)
+        first_key = reserve_keys(launcher)
         input_tensor = tf.convert_to_tensor(input_tensor)
         padded, size, _, bucket = _flat_padded(input_tensor)
     with tf.device(launcher._device), launcher._control_input(control_input):

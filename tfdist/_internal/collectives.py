@@ -21,7 +21,10 @@ totals are reduced by Keras when read. The exceptions are sharded optimizer
 state (`tfdist.communication.sharding`), whose gradients are reduce-scattered
 (`reduce_scatter_sum`) and whose updated slices are all-gathered, and fully
 sharded weights (`tfdist.communication.fully_sharded`), gathered when a step
-reads them (`all_gather_rows`), their gradients reduce-scattered.
+reads them (`all_gather_rows`), their gradients reduce-scattered; and rows
+exchanged between every pair of replicas in numbers each pair chooses
+(`tfdist._internal.row_exchange`: the all-to-all under tables sharded by
+vocabulary).
 """
 
 import contextlib
