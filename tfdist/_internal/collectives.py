@@ -159,13 +159,14 @@ def all_gather_rows(launcher, local: tf.Tensor) -> tf.Tensor:
     return _launch(launcher, collective_ops.all_gather_v2, local)
 
 
-def _launch(launcher, collective, tensor: tf.Tensor) -> tf.Tensor:
+def _launch(launcher, collective, tensor: tf.Tensor, instance_key=None) -> tf.Tensor:
     """``collective`` (a ``collective_ops`` v2 op) of ``tensor`` in
-    ``launcher``'s group, on its device, with its next instance key, its
-    ordering token (collectives of one replica run in the order traced),
-    its communication hint and its timeout."""
+    ``launcher``'s group, on its device, with ``instance_key`` (by default
+    its next one), its ordering token (collectives of one replica run in the
+    order traced), its communication hint and its timeout."""
     # pylint: disable=protected-access
-    instance_key = launcher._next_instance_key()
+    if instance_key is None:
+        instance_key = launcher._next_instance_key()
     ordering_token = launcher._get_ordering_token()
     options = launcher._options
     with tf.device(launcher._device):

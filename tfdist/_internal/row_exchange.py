@@ -70,12 +70,7 @@ def _exchange(launcher, member: int, pieces) -> List[tf.Tensor]:
 
 
 def _all_to_all(launcher, padded, bucket):
-    # pylint: disable=protected-access
-    options = launcher._options
-    if collective_shapes.keys_fixed_at_trace():
-        key = collective_shapes.reserve_keys(launcher) + bucket
-        return collective_ops.all_to_all_v2(
-            padded, launcher._group_size, launcher._group_key, key,
-            communication_hint=options.implementation.value, timeout=options.timeout_seconds,
-            ordering_token=launcher._get_ordering_token())
-    return collectives._launch(launcher, collective_ops.all_to_all_v2, padded)
+    key = collective_shapes.reserve_keys(launcher) + bucket \
+        if collective_shapes.keys_fixed_at_trace() else None  # (else: the next key)
+    return collectives._launch(launcher, collective_ops.all_to_all_v2, padded,  # pylint: disable=protected-access
+                               instance_key=key)

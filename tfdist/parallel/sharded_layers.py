@@ -60,18 +60,20 @@ class SplitActivations:
     def keep(self, whole: tf.Tensor, parts: List[tf.Tensor], axis: int) -> None:
         """Records that ``whole`` joins ``parts`` along ``axis`` (negative:
         counted from the last dimension)."""
-        self._parts.pop(id(whole), None)
-        self._parts[id(whole)] = (whole, list(parts), axis)
-        if len(self._parts) > self._limit:  # (the oldest first)
-            del self._parts[next(iter(self._parts))]
+        self._remember(self._parts, whole, parts, axis)
 
     def keep_sequence(self, whole: tf.Tensor, chunks: List[tf.Tensor], axis: int) -> None:
         """Records that ``whole`` is split by sequence into ``chunks``, one
         per model device, along ``axis`` (`tfdist.parallel.sharded_sequence`)."""
-        self._sequences.pop(id(whole), None)
-        self._sequences[id(whole)] = (whole, list(chunks), axis)
-        if len(self._sequences) > self._limit:
-            del self._sequences[next(iter(self._sequences))]
+        self._remember(self._sequences, whole, chunks, axis)
+
+    def _remember(self, table: dict, whole, parts, axis: int) -> None:
+        """``whole``'s ``parts`` along ``axis`` in ``table``, newest last, the
+        oldest dropped past the limit."""
+        table.pop(id(whole), None)
+        table[id(whole)] = (whole, list(parts), axis)
+        if len(table) > self._limit:
+            del table[next(iter(table))]
 
     def sequence_of(self, tensor) -> Optional[Tuple[List[tf.Tensor], int]]:
         """``tensor``'s sequence chunks and their axis, when kept; else None."""
