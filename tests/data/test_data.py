@@ -96,7 +96,9 @@ def test_pad_policy_element_spec_is_static():
     assert padded.element_spec["x"].shape == (4, 1)
     assert padded.element_spec["mask"].shape == (4,)
     last = list(padded)[-1]
-    assert last["x"].numpy()[:, 0].tolist() == [4, 5, 0, 0]
+    # (padding: copies of the batch's first row, masked out)
+    assert last["x"].numpy()[:, 0].tolist() == [4, 5, 4, 4]
+    assert last["mask"].numpy().tolist() == [1, 1, 0, 0]
 
 
 def test_skip_steps_resumes_inside_an_epoch(make_strategy):

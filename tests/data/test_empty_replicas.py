@@ -107,6 +107,36 @@ def test_models_on_empty_replicas_equal_one_device(make_strategy, num_replicas, 
                           trainer.evaluate(dataset))
 
 
+def test_a_masked_average_over_a_padded_row_stays_finite(make_strategy):
+    """Ids averaged over their ``mask_zero`` mask, on 3 replicas with a last
+    batch of 2 rows: the third replica's padding row must be one a model
+    computes on as on real ones. A row of zero ids is masked out whole and
+    averages to 0 / 0: its NaN survived the mask's 0 weight (0 * NaN) into
+    the weights, where one device trains on."""
+    rng = np.random.RandomState(2)
+    ids = rng.randint(1, 20, (NUM_EXAMPLES, 5)).astype("int32")
+    ids[:, 3:] = np.where(rng.rand(NUM_EXAMPLES, 2) < 0.5, 0, ids[:, 3:])
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (ids, rng.randn(NUM_EXAMPLES, 1).astype("float32"))).batch(BATCH)
+
+    def build():
+        keras.utils.set_random_seed(5)
+        model = keras.Sequential([keras.Input((5,), dtype="int32"),
+                                  keras.layers.Embedding(20, 4, mask_zero=True),
+                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+        return model
+
+    expected = build()
+    expected_history = expected.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False).history
+    strategy = make_strategy(3)
+    with strategy.scope():
+        model = build()
+    history = tfdist.Trainer(model, strategy).fit(dataset, epochs=EPOCHS, verbose=0).history
+    ref.assert_logs_close(expected_history, history)
+    ref.assert_weights_close(expected, model)
+
+
 def test_synchronized_statistics_skip_padded_rows(make_strategy):
     """The batch statistics themselves: one BatchNormalization layer on 4
     replicas, a batch of 2 real rows padded with large values, equals the

@@ -160,8 +160,15 @@ class Batch:
             return tf.ensure_shape(tensor, [static_size] + tensor.shape[1:].as_list())
 
         def pad(tensor):
-            paddings = [[0, missing]] + [[0, 0]] * (tensor.shape.rank - 1)
-            return fix(tf.pad(tensor, paddings))
+            # Copies of the first row (zeros if there is none): rows a model
+            # computes on as on real ones. Zeros could make a NaN the mask
+            # cannot cancel (0 * NaN): ids all 0 under ``mask_zero``, masked
+            # out whole, average to 0 / 0.
+            first = tf.pad(tensor[:1], [[0, 1 - tf.shape(tensor[:1])[0]]]
+                           + [[0, 0]] * (tensor.shape.rank - 1))
+            copies = tf.tile(first, tf.concat([[missing], tf.ones([tensor.shape.rank - 1],
+                                                                  tf.int32)], 0))
+            return fix(tf.concat([tensor, copies], 0))
 
         mask = tf.ones([count]) if self.mask is None else tf.cast(self.mask, tf.float32)
         fields = tf.nest.map_structure(pad, self.replace(mask=None).to_structure())
