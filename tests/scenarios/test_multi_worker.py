@@ -189,7 +189,10 @@ def _assert_background_saves_held_each_workers_slices(results, weights, sliced_v
 
 def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path):
     """tfdist.attach + unchanged model.fit / evaluate / predict on arrays;
-    then gradient accumulation over 2 micro-batches = one device on 2x batches."""
+    then gradient accumulation over 2 micro-batches = one device on 2x batches.
+    2 workers x 2 replicas: TensorFlow deals a batch's replica slices out
+    to the workers in turn, so predict puts them back in the batch's order
+    (it returned worker 0's two slices first)."""
     x, y, _ = ref.classification_arrays(EXAMPLES)
     expected = ref.compile_model(ref.build_mlp(), "adam")
     batch_logs = []
@@ -206,7 +209,7 @@ def test_attached_keras_fit_and_predict_on_two_workers_equal_one_device(tmp_path
     union_history = on_unions.fit(x, y, batch_size=2 * BATCH, epochs=EPOCHS, shuffle=False,
                                   verbose=0).history
 
-    args = [f"--output_dir={tmp_path / 'out'}", "--keras_fit"]
+    args = [f"--output_dir={tmp_path / 'out'}", "--keras_fit", "--replicas_per_worker=2"]
     with LauncherRun(["--num_workers=2"], PROGRAM + args) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     results = _results(tmp_path / "out")

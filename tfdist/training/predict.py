@@ -9,12 +9,16 @@ mask. On one machine every replica's slice is already local, so the step
 returns them and the host concatenates them (no collective); under
 MultiWorkerMirroredStrategy ``strategy.gather`` (an all-gather) joins them,
 so every worker gets the full result, as Keras users expect of
-``model.predict``. Under parameter servers the coordinator runs the model
+``model.predict``. The gather joins them in replica order, which is not
+the batch's order when each worker has several replicas: TensorFlow cuts a
+global batch into one slice per replica and deals them out to the workers
+in turn (worker w's i-th replica gets slice ``w + i * workers``), so the
+slices are put back in the batch's order (`slice_order`). Under parameter servers the coordinator runs the model
 itself, batch by batch (it can read every variable).
 """
 
 import types
-from typing import Optional
+from typing import List, Optional
 
 import keras
 import numpy as np
@@ -58,6 +62,28 @@ def _gather(strategy, values):
     return tf.cast(strategy.gather(widened, axis=0), tf.bfloat16)
 
 
+def slice_order(replicas: int, local_replicas: int) -> Optional[List[int]]:
+    """For each slice of a global batch, in the batch's order, the replica
+    that ran it, when ``replicas`` are spread ``local_replicas`` to a worker
+    (module doc); None when replica order is the batch's order.
+
+    >>> slice_order(4, 2)  # worker 0: slices 0 and 2, worker 1: 1 and 3
+    [0, 2, 1, 3]
+    """
+    workers = replicas // local_replicas
+    if local_replicas == 1 or workers == 1:
+        return None
+    return [(index % workers) * local_replicas + index // workers for index in range(replicas)]
+
+
+def _in_batch_order(gathered: np.ndarray, order: Optional[List[int]]) -> np.ndarray:
+    """Equal per-replica slices, joined in replica order, put in ``order``."""
+    if order is None:
+        return gathered
+    slices = gathered.reshape((len(order), -1) + gathered.shape[1:])
+    return slices[order].reshape(gathered.shape)
+
+
 def _concatenate(chunks):
     """Per-batch output structures -> one structure of NumPy arrays."""
     if not chunks:
@@ -76,6 +102,9 @@ class Predictor:
         # Static shapes (TPU): the last batch is padded to the full size.
         self._partial_batch = "pad" if static_shapes else "exact"
         self._gathers = collectives.spans_workers(strategy)
+        self._order = (slice_order(strategy.num_replicas_in_sync,
+                                   len(strategy.extended.worker_devices))
+                       if self._gathers else None)
         self._step = tf.function(self._distributed_step, reduce_retracing=True)
         self._inline_step = tf.function(self._forward, reduce_retracing=True)
 
@@ -120,9 +149,11 @@ class Predictor:
         owner = types.SimpleNamespace(iterator=iter(distributed))
         try:
             for structure in owner.iterator:
-                # The replicas' slices (or the one gathered whole) joined in replica order.
+                # The replicas' slices (or the one gathered whole) joined in
+                # the batch's order (module doc).
                 outputs, mask = tf.nest.map_structure(
-                    lambda *slices: np.concatenate([np.asarray(s) for s in slices], axis=0),
+                    lambda *slices: _in_batch_order(
+                        np.concatenate([np.asarray(s) for s in slices], axis=0), self._order),
                     *self._step(structure))
                 keep = mask > 0
                 chunks.append(tf.nest.map_structure(lambda t: t[keep], outputs))
