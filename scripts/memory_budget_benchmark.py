@@ -3,6 +3,7 @@ fully sharded weights where plain data parallelism runs out of memory.
 
     python -m scripts.bench memory_budget            # ~6 min here
     python -m scripts.bench memory_budget --quick    # every path, a small budget
+    python -m scripts.bench memory_budget --model=table   # an embedding table, ~5 min
 
 Each worker's budget is enforced by TensorFlow itself: the BFC allocator
 on the CPU (``TF_CPU_ALLOCATOR_USE_BFC=true``) with a limit
@@ -21,7 +22,22 @@ reports whether it trained or ran out of memory, what it holds between
 steps (weights, state, gradients), the live-tensor peak during ``fit``,
 and seconds per step after the first.
 
-Outputs in ``--output_dir``: memory_budget_benchmark.json and .md.
+``--model=table``: instead, a recommender's shape, an ``Embedding`` of
+``--table_width`` columns and as many rows as make the table plus Adam's
+two state variables ``--ratio`` times the budget, then average pooling and
+a ``Dense(1)``, 16 ids per row: ``FullySharded`` keeps a range of the
+table's rows per worker and looks ids up where their rows live
+(`tfdist.communication.table_lookups`), never the table whole. Keras makes
+each weight whole once before tfdist slices it, so the table starts at
+zeros (one allocation; a random initializer's temporaries take 2-3 times
+the table at once) and ``--ratio`` defaults to 1.0 (the table a third of
+the budget: MultiWorkerMirroredStrategy broadcasts its initial value from
+the chief, a second copy, so a table of half the budget cannot be made in
+any form); only the forms that matter run (plain, sharded state, fully
+sharded).
+
+Outputs in ``--output_dir``: memory_budget_benchmark.json and .md
+(``--model=table``: memory_budget_table_benchmark.*).
 """
 
 import json
@@ -47,6 +63,9 @@ flags.DEFINE_float("ratio", 1.5, "The model's weights + Adam state over the budg
 flags.DEFINE_integer("layers", 8, "Dense layers of the model.")
 flags.DEFINE_list("workers", ["2", "4"], "Worker counts.")
 flags.DEFINE_integer("steps", 4, "Steps per run.")
+flags.DEFINE_enum("model", "dense", ["dense", "table"],
+                  "Dense layers, or an embedding table (module doc).")
+flags.DEFINE_integer("table_width", 32, "--model=table: the table's columns.")
 flags.DEFINE_string("worker_output", None, "(internal) run as a worker; results go here.")
 FORMS = {"plain": None, "sharded": ("ShardedOptimizerState", {}),
          "fully_sharded": ("FullySharded", {}),
@@ -64,6 +83,37 @@ def width() -> int:
     return int((weights / FLAGS.layers) ** 0.5)
 
 
+def table_rows() -> int:
+    """--model=table: the rows that make the table + Adam state ``--ratio``
+    times the budget."""
+    return int(FLAGS.ratio * FLAGS.budget_mb * 2**20 / 3 / 4 / FLAGS.table_width)
+
+
+def _model_and_data(keras, np, tf, workers: int):
+    """The model (in the strategy's scope) and an endless stream of its batches."""
+    rng = np.random.default_rng(0)
+    if FLAGS.model == "table":
+        ids = rng.integers(0, table_rows(), (8 * workers, 16)).astype("int32")
+        model = keras.Sequential([keras.Input((16,), dtype="int32"),
+                                  # (zeros: Keras makes a weight whole before tfdist
+                                  # slices it, and a random initializer's
+                                  # temporaries would take 2-3 tables at once)
+                                  keras.layers.Embedding(table_rows(), FLAGS.table_width,
+                                                         embeddings_initializer="zeros"),
+                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
+        labels = np.zeros((8 * workers, 1), "float32")
+        return model, tf.data.Dataset.from_tensors((ids, labels)).repeat()
+    units = width()
+    rows = rng.normal(size=(8 * workers, units)).astype("float32")
+    model = keras.Sequential([keras.Input((units,))] + [
+        keras.layers.Dense(units, activation="relu", name=f"dense_{index}")
+        for index in range(FLAGS.layers - 1)] + [keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.Adam(1e-4),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, tf.data.Dataset.from_tensors((rows, np.zeros(8 * workers, "int64"))).repeat()
+
+
 def _worker() -> None:
     logging.set_verbosity(logging.WARNING)
     import tfdist  # pylint: disable=import-outside-toplevel
@@ -73,19 +123,12 @@ def _worker() -> None:
     import numpy as np  # pylint: disable=import-outside-toplevel
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-    units, workers = width(), strategy.num_replicas_in_sync
-    rows = np.random.default_rng(0).normal(size=(8 * workers, units)).astype("float32")
-    stream = tf.data.Dataset.from_tensors((rows, np.zeros(8 * workers, "int64"))).repeat()
     task = tfdist.cluster.training_process().rank
-    result = {"width": units}
+    result = {"width": width()}
 
     try:
         with strategy.scope():
-            model = keras.Sequential([keras.Input((units,))] + [
-                keras.layers.Dense(units, activation="relu", name=f"dense_{index}")
-                for index in range(FLAGS.layers - 1)] + [keras.layers.Dense(10)])
-            model.compile(optimizer=keras.optimizers.Adam(1e-4),
-                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model, stream = _model_and_data(keras, np, tf, strategy.num_replicas_in_sync)
         form = FORMS[FLAGS.form]
         communication = None if form is None else getattr(tfdist.communication, form[0])(
             **form[1])
@@ -115,11 +158,12 @@ def _worker() -> None:
 
 def _cluster(workers: int, form: str) -> dict:
     """One cluster of ``workers`` under the budget; the row of its results."""
-    directory = pathlib.Path(FLAGS.output_dir) / f"budget-{workers}-{form}"
+    directory = pathlib.Path(FLAGS.output_dir) / f"budget-{FLAGS.model}-{workers}-{form}"
     directory.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "tfdist.launch", f"--num_workers={workers}", "--",
                sys.executable, __file__, f"--worker_output={directory}", f"--form={form}"] + [
-        f"--{name}={getattr(FLAGS, name)}" for name in ("budget_mb", "ratio", "layers", "steps")]
+        f"--{name}={getattr(FLAGS, name)}" for name in ("budget_mb", "ratio", "layers", "steps",
+                                                        "model", "table_width")]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CPU_ALLOCATOR_USE_BFC="true",
                TF_CPU_BFC_MEM_LIMIT_IN_MB=str(FLAGS.budget_mb))
     done = subprocess.run(command, cwd=REPO, timeout=3600, check=False, env=env)
@@ -141,6 +185,11 @@ def _cluster(workers: int, form: str) -> dict:
 
 def main(argv) -> None:
     del argv  # every option is a flag
+    if FLAGS.model == "table" and not FLAGS["ratio"].present:
+        # (a table is one weight, made whole on each worker and broadcast
+        # from the chief at creation: one of half the budget runs out of
+        # memory there, before tfdist slices it, in every form)
+        FLAGS.ratio = 1.0
     if FLAGS.quick:
         # (at 2 workers a model of 1.5 times the budget cannot fit: the
         # weights', state's and gradients' halves are 2/3 of 1.5 budgets)
@@ -148,10 +197,16 @@ def main(argv) -> None:
     if FLAGS.worker_output:
         _worker()
         return
-    rows = [_cluster(int(workers), form) for workers in FLAGS.workers for form in FORMS]
-    model_mb = 3 * width() ** 2 * FLAGS.layers * 4 / 2**20
+    forms = list(FORMS) if FLAGS.model == "dense" else ["plain", "sharded", "fully_sharded"]
+    rows = [_cluster(int(workers), form) for workers in FLAGS.workers for form in forms]
+    if FLAGS.model == "table":
+        model_mb = 3 * table_rows() * FLAGS.table_width * 4 / 2**20
+        shape = f"a table of {table_rows():,} rows x {FLAGS.table_width}"
+    else:
+        model_mb = 3 * width() ** 2 * FLAGS.layers * 4 / 2**20
+        shape = f"{FLAGS.layers} layers of {width()} units"
     lines = [f"Budget {FLAGS.budget_mb} MiB of live tensors per worker; the model's weights + "
-             f"Adam state {model_mb:.0f} MiB ({FLAGS.layers} layers of {width()} units).", "",
+             f"Adam state {model_mb:.0f} MiB ({shape}).", "",
              "| workers | form | trained | weights MB per worker | state MB per worker | "
              "tensor peak MB | s per step |", "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -162,9 +217,10 @@ def main(argv) -> None:
                      f"{r['tensor_peak_mb']:.0f} | {step} |")
     table = "\n".join(lines) + "\n"
     summary = {"config": {name: getattr(FLAGS, name) for name in (
-        "budget_mb", "ratio", "layers", "workers", "steps")}, "width": width(),
-        "model_mb": model_mb, "rows": rows}
-    outputs.write_results(FLAGS.output_dir, "memory_budget_benchmark", summary, table)
+        "budget_mb", "ratio", "layers", "workers", "steps", "model", "table_width")},
+        "width": width(), "model_mb": model_mb, "rows": rows}
+    name = "memory_budget_benchmark" if FLAGS.model == "dense" else "memory_budget_table_benchmark"
+    outputs.write_results(FLAGS.output_dir, name, summary, table)
     print(table, flush=True)
 
 

@@ -12,12 +12,17 @@ Adagrad. For each table size and optimizer, each form in a fresh process:
 - ``keras fit``: one device, plain Keras;
 - ``tfdist 1``: the same model with `tfdist.attach` on one device;
 - ``tfdist 2``: `tfdist.attach` under MirroredStrategy over 2 logical CPUs
-  (the same global batch).
+  (the same global batch), the table whole on each replica;
+- ``tfdist 2 sharded``: the same with ``communication=FullySharded()``:
+  the table sharded by rows over the 2 replicas, ids and rows exchanged
+  with their owners (`tfdist.communication.table_lookups`).
 
 Reported: the median step time after ``--warmup`` steps (this machine's
-timings swing +-40%: one TensorFlow job at a time), the process's peak RSS,
-and each form's ratio of its largest table's step time to its smallest's
-(flat in the table's rows: 1.0).
+timings swing +-40%: one TensorFlow job at a time), the weights' and the
+optimizer state's bytes on the first device (read from the variables: a
+replica's copy, or its slice), the process's peak RSS, and each form's
+ratio of its largest table's step time to its smallest's (flat in the
+table's rows: 1.0).
 
 Outputs in ``--output_dir``: tables_benchmark.json and .md.
 """
@@ -43,10 +48,11 @@ flags.DEFINE_integer("batch_size", 256, "Global batch size.")
 flags.DEFINE_integer("steps", 60, "Training steps per form.")
 flags.DEFINE_integer("warmup", 10, "Steps left out of the median.")
 flags.DEFINE_string("form_of", None, "(internal) measure one form in this process: "
-                    "'<rows>:<optimizer>:<keras|tfdist1|tfdist2>'.")
+                    "'<rows>:<optimizer>:<keras|tfdist1|tfdist2|sharded2>'.")
 FLAGS = flags.FLAGS
 
-FORMS = {"keras": "keras fit", "tfdist1": "tfdist 1", "tfdist2": "tfdist 2"}
+FORMS = {"keras": "keras fit", "tfdist1": "tfdist 1", "tfdist2": "tfdist 2",
+         "sharded2": "tfdist 2 sharded"}
 
 
 def measure_one(rows: int, optimizer_name: str, form: str) -> dict:
@@ -59,7 +65,8 @@ def measure_one(rows: int, optimizer_name: str, form: str) -> dict:
 
     steps = 6 if FLAGS.quick else FLAGS.steps
     warmup = 2 if FLAGS.quick else FLAGS.warmup
-    strategy = tfdist.make_strategy("mirrored", num_replicas=2) if form == "tfdist2" else None
+    strategy = (tfdist.make_strategy("mirrored", num_replicas=2)
+                if form in ("tfdist2", "sharded2") else None)
     optimizers = {"sgd": lambda: keras.optimizers.SGD(0.1),
                   "adagrad": lambda: keras.optimizers.Adagrad(0.1),
                   "adam": lambda: keras.optimizers.Adam(0.01)}
@@ -80,7 +87,8 @@ def measure_one(rows: int, optimizer_name: str, form: str) -> dict:
     else:
         model = build()
     if form != "keras":
-        tfdist.attach(model, strategy)
+        tfdist.attach(model, strategy, communication=(
+            tfdist.communication.FullySharded() if form == "sharded2" else None))
     rng = np.random.default_rng(0)
     ids = rng.integers(0, rows, (steps * FLAGS.batch_size, FLAGS.ids)).astype("int32")
     labels = rng.normal(size=(steps * FLAGS.batch_size, 1)).astype("float32")
@@ -97,7 +105,21 @@ def measure_one(rows: int, optimizer_name: str, form: str) -> dict:
               callbacks=[StepClock()])
     return {"rows": rows, "optimizer": optimizer_name, "form": form,
             "step_ms": 1000 * statistics.median(times[warmup:] or times),
+            "state_mb_first_device": _first_device_mb(model.weights + model.optimizer.variables),
             "peak_rss_mb": measure.peak_rss_mb()}
+
+
+def _first_device_mb(variables) -> float:
+    """MB the first device holds of ``variables`` (Keras variables): each
+    one's copy there, or its slice; a variable made once per step's update
+    holds none between steps."""
+    total = 0
+    for variable in variables:
+        value = getattr(variable, "value", variable)
+        first = value.values[0] if hasattr(value, "values") else value
+        if first.shape.is_fully_defined():
+            total += first.shape.num_elements() * first.dtype.size
+    return total / 2**20
 
 
 def main(argv) -> int:
@@ -122,8 +144,9 @@ def main(argv) -> int:
 
 def _table(results, sizes) -> str:
     lines = ["| optimizer | form | " + " | ".join(f"{r:,} rows ms" for r in sizes)
-             + " | largest / smallest | peak RSS MB (largest) |",
-             "|---|---|" + "---|" * (len(sizes) + 2)]
+             + " | largest / smallest | weights + state MB, first device (largest) "
+             "| peak RSS MB (largest) |",
+             "|---|---|" + "---|" * (len(sizes) + 3)]
     for optimizer in FLAGS.optimizers:
         for form, label in FORMS.items():
             by_rows = {r["rows"]: r for r in results
@@ -132,6 +155,7 @@ def _table(results, sizes) -> str:
             lines.append(f"| {optimizer} | {label} | "
                          + " | ".join(f"{t:.1f}" for t in times)
                          + f" | {times[-1] / times[0]:.2f}x | "
+                         f"{by_rows[sizes[-1]]['state_mb_first_device']:.1f} | "
                          f"{by_rows[sizes[-1]]['peak_rss_mb']:.0f} |")
     return "\n".join(lines) + "\n"
 

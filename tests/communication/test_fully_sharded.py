@@ -393,10 +393,13 @@ def test_sparse_gradients_update_as_on_one_device(optimizer, pattern, replicas):
 
 
 @pytest.mark.parametrize("reshard", [True, False])
-def test_a_sparse_gradient_is_gathered_as_entries_not_as_a_whole_table(reshard):
-    """An Embedding's step: one all-gather of the table's slices (the
-    forward read), then its gradient's entries (values and ids) gathered:
-    no all-to-all of a whole table's gradient for it."""
+def test_a_table_is_looked_up_where_its_rows_live_and_never_gathered_whole(reshard):
+    """An Embedding's step (`tfdist.communication.table_lookups`): its ids
+    and their rows cross in two exchanges forward (each: an all-gather of
+    the N x N lengths, one all-to-all), the rows' gradients in one
+    backward; the table is never gathered (no gather of its 10 x 3 elements),
+    and its gradient needs no reduce-scatter. The dense layer's two weights:
+    gathered in each pass that reads them, reduce-scattered once."""
     strategy = tfdist.make_strategy("mirrored", num_replicas=2)
     with strategy.scope():
         model = keras.Sequential([keras.Input((4,), dtype="int32"),
@@ -407,12 +410,19 @@ def test_a_sparse_gradient_is_gathered_as_entries_not_as_a_whole_table(reshard):
     ids, labels = np.arange(32).reshape(8, 4) % 10, np.zeros(8, "int32")
     model = tfdist.attach(model, strategy,
                           communication=FullySharded(reshard_after_forward=reshard))
-    ops = _ops(_traced_step(model, strategy, ids, labels,
-                            keras.losses.SparseCategoricalCrossentropy(from_logits=True)))
-    # per replica: 3 weights' reads in each pass + the table's entries (values, ids)
-    assert ops.count("CollectiveGatherV2") == 2 * (3 * GATHERS[reshard] + 2), ops
-    assert ops.count("CollectiveAllToAllV2") == 2 * 2  # the dense layer's kernel and bias
+    concrete = _traced_step(model, strategy, ids, labels,
+                            keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ops = _ops(concrete)
+    # per replica: the table's 3 exchanges + the dense layer's 2 weights' reads
+    assert ops.count("CollectiveGatherV2") == 2 * (3 + 2 * GATHERS[reshard]), ops
+    assert ops.count("CollectiveAllToAllV2") == 2 * (3 + 2), ops
     assert not [op for op in ops if "Reduce" in op and "Collective" in op], ops
+    table_slice = [[5 * 3]]  # (rows 0-4 on replica 0, 5-9 on replica 1)
+    assert [c.shape.as_list() for c in model.layers[0].embeddings.value.values] == \
+        table_slice * 2
+    sent = [op.inputs[0].shape.as_list() for op in concrete.graph.get_operations()
+            if op.type == "CollectiveGatherV2"]  # (lengths, the dense layer's slices)
+    assert max(np.prod(shape) for shape in sent) < 5 * 3, sent
 
 
 def test_jit_compile_runs_the_step_without_xla_and_says_so():

@@ -74,15 +74,14 @@ REFUSED = {
 WARNED = {"pipeline": {"siamese_contrastive": "normalize each micro-batch"}}
 # Known defects this test found, open (docs/known-limits.md): strict, so a
 # fix shows here.
-KNOWN_DEFECTS = {("collaborative_filtering", "fully_sharded"): (
-    "FullySharded on keras.io's RecommenderNet (four Embeddings, built by the program): "
-    "Adam's update receives a whole table's gradient for a slice ([12, 4] against [16])")}
+KNOWN_DEFECTS = {}
 
 
-# CI: a subclassed program under a pipeline (built on its first batch);
+# CI: a subclassed program (built on its first batch, its layers unbuilt
+# after `model.build`) under a pipeline and fully sharded with its tables;
 # --conformance=full runs every pair (tests/communication/test_fully_sharded.py
 # holds fully sharded weights to one device in CI).
-IN_CI = {("collaborative_filtering", "pipeline")}
+IN_CI = {("collaborative_filtering", "pipeline"), ("collaborative_filtering", "fully_sharded")}
 
 
 def _marks(name, split) -> list:

@@ -208,15 +208,22 @@ def test_sharding_benchmark_quick_measures_both_forms(tmp_path):
 @pytest.mark.full_form
 def test_tables_benchmark_quick_times_every_form(tmp_path):
     """scripts/tables_benchmark.py --quick: Keras fit, tfdist on one device
-    and on 2 replicas, each table size and optimizer in its own process (no
-    timing asserts)."""
+    and on 2 replicas, the table whole and sharded, each table size and
+    optimizer in its own process (no timing asserts); sharded, the first
+    device holds half the table and its state."""
     _run_benchmark(tmp_path, ["--quick"], 600, "tables_benchmark.py")
     rows = json.loads((tmp_path / "tables_benchmark.json").read_text())["rows"]
     assert [(r["optimizer"], r["rows"], r["form"]) for r in rows] == [
         (optimizer, size, form) for optimizer in ("sgd", "adagrad") for size in (1000, 10000)
-        for form in ("keras", "tfdist1", "tfdist2")]
+        for form in ("keras", "tfdist1", "tfdist2", "sharded2")]
     assert all(r["step_ms"] > 0 for r in rows), rows
-    assert "| adagrad | tfdist 2 |" in (tmp_path / "tables_benchmark.md").read_text()
+    held = {(r["optimizer"], r["form"]): r["state_mb_first_device"] for r in rows
+            if r["rows"] == 10000}
+    table = 10000 * 32 * 4 / 2**20  # (MB; Adagrad keeps one accumulator of its size)
+    for optimizer, copies in (("sgd", 1), ("adagrad", 2)):
+        assert held[(optimizer, "tfdist2")] == pytest.approx(copies * table, rel=0.01)
+        assert held[(optimizer, "sharded2")] == pytest.approx(copies * table / 2, rel=0.02)
+    assert "| adagrad | tfdist 2 sharded |" in (tmp_path / "tables_benchmark.md").read_text()
 
 
 @pytest.mark.full_form
@@ -287,6 +294,22 @@ def test_memory_budget_benchmark_quick_runs_every_form_under_the_budget(tmp_path
     assert not rows["plain"]["trained"] and "OOM" in rows["plain"]["error"], rows["plain"]
     assert rows["fully_sharded"]["trained"], rows["fully_sharded"]
     assert rows["fully_sharded"]["tensor_peak_mb"] <= 24
+
+
+@pytest.mark.full_form
+def test_memory_budget_benchmark_trains_a_table_larger_than_the_budget(tmp_path):
+    """``--model=table --quick``: an embedding table whose weights + Adam
+    state are 1.0 times a worker's 24 MB budget; replicated (plain, sharded
+    state) it runs out of memory, sharded by rows (FullySharded) each
+    worker holds half of it and trains."""
+    _run_benchmark(tmp_path, ["--quick", "--model=table"], 900, "memory_budget_benchmark.py")
+    result = json.loads((tmp_path / "memory_budget_table_benchmark.json").read_text())
+    rows = {row["form"]: row for row in result["rows"]}
+    assert set(rows) == {"plain", "sharded", "fully_sharded"}
+    assert not rows["plain"]["trained"] and "OOM" in rows["plain"]["error"], rows["plain"]
+    assert rows["fully_sharded"]["trained"], rows["fully_sharded"]
+    assert rows["fully_sharded"]["weights_mb"] == pytest.approx(result["model_mb"] / 3 / 2,
+                                                                rel=0.01)
 
 
 @needs_namespaces

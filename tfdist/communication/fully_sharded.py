@@ -48,10 +48,17 @@ What runs and what is refused (a `ConfigurationError` saying why):
   (nothing to shard: Keras' own update). Across workers, reading a weight
   whole outside a step (``get_weights``, a save) is a collective: every
   worker reads it, as every worker saves.
-- Sparse gradients (an ``Embedding`` looked up by ids) are combined into
-  the form one device's optimizer updates from (every entry, duplicates
-  not summed: `tfdist._internal.sparse_gradients`); each replica keeps
-  the entries in its slice.
+- ``Embedding`` tables are sharded by vocabulary: each replica's slice
+  holds a range of whole rows, and a step sends each id to the replica
+  owning its row, which sends the row back (two all-to-all exchanges
+  forward, one backward: `tfdist.communication.table_lookups`); the table
+  is never gathered whole, so a table too large for one device trains.
+  Each occurrence's gradient reaches the row's owner, whose optimizer
+  updates from every entry, duplicates kept, as one device's does. A
+  table read another way (a tied projection's matmul, a position
+  embedding's ids every replica looks up alike) is gathered whole for
+  that read, its sparse gradient combined into the form one device's
+  optimizer updates from (`tfdist._internal.sparse_gradients`).
 - ``jit_compile=True``: the step runs without XLA, with a warning (the
   backward pass's collectives cannot run inside XLA on a mirrored
   strategy; the numbers are the same).
@@ -104,9 +111,10 @@ from typing import Optional, Sequence
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_share, sparse_gradients, step_graph
-from tfdist._internal.keras import layer_units, optimizer as keras_optimizer
+from tfdist._internal.keras import embedding_rows, model_state
+from tfdist._internal.keras import optimizer as keras_optimizer
 from tfdist.communication import compression, gather_units, model_support
-from tfdist.communication import step_gathers, weight_slices
+from tfdist.communication import slice_reads, step_gathers, weight_slices
 from tfdist.communication.step_gathers import StepWeights
 from tfdist.communication.shard_layout import ShardLayout
 from tfdist.communication.sharding import ShardedOptimizerState
@@ -169,6 +177,7 @@ class FullySharded(ShardedOptimizerState):
         # weights as the step differentiates them (each split one as its shards).
         self._weights_of = lambda model: list(model.trainable_variables)
         self._launcher_devices = []  # per weight: the devices of its local slices
+        self._tables = set()  # ids of the Keras variables of tables sliced in rows
 
     def __repr__(self) -> str:
         options = []
@@ -185,7 +194,7 @@ class FullySharded(ShardedOptimizerState):
         slices and makes its optimizer update the slices in place."""
         if self._keeps_state_of(model.optimizer):
             return  # (a second Trainer over the same model)
-        if not model.built and self._when_built:
+        if not model_state.weights_built(model) and self._when_built:
             return  # (`tfdist.parallel.plan.ModelPlan.when_built` attaches it then)
         model_support.refuse_an_unbuilt_model(self, model)
         model_support.refuse_a_model_without_call(self, model)
@@ -201,55 +210,38 @@ class FullySharded(ShardedOptimizerState):
         if self.reshard_after_forward and not self._per_step:
             self._units = gather_units.GatherUnits(
                 in_replica_step=self._replica_step_being_traced, prefetch=self.prefetch)
-            self._units.wrap(model, self.units or [], what=repr(self))
+            self._units.wrap(model, self.units or [], what=repr(self),
+                             skip=lambda layer: all(id(weight) in self._tables
+                                                    for weight in layer.trainable_weights))
 
     def _slice_weights(self, model, strategy) -> None:
         """Replaces every trainable weight's storage (a whole copy per
-        replica) with one slice per replica (`tfdist.communication.weight_slices`)."""
+        replica) with one slice per replica (`tfdist.communication.weight_slices`);
+        an embedding table's slices hold whole rows, looked up where they
+        live (`tfdist.communication.table_lookups`)."""
         variables = self._weights_of(model)
         weight_slices.check_one_dtype(self, variables)
         self._strategy = strategy
-        self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync)
+        if not self._per_step and not self._state_built_by_split:
+            # (within a pipeline's stages, or over a model axis' shards: read whole)
+            self._tables = {id(table) for table in embedding_rows.tables_looked_up_by_rows(
+                model_state.all_layers(model)) if len(table.shape) == 2}
+        layout = self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync,
+                                               self._sliced_by_rows(variables))
         self._launcher_devices = weight_slices.store_in_slices(
-            strategy, self._layout, variables, self._gatherer,
-            lambda: self._replica_index(strategy))
+            strategy, layout, variables,
+            lambda index, storage: slice_reads.whole_reader(self, layout, index, storage),
+            lambda: self._replica_index(strategy),
+            rows_reader=lambda index, storage: slice_reads.rows_reader(self, layout, index,
+                                                                       storage))
+
+    def _sliced_by_rows(self, variables) -> list:
+        """The embedding tables among ``variables``, looked up by rows (`_slice_weights`)."""
+        return [index for index, variable in enumerate(variables) if id(variable) in self._tables]
 
     def _accumulation_sums(self, variables) -> accumulation.SumStorage:
         """Gradient accumulation's sums, in slices (`tfdist.communication.weight_slices`)."""
         return weight_slices.accumulation_sums(self, self._strategy, self._layout, variables)
-
-    def _gatherer(self, index: int, storage):
-        """A function reading weight ``index`` whole inside a replica of a
-        step (None elsewhere): an all-gather of its slices, whose gradient
-        is the reduce-scatter of the whole weight's gradient."""
-        strategy = self._strategy
-
-        def read_in_replica():
-            replica = self._replica_index(strategy)
-            if replica is None:
-                return None
-            context = tf.distribute.get_replica_context()
-            if tf.executing_eagerly():
-                return self._gather(index, storage, context, replica)
-            # (Read in a loop the step builds, an RNN's: gathered once, before it.)
-            graph = step_graph.of_this_replica()
-            unit = gather_units.current_scope()  # (a layer's pass: its own gathers, in order)
-            if unit is not None:
-                gathered, after = unit.gathered, unit.after
-            else:
-                gathered, after = self._gathered.setdefault(graph, {}), []
-            step = self._step_weights.get(graph, {}).get(replica)
-            if step is not None:  # (a pipelined training step: gathered for it)
-                step.check_read(index)
-            if layer_units.weight_reads_separate():  # (a part with its own gradient)
-                with graph.as_default(), tf.control_dependencies(after):
-                    return self._gather(index, storage, context, replica)
-            if (replica, index) not in gathered:
-                with graph.as_default(), tf.control_dependencies(after):
-                    gathered[(replica, index)] = self._gather(index, storage, context, replica)
-            return gathered[(replica, index)]
-
-        return read_in_replica
 
     def _launcher(self, index: int, replica: int):
         """Replica ``replica``'s collective launcher for weight ``index``:
@@ -278,26 +270,6 @@ class FullySharded(ShardedOptimizerState):
             return None
         replica = self._replica_index(self._strategy)
         return None if replica is None else (step_graph.of_this_replica(), replica)
-
-    def _gather(self, index: int, storage, context, replica: int):
-        """Weight ``index`` whole, in replica ``replica``'s step: an
-        all-gather of its slices, whose gradient is the reduce-scatter of the
-        whole weight's gradient."""
-        layout = self._layout
-        launcher = self._launcher(index, replica)
-        local = tf.convert_to_tensor(storage)  # this replica's slice (read on the tape)
-
-        @tf.custom_gradient
-        def gathered(local_slice):
-            slices = (context.all_gather(local_slice, axis=0) if launcher is None
-                      else collectives.all_gather_rows(launcher, local_slice))
-
-            def reduce_scatter(upstream):
-                return self._reduce_scatter(index, upstream, context, replica, launcher)
-
-            return layout.whole(index, slices), reduce_scatter
-
-        return gathered(local)
 
     def _reduce_scatter(self, index: int, upstream, context, replica: int, launcher):
         """Replica ``replica``'s slice of weight ``index``'s gradient

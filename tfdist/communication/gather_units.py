@@ -107,11 +107,13 @@ class GatherUnits:
         self.kept_whole = []  # names of units whose gathered weights stay through the step
         self._lock = threading.Lock()
 
-    def wrap(self, model, patterns: Sequence[str] = (), what: str = "FullySharded") -> List[str]:
+    def wrap(self, model, patterns: Sequence[str] = (), what: str = "FullySharded",
+             skip: Callable = lambda layer: False) -> List[str]:
         """Makes each layer of ``model`` whose path one of ``patterns``
         matches, and each layer beside them, a unit if it has trainable
         weights (`tfdist._internal.keras.layer_paths.units`; no patterns:
-        the model's layers); returns their paths."""
+        the model's layers) and ``skip(layer)`` is false (a table looked up
+        where its rows live: nothing gathered to free); returns their paths."""
         named = layer_paths.matching(model, patterns)
         if patterns and not named:
             raise ConfigurationError(
@@ -119,7 +121,7 @@ class GatherUnits:
                 f"are {[path for path, _ in layer_paths.walk(model)][:24]}.")
         paths = []
         for unit in layer_paths.units(model, named, what=what):
-            if unit.layer.trainable_weights and layer_units.wrap_call(
+            if unit.layer.trainable_weights and not skip(unit.layer) and layer_units.wrap_call(
                     unit.layer, "gather", functools.partial(self._unit_call, unit.layer)):
                 paths.append(unit.path)
         return paths

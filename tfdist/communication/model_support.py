@@ -3,6 +3,7 @@ the refusals that name why a model cannot be sharded and what to do."""
 
 import keras
 
+from tfdist._internal.keras import model_state
 from tfdist.errors import ConfigurationError
 
 
@@ -22,7 +23,7 @@ def refuse_a_model_without_call(sharding, model) -> None:
 def refuse_an_unbuilt_model(sharding, model) -> None:
     """A model with no weights yet, attached by hand (`tfdist.attach` and
     `tfdist.Trainer` slice it when tfdist builds it)."""
-    if not model.built:
+    if not model_state.weights_built(model):
         raise ConfigurationError(
             f"communication={sharding!r} shards the model's weights, so the model must be "
             "built first: give it an Input (or call it once on a batch) before attaching.")

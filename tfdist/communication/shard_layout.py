@@ -1,6 +1,8 @@
 """Which elements of each weight a replica owns under sharded optimizer
 state (`tfdist.communication.sharding`): slice ``r`` of every weight,
-flattened and padded to N equal slices."""
+flattened and padded to N equal slices; an embedding table's slices hold
+whole rows (a range of rows each), so a lookup finds each row on one
+replica (`tfdist.communication.table_lookups`)."""
 
 import dataclasses
 from typing import Tuple
@@ -20,18 +22,26 @@ class ShardLayout:
     [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
     >>> layout.whole(1, [7., 8.]).numpy().tolist()
     [7.0, 8.0]
+    >>> table = ShardLayout(shapes=((5, 2),), replicas=2, by_rows=(0,))
+    >>> table.slice_sizes, table.slice_rows(0)  # rows 0-2 on replica 0, 3-4 (and padding) on 1
+    ((6,), 3)
 
     Attributes:
       shapes: each trainable weight's shape, in the optimizer's order.
       replicas: N, the number of shards.
+      by_rows: the weights whose slices hold whole rows: ``ceil(rows / N)``
+        rows each, the last slices padded (embedding tables looked up by
+        rows); the others are cut in N equal runs of elements.
     """
 
     shapes: Tuple[Tuple[int, ...], ...]
     replicas: int
+    by_rows: Tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, variables, replicas: int) -> "ShardLayout":
-        return cls(tuple(tuple(int(d) for d in v.shape) for v in variables), replicas)
+    def of(cls, variables, replicas: int, by_rows=()) -> "ShardLayout":
+        return cls(tuple(tuple(int(d) for d in v.shape) for v in variables), replicas,
+                   tuple(by_rows))
 
     @property
     def sizes(self) -> Tuple[int, ...]:
@@ -41,7 +51,14 @@ class ShardLayout:
     @property
     def slice_sizes(self) -> Tuple[int, ...]:
         """Elements of each weight in one replica's slice (the last slices padded)."""
-        return tuple(-(-size // self.replicas) for size in self.sizes)
+        return tuple(self.slice_rows(weight) * (size // max(self.shapes[weight][0], 1))
+                     if weight in self.by_rows else -(-size // self.replicas)
+                     for weight, size in enumerate(self.sizes))
+
+    def slice_rows(self, weight: int) -> int:
+        """Rows of weight ``weight`` (one of `by_rows`) in each replica's
+        slice: replica ``r`` holds rows ``r * slice_rows`` onwards."""
+        return -(-self.shapes[weight][0] // self.replicas)
 
     def rows(self, weight: int, tensor) -> tf.Tensor:
         """Weight ``weight``'s ``tensor`` (its shape) as ``[N, slice]``, row

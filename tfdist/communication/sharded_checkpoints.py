@@ -49,6 +49,7 @@ chief merges them into one checkpoint of the same ordinary form
 import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfdist._internal import collectives, flat_pieces, host_copies
@@ -189,6 +190,11 @@ class Shards:
         result, which every replica computes) only that replica's. (Each
         replica writing every slice would make a replica's later read of its
         slice wait for the others' writes, which wait for its collectives.)"""
+        if isinstance(value, np.ndarray) and tf.executing_eagerly():
+            # (a weight being sliced: each slice cut on the host, so the
+            # devices never hold the whole value beside the weight's copies)
+            self._assign_host_slices(state, weight, value, replica)
+            return
         rows = self._layout.rows(weight, tf.cast(value, state.dtype))
         for index, component in zip(self._replicas, self._components(state)):
             if replica is not None and index != replica:
@@ -198,6 +204,21 @@ class Shards:
             # assign may keep the buffer it is given: a copy, so that the
             # variable holds its slice, not the whole value.
             component.assign(tf.raw_ops.DeepCopy(x=replica_rows))
+
+
+    def _assign_host_slices(self, state, weight: int, value: np.ndarray, replica) -> None:
+        """`assign_whole` of a NumPy value: each local replica's slice cut
+        from it and padded on the host, then assigned."""
+        flat = value.reshape(-1)
+        length = self._layout.slice_sizes[weight]
+        for index, component in zip(self._replicas, self._components(state)):
+            if replica is not None and index != replica:
+                continue
+            part = np.zeros([length], component.dtype.as_numpy_dtype)
+            start = min(index * length, flat.size)
+            stop = min(start + length, flat.size)
+            part[:stop - start] = flat[start:stop]
+            component.assign(part)
 
 
 def _tensorflow_variable(variable):

@@ -170,6 +170,12 @@ class ShardedOptimizerState:
             "optimizer itself (tf.train.Checkpoint(optimizer=...), model.save), which saves "
             "the whole state.")
 
+    def _sliced_by_rows(self, variables) -> list:
+        """Which of ``variables`` (indices) are sliced in whole rows
+        (`ShardLayout.by_rows`): none here; `FullySharded`'s tables."""
+        del variables
+        return []
+
     def _build_state(self, optimizer, keras_build, variables, strategy) -> None:
         """Per replica, the optimizer's state for its slice of each weight
         (built by Keras from stand-ins of the slices' shapes, emptied before
@@ -185,7 +191,8 @@ class ShardedOptimizerState:
             raise ConfigurationError(
                 f"{self!r} shards weights of one dtype; this model's trainable weights are "
                 f"{sorted(str(d) for d in dtypes)}. Drop it for this model.")
-        self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync)
+        self._layout = ShardLayout.of(variables, strategy.num_replicas_in_sync,
+                                      self._sliced_by_rows(variables))
         self._keys = [keras_optimizer.variable_key(optimizer, v) for v in variables]
         self._names = [v.path for v in variables]
         dtype = dtypes.pop()

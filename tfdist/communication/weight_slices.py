@@ -33,12 +33,15 @@ def check_one_dtype(what, variables) -> None:
 
 
 def store_in_slices(strategy, layout: ShardLayout, variables, gatherer: Callable,
-                    replica_index: Callable) -> List[List[str]]:
+                    replica_index: Callable,
+                    rows_reader: Callable = lambda index, storage: None) -> List[List[str]]:
     """Keeps each of ``variables`` (Keras variables, in ``layout``'s order)
     as one slice per replica of ``strategy``, its value kept.
     ``gatherer(index, storage)``: the read of weight ``index`` whole inside
     a replica of a step (None elsewhere); ``replica_index()``: the replica
-    running here, or None (a write inside a step keeps only its own slice).
+    running here, or None (a write inside a step keeps only its own slice);
+    ``rows_reader(index, storage)``: a table's lookup of its rows where
+    they live (`SlicedReads.rows_in_replica`), or None.
     Returns each weight's slices' local devices, in replica order."""
     slices = sharded_checkpoints.Shards(strategy, layout)
     devices = []
@@ -55,7 +58,8 @@ def store_in_slices(strategy, layout: ShardLayout, variables, gatherer: Callable
             whole=lambda held=held, index=index: slices.whole(held, index),
             assign_whole=lambda value, held=held, index=index: slices.assign_whole(
                 held, index, value, replica=replica_index()),
-            worker_pieces=lambda held=held, index=index: slices.worker_pieces(held, index))
+            worker_pieces=lambda held=held, index=index: slices.worker_pieces(held, index),
+            rows_in_replica=rows_reader(index, storage))
         reads.assign_whole(whole)
         sliced_weights.store_in_slices(variable, storage, reads)
         devices.append([copy.device for copy in distributed_variables.local_copies(storage)])

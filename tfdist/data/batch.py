@@ -170,8 +170,15 @@ class Batch:
                                                                   tf.int32)], 0))
             return fix(tf.concat([tensor, copies], 0))
 
+        def pad_with_zeros(tensor):
+            paddings = [[0, missing]] + [[0, 0]] * (tensor.shape.rank - 1)
+            return fix(tf.pad(tensor, paddings))
+
         mask = tf.ones([count]) if self.mask is None else tf.cast(self.mask, tf.float32)
-        fields = tf.nest.map_structure(pad, self.replace(mask=None).to_structure())
+        fields = tf.nest.map_structure(
+            pad, self.replace(mask=None, sample_weight=None).to_structure())
+        if self.sample_weight is not None:  # (0 on padding, beside the mask: no NaN to fear)
+            fields["sample_weight"] = tf.nest.map_structure(pad_with_zeros, self.sample_weight)
         fields["mask"] = fix(tf.concat([mask, tf.zeros([missing])], 0))
         return Batch.from_structure(fields)
 

@@ -191,7 +191,7 @@ class ModelPlan:
             raise ConfigurationError(
                 f"parallel={pipeline!r} is not built for static shapes (TPUStrategy, "
                 "static_shapes=True) yet: its micro-batches have the sizes the batch gives.")
-        if model.built:
+        if keras_model_state.weights_built(model):
             pipeline._attach(model, strategy)  # pylint: disable=protected-access
         else:
             self._wait_for_the_build(model, strategy, communication)
@@ -224,7 +224,7 @@ class ModelPlan:
             self.sharding = sharded[0]
             sharded[0]._over_split_weights(  # pylint: disable=protected-access
                 lambda model: self.trainable_variables(model))
-        if model.built:
+        if keras_model_state.weights_built(model):
             self._attach_split_weights(model, strategy)
         else:
             for part in sharded:
@@ -258,7 +258,7 @@ class ModelPlan:
         """For a model Keras builds on its first batch: the pipeline and the
         fully sharded weights (each ``FullySharded`` in ``communication``,
         whose ``attach_to`` then waits) attach when tfdist builds it."""
-        if model.built:
+        if keras_model_state.weights_built(model):
             return
         sharded = [part for part in parts_of(communication) if isinstance(part, FullySharded)]
         for part in sharded:

@@ -59,25 +59,57 @@ def read_rows_in_lookups(layers) -> None:
             layer_units.wrap_call(layer, _POLICY, functools.partial(_by_rows, layer))
 
 
+def tables_looked_up_by_rows(layers) -> list:
+    """The Keras variables of the tables whose lookups `read_rows_in_lookups`
+    made, among ``layers``: what a sharding may keep in slices of whole
+    rows, looked up where they live (`sliced_weights.rows`)."""
+    return [layer.embeddings for layer in layers
+            if isinstance(layer, keras.layers.Embedding) and layer.built
+            and layer_units.is_wrapped(layer, _POLICY) and isinstance(layer.embeddings, keras.Variable)]
+
+
 def _by_rows(layer, keras_call):
     def call(inputs, *args, **kwargs):
-        table = _ordinary_table(layer)
-        if table is None or args or kwargs or isinstance(inputs, tf.SparseTensor):
+        if args or kwargs or isinstance(inputs, tf.SparseTensor):
             return keras_call(inputs, *args, **kwargs)
-        if inputs.dtype not in (tf.int32, tf.int64):  # (as Keras' call casts them)
-            inputs = tf.cast(inputs, tf.int32)
-        rows = table.shape[0]
+        table = _ordinary_table(layer)
+        sliced = table is None and isinstance(layer.embeddings, keras.Variable) and \
+            sliced_weights.is_sliced(layer.embeddings)
+        if table is None and not sliced:
+            return keras_call(inputs, *args, **kwargs)
+        ids = inputs if inputs.dtype in (tf.int32, tf.int64) else \
+            tf.cast(inputs, tf.int32)  # (as Keras' call casts them)
+        rows = layer.embeddings.shape[0]
 
         def wrapped(ids):  # (a negative id counts from the end, as ops.take does)
             return tf.where(ids < 0, ids + tf.cast(rows, ids.dtype), ids)
 
-        if isinstance(inputs, tf.RaggedTensor):
-            found = tf.nn.embedding_lookup(table, inputs.with_values(wrapped(inputs.values)))
+        if sliced:
+            found = _sliced_rows(layer.embeddings, ids, wrapped)
+            if found is None:  # (not here: the table read whole, by Keras' call)
+                return keras_call(inputs)
+        elif isinstance(ids, tf.RaggedTensor):
+            found = tf.nn.embedding_lookup(table, ids.with_values(wrapped(ids.values)))
         else:
-            found = tf.gather(table, wrapped(inputs))
+            found = tf.gather(table, wrapped(ids))
         return tf.cast(found, layer.compute_dtype)
 
     return call
+
+
+def _sliced_rows(table, ids, wrapped):
+    """The rows of ``ids`` (dense or ragged) of a table kept in slices of
+    whole rows, looked up where they live; None where that is not built
+    (`sliced_weights.rows`)."""
+    flat = ids.values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
+    found = sliced_weights.rows(table, wrapped(flat))
+    if found is None:
+        return None
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.with_values(found)
+    shaped = tf.reshape(found, tf.concat([tf.shape(ids), tf.shape(found)[1:]], 0))
+    shaped.set_shape(ids.shape.concatenate(found.shape[1:]))
+    return shaped
 
 
 def _ordinary_table(layer):

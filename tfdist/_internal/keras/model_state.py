@@ -31,6 +31,15 @@ def all_layers(model: keras.Model) -> list:
     return list(model._flatten_layers(include_self=False))
 
 
+def weights_built(model: keras.Model) -> bool:
+    """Whether ``model`` and every layer inside it are built. Keras marks a
+    subclassed model without a ``build`` method built by
+    ``model.build(input_shape)`` even when that could not build its layers
+    (it warns): they make their weights on the first batch, as if the model
+    were not built (keras.io's RecommenderNet)."""
+    return model.built and all(layer.built for layer in model._flatten_layers(include_self=False))
+
+
 def build_model_state(model: keras.Model, element_spec) -> None:
     """Creates model, compiled-loss, metric and optimizer variables.
 

@@ -23,7 +23,7 @@ state's keys) is the slice: the gradient a tape returns for the variable
 is the replica's slice of the batch's gradient.
 """
 
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -56,14 +56,20 @@ class SlicedReads:
       worker_pieces: this worker's slices, cut into the rectangles a
         checkpoint stores slices in (a background save across workers,
         `tfdist._internal.host_copies`).
+      rows_in_replica: for a table whose slices hold whole rows,
+        ``rows_in_replica(ids)``: the rows of ``ids`` (a 1-D tensor of
+        non-negative ids) inside a replica of a step, differentiable with
+        respect to the storage, without reading the table whole; None
+        where it cannot (outside a step), or None for other weights.
     """
 
     def __init__(self, read_in_replica: Callable, whole: Callable, assign_whole: Callable,
-                 worker_pieces: Callable):
+                 worker_pieces: Callable, rows_in_replica: Optional[Callable] = None):
         self.read_in_replica = read_in_replica
         self.whole = whole
         self.assign_whole = assign_whole
         self.worker_pieces = worker_pieces
+        self.rows_in_replica = rows_in_replica
 
     def read(self):
         value = self.read_in_replica()
@@ -136,6 +142,16 @@ def read(variable) -> tf.Tensor:
     """A sliced weight's value, whole, in its own dtype (inside a replica
     of a step: the gather ``read_in_replica`` makes)."""
     return getattr(variable, _READS).read()
+
+
+def rows(variable, ids) -> Optional[tf.Tensor]:
+    """The rows of ``ids`` of a sliced table, looked up where they live
+    (`SlicedReads.rows_in_replica`), or None where that is not built for
+    this weight or not here (then read it whole)."""
+    reads = getattr(variable, _READS, None)
+    if reads is None or reads.rows_in_replica is None:
+        return None
+    return reads.rows_in_replica(ids)
 
 
 def whole(variable) -> tf.Tensor:

@@ -1,0 +1,158 @@
+"""Embedding tables sharded by vocabulary under ``FullySharded``, looked
+up where their rows live (`tfdist.communication.table_lookups`), against
+single-device Keras: a user tower (one id per example) and an item
+history (six ids, padded with 0 under ``mask_zero``, pooled with the
+mask), with the same ids repeated within a batch and across the replicas'
+parts of it, a partial last batch that leaves replicas empty, and SGD,
+Adagrad and Adam (whose squares are taken of each occurrence's entry)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfdist
+from tests.support import reference as ref
+from tests.support.models import GuideTrainStep
+from tfdist.communication import FullySharded
+
+USERS, ITEMS = 23, 31
+EXAMPLES, BATCH = 37, 12  # (a last batch of 1: two of three replicas empty)
+
+
+def _recommender(optimizer: str, model_class=keras.Model):
+    keras.utils.set_random_seed(3)
+    user = keras.Input((), dtype="int32", name="user")
+    items = keras.Input((6,), dtype="int32", name="items")
+    user_vector = keras.layers.Embedding(USERS, 4, name="users")(user)
+    history = keras.layers.Embedding(ITEMS, 4, mask_zero=True, name="items_table")(items)
+    pooled = keras.layers.GlobalAveragePooling1D()(history)
+    joined = keras.layers.Concatenate()([user_vector, pooled])
+    score = keras.layers.Dense(1, name="score")(keras.layers.Dense(8, activation="relu")(joined))
+    model = model_class({"user": user, "items": items}, score)
+    model.compile(optimizer={"sgd": keras.optimizers.SGD(0.5),
+                             "adagrad": keras.optimizers.Adagrad(0.5),
+                             "adam": keras.optimizers.Adam(0.05)}[optimizer],
+                  loss="mse", metrics=["mae"])
+    return model
+
+
+def _data(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    users = rng.integers(0, USERS, EXAMPLES).astype("int32")
+    users[::3] = USERS - 1  # (one user in many rows: on the last replica's slice)
+    items = rng.integers(1, ITEMS, (EXAMPLES, 6)).astype("int32")
+    items[:, 0] = 5  # (every example: a duplicate within and across replicas)
+    items[:, 4:] = np.where(rng.random((EXAMPLES, 2)) < 0.5, 0, items[:, 4:])  # (padding)
+    labels = rng.normal(size=(EXAMPLES, 1)).astype("float32")
+    return {"user": users, "items": items}, labels
+
+
+def _sharded(replicas: int, optimizer: str, model_class=keras.Model):
+    strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
+    with strategy.scope():
+        model = _recommender(optimizer, model_class)
+    return tfdist.attach(model, strategy, communication=FullySharded())
+
+
+def _looked_up_by_rows(monkeypatch) -> list:
+    """Counts the lookups that route ids to their rows' owners."""
+    from tfdist.communication import table_lookups  # pylint: disable=import-outside-toplevel
+
+    calls, original = [], table_lookups._look_up  # pylint: disable=protected-access
+
+    def counted(*args, **kwargs):
+        calls.append(args[-3])  # (the table's rows)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(table_lookups, "_look_up", counted)
+    return calls
+
+
+@pytest.mark.parametrize("optimizer,replicas", [("adam", 3), ("adagrad", 2), ("sgd", 3)])
+def test_tables_sharded_by_rows_train_as_one_device(monkeypatch, optimizer, replicas):
+    """fit History, weights (the tables whole), evaluate and predict."""
+    calls = _looked_up_by_rows(monkeypatch)
+    x, y = _data()
+    expected = _recommender(optimizer)
+    expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    model = _sharded(replicas, optimizer)
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    assert sorted(set(calls)) == [USERS, ITEMS]  # (both tables' lookups routed)
+    ref.assert_logs_close(expected_history.history, history.history)
+    ref.assert_weights_close(expected, model)
+    ref.assert_evaluates_and_predicts_alike(expected, model, x, y, BATCH)
+    rows = -(-USERS // replicas)  # each replica: a range of whole rows
+    assert [c.shape.as_list() for c in model.get_layer("users").embeddings.value.values] == \
+        [[rows * 4]] * replicas
+
+
+def test_a_users_own_train_step_scales_the_routed_gradients_as_one_device():
+    """keras.io's own ``train_step`` (its loss carries the replica count,
+    `tfdist._internal.replica_share`): the rows' gradients are scaled back."""
+    x, y = _data(1)
+    expected = _recommender("adam", GuideTrainStep)
+    expected.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    model = _sharded(2, "adam", GuideTrainStep)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    ref.assert_weights_close(expected, model)
+
+
+def test_a_sharded_table_saves_whole_and_restores_on_another_replica_count(tmp_path):
+    """``model.save`` holds the whole tables (plain Keras loads them), and
+    a checkpoint of 3 replicas' slices restores into 2 replicas' slices,
+    which then train on as one device does."""
+    x, y = _data(2)
+    expected = _recommender("adagrad")
+    expected.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    model = _sharded(3, "adagrad")
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    model.save(tmp_path / "model.keras")
+    ref.assert_weights_close(expected, keras.models.load_model(tmp_path / "model.keras"))
+    path = tf.train.Checkpoint(model=model, optimizer=model.optimizer).write(
+        str(tmp_path / "ckpt"))
+    moved = _sharded(2, "adagrad")
+    moved.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)  # (builds the state)
+    ref.restore_into(moved, path)
+    ref.assert_weights_close(expected, moved)
+    ref.assert_train_on_alike([expected, moved], x, y, BATCH)
+
+
+def test_an_id_past_the_table_is_a_clear_error():
+    """As Keras on a CPU refuses an id past the table (the ids routed to
+    the last replica would find its slice's padding)."""
+    x, y = _data()
+    x["items"][3, 2] = ITEMS + 1
+    model = _sharded(2, "sgd")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="an Embedding id is not below 31, the number of rows of its table"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+
+
+def test_tables_sharded_over_two_workers_train_as_one_device(tmp_path):
+    """2 MultiWorkerMirroredStrategy workers x 2 replicas (real tfdist-run
+    processes on 127.0.0.1): each of the cluster's 4 replicas keeps a range
+    of each table's rows, ids and rows cross between the processes, and
+    every worker ends at one device's weights, History, evaluation and
+    predictions."""
+    import json  # pylint: disable=import-outside-toplevel
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from tests.support.launcher_harness import LauncherRun  # pylint: disable=import-outside-toplevel
+
+    x, y = _data()
+    expected = _recommender("adam")
+    expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    program = [sys.executable, "tests/programs/sharded_tables_per_worker.py",
+               f"--output_dir={tmp_path / 'out'}"]
+    with LauncherRun(["--num_workers=2"], program) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    for task in (0, 1):
+        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
+        ref.assert_logs_close(expected_history.history, result["history"])
+        ref.assert_weights_equal_lists(expected, result["weights"])
+        ref.assert_logs_close(expected.evaluate(x, y, batch_size=BATCH, verbose=0,
+                                                return_dict=True), result["evaluation"])
+        np.testing.assert_allclose(np.asarray(result["predictions"], np.float32),
+                                   expected.predict(x, batch_size=BATCH, verbose=0), atol=1e-5)
+        rows = -(-USERS // 4)  # (a quarter of the rows on each of this worker's 2 replicas)
+        assert result["slice_shapes"]["users"] == [[rows * 4]] * 2
