@@ -1,8 +1,8 @@
 """Embedding tables sharded by vocabulary under ``FullySharded``, looked
 up where their rows live (`tfdist.communication.table_lookups`), against
 single-device Keras: a user tower (one id per example) and an item
-history (six ids, padded with 0 under ``mask_zero``, pooled with the
-mask), with the same ids repeated within a batch and across the replicas'
+history (six ids, padded with 0 under ``mask_zero``, combined over the
+mask by sum, mean or sqrtn), with the same ids repeated within a batch and across the replicas'
 parts of it, a partial last batch that leaves replicas empty, and SGD,
 Adagrad and Adam (whose squares are taken of each occurrence's entry)."""
 
@@ -20,13 +20,39 @@ USERS, ITEMS = 23, 31
 EXAMPLES, BATCH = 37, 12  # (a last batch of 1: two of three replicas empty)
 
 
-def _recommender(optimizer: str, model_class=keras.Model):
+@keras.saving.register_keras_serializable(package="tfdist_tests")
+class MaskedCombiner(keras.layers.Layer):
+    """A bag of looked-up rows combined over its mask as keras-rs' and
+    TensorFlow's embedding combiners do: ``sum``, ``mean`` or ``sqrtn``
+    (the sum over the square root of the count)."""
+
+    def __init__(self, combiner: str, **kwargs):
+        super().__init__(**kwargs)
+        self.combiner = combiner
+        self.supports_masking = True
+
+    def call(self, rows, mask=None):
+        weights = keras.ops.cast(mask, rows.dtype)[..., None]
+        total = keras.ops.sum(rows * weights, axis=1)
+        count = keras.ops.maximum(keras.ops.sum(weights, axis=1), 1.0)
+        if self.combiner == "mean":
+            return total / count
+        return total / keras.ops.sqrt(count) if self.combiner == "sqrtn" else total
+
+    def compute_mask(self, inputs, mask=None):
+        return None
+
+    def get_config(self):
+        return {**super().get_config(), "combiner": self.combiner}
+
+
+def _recommender(optimizer: str, model_class=keras.Model, combiner: str = "mean"):
     keras.utils.set_random_seed(3)
     user = keras.Input((), dtype="int32", name="user")
     items = keras.Input((6,), dtype="int32", name="items")
     user_vector = keras.layers.Embedding(USERS, 4, name="users")(user)
     history = keras.layers.Embedding(ITEMS, 4, mask_zero=True, name="items_table")(items)
-    pooled = keras.layers.GlobalAveragePooling1D()(history)
+    pooled = MaskedCombiner(combiner)(history)
     joined = keras.layers.Concatenate()([user_vector, pooled])
     score = keras.layers.Dense(1, name="score")(keras.layers.Dense(8, activation="relu")(joined))
     model = model_class({"user": user, "items": items}, score)
@@ -48,10 +74,10 @@ def _data(seed: int = 0):
     return {"user": users, "items": items}, labels
 
 
-def _sharded(replicas: int, optimizer: str, model_class=keras.Model):
+def _sharded(replicas: int, optimizer: str, model_class=keras.Model, combiner: str = "mean"):
     strategy = tfdist.make_strategy("mirrored", num_replicas=replicas)
     with strategy.scope():
-        model = _recommender(optimizer, model_class)
+        model = _recommender(optimizer, model_class, combiner)
     return tfdist.attach(model, strategy, communication=FullySharded())
 
 
@@ -69,14 +95,16 @@ def _looked_up_by_rows(monkeypatch) -> list:
     return calls
 
 
-@pytest.mark.parametrize("optimizer,replicas", [("adam", 3), ("adagrad", 2), ("sgd", 3)])
-def test_tables_sharded_by_rows_train_as_one_device(monkeypatch, optimizer, replicas):
-    """fit History, weights (the tables whole), evaluate and predict."""
+@pytest.mark.parametrize("optimizer,replicas,combiner",
+                         [("adam", 3, "mean"), ("adagrad", 2, "sqrtn"), ("sgd", 3, "sum")])
+def test_tables_sharded_by_rows_train_as_one_device(monkeypatch, optimizer, replicas, combiner):
+    """fit History, weights (the tables whole), evaluate and predict; the
+    item history combined over its mask by each combiner in turn."""
     calls = _looked_up_by_rows(monkeypatch)
     x, y = _data()
-    expected = _recommender(optimizer)
+    expected = _recommender(optimizer, combiner=combiner)
     expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    model = _sharded(replicas, optimizer)
+    model = _sharded(replicas, optimizer, combiner=combiner)
     history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
     assert sorted(set(calls)) == [USERS, ITEMS]  # (both tables' lookups routed)
     ref.assert_logs_close(expected_history.history, history.history)

@@ -242,8 +242,9 @@ def _sharded(variable, rule, axes, owner, data_axis, model_axis, sizes,
     if data_axis in axes and sizes["data"] > 1:
         raise ConfigurationError(
             f"{where} splits a dimension over the data axis {data_axis!r}: weights sharded "
-            "over the data axis are communication=tfdist.communication.FullySharded() (not "
-            "built together with the model axis yet); give the rule None there.")
+            "over the data axis are communication=tfdist.communication.FullySharded() (an "
+            "Embedding table's rows too, looked up where they live; not built together with "
+            "the model axis yet); give the rule None there.")
     split = [index for index, axis in enumerate(axes) if axis == model_axis]
     if not split:
         return None  # (replicated, as Keras replicates a weight without a rule)
