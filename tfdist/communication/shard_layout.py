@@ -7,6 +7,7 @@ replica (`tfdist.communication.table_lookups`)."""
 import dataclasses
 from typing import Tuple
 
+import numpy as np
 import tensorflow as tf
 
 
@@ -70,10 +71,14 @@ class ShardLayout:
 
     def own_slice(self, weight: int, tensor, replica: int) -> tf.Tensor:
         """Row ``replica`` of `rows`, cut from ``tensor`` alone (the other
-        rows are not made)."""
+        rows are not made); from a NumPy array, as an array cut on the host."""
         size, length = self.sizes[weight], self.slice_sizes[weight]
         start = min(replica * length, size)
         stop = min(start + length, size)
+        if isinstance(tensor, np.ndarray):  # (cut on the host: the whole never on a device)
+            part = np.zeros([length], tensor.dtype)
+            part[:stop - start] = tensor.reshape(-1)[start:stop]
+            return part
         part = tf.reshape(tf.convert_to_tensor(tensor), [-1])[start:stop]
         return part if stop - start == length else tf.pad(part, [[0, length - (stop - start)]])
 

@@ -209,16 +209,11 @@ class Shards:
     def _assign_host_slices(self, state, weight: int, value: np.ndarray, replica) -> None:
         """`assign_whole` of a NumPy value: each local replica's slice cut
         from it and padded on the host, then assigned."""
-        flat = value.reshape(-1)
-        length = self._layout.slice_sizes[weight]
+        value = value.astype(tf.as_dtype(state.dtype).as_numpy_dtype, copy=False)
         for index, component in zip(self._replicas, self._components(state)):
             if replica is not None and index != replica:
                 continue
-            part = np.zeros([length], component.dtype.as_numpy_dtype)
-            start = min(index * length, flat.size)
-            stop = min(start + length, flat.size)
-            part[:stop - start] = flat[start:stop]
-            component.assign(part)
+            component.assign(self._layout.own_slice(weight, value, index))
 
 
 def _tensorflow_variable(variable):

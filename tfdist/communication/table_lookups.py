@@ -73,17 +73,10 @@ def rows_reader(storage, rows: int, slice_rows: int, width: int,
         group = launcher(replica)
         if group is None:
             return None
-        return _look_up(group, replica, _local_slice(storage), ids, rows, slice_rows, width)
+        return _look_up(group, replica, distributed_variables.running_copy(storage), ids,
+                        rows, slice_rows, width)
 
     return rows_in_replica
-
-
-def _local_slice(storage) -> tf.Variable:
-    """This replica's slice variable (a gather on the distributed variable
-    would read every copy)."""
-    if not distributed_variables.is_distributed(storage):
-        return storage
-    return distributed_variables.local_copies(storage)[distributed_variables.local_replica()]
 
 
 def _look_up(group, replica: int, local, ids, rows: int, slice_rows: int, width: int):

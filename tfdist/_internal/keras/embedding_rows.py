@@ -124,7 +124,7 @@ def _ordinary_table(layer):
     if distributed_variables.is_distributed(value):
         if tf.distribute.in_cross_replica_context():
             return None
-        return distributed_variables.local_copies(value)[distributed_variables.local_replica()]
+        return distributed_variables.running_copy(value)
     return value if isinstance(value, tf.Variable) else None
 
 

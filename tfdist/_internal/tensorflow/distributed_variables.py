@@ -76,6 +76,15 @@ def local_copies(variable) -> list:
     return list(variable.values)
 
 
+def running_copy(variable):
+    """The running replica's copy of distributed ``variable`` (a gather on
+    it reads that copy's rows; one on the distributed variable reads every
+    copy); ``variable`` itself when it is not distributed."""
+    if not is_distributed(variable):
+        return variable
+    return local_copies(variable)[local_replica()]
+
+
 def local_replica() -> int:
     """The running replica's index among this process's replicas (0
     outside a replica, or on one): which of its pipelines, or copies,
