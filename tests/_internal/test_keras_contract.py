@@ -163,9 +163,11 @@ def test_importing_tfdist_patches_nothing_in_keras():
         "from keras.src.backend.tensorflow import optimizer\n"
         "nn = privates.tensorflow_ops('nn')\n"
         "from keras.src.losses import loss\n"
+        "import keras\n"
         "patched = [f.__qualname__ for f in (nn._compute_moments, nn._compute_moments_sync,\n"
         "           loss.scale_loss_for_distribution, loss.unscale_loss_for_distribution,\n"
-        "           optimizer.TFOptimizer._all_reduce_sum_gradients)\n"
+        "           optimizer.TFOptimizer._all_reduce_sum_gradients,\n"
+        "           keras.layers.Layer.trainable_weights.fget)\n"
         "           if not f.__module__.startswith('keras')]\n"
         "print(patched)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -193,6 +195,9 @@ def test_every_keras_function_tfdist_wraps_is_where_it_looks():
     assert callable(Variable.assign_add) and callable(Variable.assign_sub)
     inner = keras.optimizers.SGD()
     assert patches.inner_optimizer(keras.optimizers.LossScaleOptimizer(inner)) is inner
+    for name in patches.TRAINABLE_LISTS:  # (`step_weights`: the class's properties)
+        assert isinstance(vars(keras.layers.Layer).get(name), property), name
+        assert all(name not in vars(cls) for cls in (keras.Model, keras.Sequential)), name
 
 
 def test_file_writing_callbacks_have_the_paths_tfdist_redirects(tmp_path):

@@ -73,7 +73,7 @@ from tfdist.communication.fully_sharded import FullySharded
 from tfdist.communication.plan import parts_of
 from tfdist.errors import ConfigurationError
 from tfdist.parallel.pipeline import Pipeline
-from tfdist.parallel import mesh_rows, split_regularizers, tensor_parallel
+from tfdist.parallel import mesh_rows, plan_checks, split_regularizers, tensor_parallel
 from tfdist.replica import keras_steps, table_rows
 from tfdist.replica.step import ForwardBackward
 
@@ -140,6 +140,16 @@ class ModelPlan:
         ways = [way for way in (self.pipeline, self.tensor_parallel) if way is not None]
         return f"ModelPlan({ways[0] if len(ways) == 1 else ways or None!r})"
 
+    @property
+    def trainable_listed(self) -> Optional[Callable[[list], list]]:
+        """While a model's own step is traced, what its layers' trainable
+        weights list, from what Keras lists: each split weight as its shards
+        (the tape watches them and the optimizer, built for them, updates
+        them: `tfdist._internal.keras.step_weights`); None: Keras' list."""
+        if self.tensor_parallel is None:
+            return None
+        return tensor_parallel.trainable_variables
+
     def trainable_variables(self, model) -> list:
         """What the step differentiates and the optimizer updates: the
         model's trainable weights, each split weight as its shards."""
@@ -178,19 +188,9 @@ class ModelPlan:
         if pipeline is None:
             self._wait_for_the_build(model, strategy, communication)
             return
-        own_steps = keras_steps.overridden(model)
-        cannot_cut = [name for name in own_steps if name != "compute_loss"]
-        if cannot_cut:
-            raise ConfigurationError(
-                f"parallel={pipeline!r}: this model overrides {', '.join(own_steps)}; a "
-                "pipeline runs tfdist's training step, which cuts each batch into "
-                "micro-batches, and cannot cut a model's own step into them yet (a model "
-                "that overrides only compute_loss can be). Drop the Pipeline for this model.")
-        self.sharding = _sharding_across_stages(pipeline, communication, self._replicas)
-        if static_shapes:
-            raise ConfigurationError(
-                f"parallel={pipeline!r} is not built for static shapes (TPUStrategy, "
-                "static_shapes=True) yet: its micro-batches have the sizes the batch gives.")
+        plan_checks.check_pipeline(pipeline, model, static_shapes)
+        self.sharding = plan_checks.sharding_across_stages(pipeline, communication,
+                                                           self._replicas)
         if keras_model_state.weights_built(model):
             pipeline._attach(model, strategy)  # pylint: disable=protected-access
         else:
@@ -199,27 +199,8 @@ class ModelPlan:
     def _attach_tensor_parallel(self, model, strategy, communication, static_shapes) -> None:
         split = self.tensor_parallel if self.pipeline is None \
             else [self.pipeline, self.tensor_parallel]
-        refused = []
-        own_steps = [name for name in keras_steps.overridden(model) if name != "compute_loss"]
-        if own_steps:
-            refused.append(f"this model's own {', '.join(own_steps)} (tfdist's step "
-                           "differentiates the shards; a model that overrides only "
-                           "compute_loss runs)")
-        parts = parts_of(communication)
-        sharded = [part for part in parts if isinstance(part, FullySharded)]
-        if len(sharded) < len(parts):
-            refused.append(f"communication={communication!r} (of the communication parts, "
-                           "FullySharded() composes with the model axis)")
-        elif sharded and self.pipeline is not None:
-            refused.append(f"communication={communication!r} together with a pipeline "
-                           "(FullySharded() composes with the model axis alone, data x "
-                           "model x fully sharded)")
-        if static_shapes:
-            refused.append("static shapes (TPUStrategy, static_shapes=True)")
-        if refused:
-            raise ConfigurationError(
-                f"parallel={split!r} does not combine with {'; '.join(refused)} yet. Drop "
-                "one of them.")
+        sharded = plan_checks.check_tensor_parallel(split, self.pipeline, model,
+                                                    communication, static_shapes)
         if sharded and self._replicas > 1:  # (one replica: nothing to shard)
             self.sharding = sharded[0]
             sharded[0]._over_split_weights(  # pylint: disable=protected-access
@@ -371,23 +352,6 @@ def _stage_of_layers(pipeline: Pipeline, model) -> Callable[[str], int]:
             "the layer that holds it, or drop its rules.")
 
     return stage_of
-
-
-def _sharding_across_stages(pipeline, communication, replicas: int):
-    """The `FullySharded` part of ``communication`` (one, or None) that
-    shards each stage's weights over the data axis, told to gather once per
-    step; any other part is refused, naming it."""
-    parts = parts_of(communication)
-    others = [part for part in parts if not isinstance(part, FullySharded)]
-    if others:
-        raise ConfigurationError(
-            f"parallel={pipeline!r} with communication={others[0]!r} is not built yet: a "
-            "pipeline combines with FullySharded() (each stage's weights sharded over the "
-            "replicas), not with other communication parts. Drop one of them.")
-    if not parts or replicas == 1:
-        return None  # (one replica: nothing to shard, FullySharded leaves Keras' update)
-    parts[0]._gather_once_per_step()  # pylint: disable=protected-access
-    return parts[0]
 
 
 WHOLE = ModelPlan(None)  # (the null plan: every batch whole, on the replica's device)

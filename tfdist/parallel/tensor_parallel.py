@@ -39,11 +39,15 @@ layers between them by sequence (`tfdist.parallel.sharded_sequence`).
 A split weight's ``L1``, ``L2`` or ``L1L2`` regularizer is the sum of its
 shards' terms, each on its shard's device (`tfdist.parallel.split_regularizers`).
 
+A model's own ``train_step`` / ``test_step`` runs as written: while
+tfdist traces it, its layers list each split weight's shards as trainable
+(`tfdist._internal.keras.step_weights`), so ``tape.gradient(loss,
+self.trainable_variables)`` and ``self.optimizer.apply`` reach the shards;
+reading a split weight whole in it is an error naming the weight.
+
 Not built yet, refused with an error saying so: other split layers,
 other regularizers and constraints on split weights, LoRA and quantized layers,
-a model's own ``train_step``
-or ``test_step`` (a model that overrides only ``compute_loss`` runs
-tfdist's step, which calls it), communication parts other than
+a model's own step together with a pipeline, communication parts other than
 ``FullySharded()``. With a pipeline, and with fully sharded weights (each
 shard sliced over the data axis), it composes: `tfdist.parallel.plan`.
 

@@ -21,6 +21,7 @@ from tfdist._internal.keras import norm_groups, optimizer as keras_optimizer, pa
 
 
 _CLIPS_SLICES = "_tfdist_clips_slices"
+_CLIPS_BATCHES = "_tfdist_clips_batches"
 
 
 def optimizer_clips(optimizer) -> bool:
@@ -73,26 +74,41 @@ def clip_batches_in_apply(optimizer) -> None:
     returns each replica's part of it, which Keras' own all-reduce sums
     again. Outside a replica, or on one, it is Keras' clipping; an
     optimizer that does not clip is left as it is. (A LossScaleOptimizer:
-    its inner optimizer clips, after the loss scale is divided out.)"""
+    its inner optimizer clips, after the loss scale is divided out.)
+
+    Clipping tfdist gave the optimizer before (a split model's, under each
+    gradient's device and by each split weight's whole norm:
+    `tfdist.parallel.stage_updates`) clips the batch's gradient here in
+    Keras' place; clipping of slices already summed over the replicas
+    (`clip_slices_in_apply`) is left as it is."""
     clipping = patches.inner_optimizer(optimizer)
-    if not optimizer_clips(clipping) or patches.has_own_method(clipping, patches.GRADIENT_CLIP):
+    if not optimizer_clips(clipping) or clips_slices(clipping) or \
+            getattr(clipping, _CLIPS_BATCHES, False):
         return
+    earlier = getattr(clipping, patches.GRADIENT_CLIP) \
+        if patches.has_own_method(clipping, patches.GRADIENT_CLIP) else None
+
+    def clip_as_before(self, gradients):
+        if earlier is None:
+            return keras_optimizer.clip_gradients(self, gradients)
+        return list(earlier(gradients))
 
     def clip(self, gradients):
         context = tf.distribute.get_replica_context()
         if context is None or context.num_replicas_in_sync == 1:
-            return keras_optimizer.clip_gradients(self, gradients)
+            return clip_as_before(self, gradients)
         # A user's step's gradients carry the factor N its loss does, and
         # the all-reduce multiplies their sum by `gradient_scale` (1/N).
         scale = replica_share.gradient_scale()
         batch = [sparse_gradients.scaled_gradient(g, scale)
                  for g in _batch_gradients(list(gradients))]
-        clipped = keras_optimizer.clip_gradients(self, batch)
+        clipped = clip_as_before(self, batch)
         share = 1.0 / (context.num_replicas_in_sync * scale)
         return [g if g is None or sparse_gradients.is_whole(g)
                 else sparse_gradients.scaled_gradient(g, share) for g in clipped]
 
     patches.replace_clipping_of(clipping, clip)
+    object.__setattr__(clipping, _CLIPS_BATCHES, True)
 
 
 def clip_slices_in_apply(optimizer) -> None:

@@ -33,14 +33,15 @@ per-row mean (`tfdist.replica.returned_values`, with a warning stating
 that); other values it returns get a warning naming them.
 """
 
+import contextlib
 import warnings
-from typing import Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import keras
 import tensorflow as tf
 
 from tfdist._internal import collectives, replica_random, replica_share
-from tfdist._internal.keras import model_state as keras_model_state
+from tfdist._internal.keras import model_state as keras_model_state, step_weights
 from tfdist.data.batch import Batch
 from tfdist.errors import ConfigurationError
 from tfdist.replica import gradients as gradients_lib, loss_scaling, returned_values
@@ -146,10 +147,15 @@ class KerasSteps:
     # user adds outside Keras' reductions (a penalty in ``compute_loss``).
     avoid_empty_replicas = False
 
-    def __init__(self, model: keras.Model, metrics: KerasMetrics):
+    def __init__(self, model: keras.Model, metrics: KerasMetrics,
+                 trainable_listed: Optional[Callable[[list], list]] = None):
+        """``trainable_listed``: what the model's layers list as trainable
+        while its step is traced, from what Keras lists (a split model's
+        shards: `tfdist._internal.keras.step_weights`); None: Keras' list."""
         self._model = model
         self._metrics = metrics
         self._warned = set()
+        self._trainable_listed = trainable_listed
         replica_share.scale_compute_loss(model)
 
     # The model's own step applies its gradients: nothing accumulates here.
@@ -170,7 +176,10 @@ class KerasSteps:
             global_rows = collectives.all_reduce_sum(rows)
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
         share = tf.math.divide_no_nan(rows * replicas, global_rows)
-        with replica_share.replica_share(share, replicas), replica_random.independent_draws():
+        listed = (contextlib.nullcontext() if self._trainable_listed is None
+                  else step_weights.listed_as(self._trainable_listed))
+        with replica_share.replica_share(share, replicas), replica_random.independent_draws(), \
+                listed:
             logs = method(keras_data(x, y, sample_weight))
             self._report_returned(method.__name__, logs, rows)
         self._metrics.examples.update_state(rows)
@@ -292,7 +301,9 @@ def steps_for(model: keras.Model, strategy: tf.distribute.Strategy, *, jit_compi
     which runs every batch through ``plan`` (`tfdist.parallel.plan.ModelPlan`).
     When the plan splits the model (a pipeline, tensor parallelism), a model
     that overrides only ``compute_loss`` runs tfdist's step, which calls it
-    (on each micro-batch of a pipeline: `tfdist.replica.own_compute_loss`)."""
+    (on each micro-batch of a pipeline: `tfdist.replica.own_compute_loss`);
+    a model's own step on split weights lists them as the plan says
+    (``plan.trainable_listed``)."""
     warn_per_replica_statistics(model, strategy)
     warn_padded_activity_regularizers(model, jit_compile=jit_compile, static_shapes=static_shapes)
     own = overridden(model)
@@ -305,7 +316,7 @@ def steps_for(model: keras.Model, strategy: tf.distribute.Strategy, *, jit_compi
                     f"{', '.join(own)}, which a pipeline cannot cut into micro-batches yet.")
             check_supported(model, jit_compile=jit_compile, static_shapes=static_shapes)
             metrics = KerasMetrics(model, strategy)
-            return metrics, KerasSteps(model, metrics)
+            return metrics, KerasSteps(model, metrics, plan.trainable_listed)
         metrics = MetricState(model, strategy)
     return metrics, ReplicaSteps(model, metrics, jit_compile=jit_compile, plan=plan,
                                  own_compute_loss=own_compute_loss)

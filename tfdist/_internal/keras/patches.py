@@ -17,17 +17,22 @@ all-reduce of a user's own step), `tfdist._internal.replica_random`
 agreement), `tfdist.strategies.atomic_updates` (parameter-server counters),
 `tfdist.communication` (compression, local SGD and sharded state on one
 optimizer), `tfdist.replica.gradients` (the clipping of an optimizer a
-model's own step applies), `tfdist.training.keras_fit` (``tfdist.attach``).
+model's own step applies), `tfdist.training.keras_fit` (``tfdist.attach``),
+`tfdist._internal.keras.step_weights` (a split model's trainable weights
+in its own step).
 Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
 from typing import Callable, Dict, Iterable
+
+import keras
 
 GRADIENT_ALL_REDUCE = "_all_reduce_sum_gradients"  # a Keras TensorFlow optimizer's method
 DISTRIBUTED_UPDATE = "_backend_update_step"  # its update of every weight, in a replica
 CHECKPOINT_CHILDREN = "_trackable_children"  # what tf.train.Checkpoint saves of an object
 GRADIENT_CLIP = "_clip_gradients"  # an optimizer's clipnorm / global_clipnorm / clipvalue
 WEIGHT_DECAY = "_apply_weight_decay"  # its decay of every weight, before the update
+TRAINABLE_LISTS = ("trainable_weights", "trainable_variables")  # a layer's properties
 
 
 def wrap_loss_scaling(wrap_scale: Callable, wrap_unscale: Callable) -> None:
@@ -159,6 +164,16 @@ def wrap_loss_scale_apply(wrap: Callable) -> None:
     replacement = wrap(keras_apply)
     replacement.__doc__ = keras_apply.__doc__
     LossScaleOptimizer.apply = replacement
+
+
+def wrap_trainable_weights(wrap: Callable) -> None:
+    """``trainable_weights`` and ``trainable_variables`` of every Keras layer
+    (the properties of ``keras.layers.Layer``, which models inherit):
+    ``wrap(getter)`` for each, a getter of the layer."""
+    layer = keras.layers.Layer
+    for name in TRAINABLE_LISTS:
+        getter = getattr(layer, name).fget
+        setattr(layer, name, property(wrap(getter), doc=getter.__doc__))
 
 
 def wrap_variable_increments(wrap: Callable) -> None:
