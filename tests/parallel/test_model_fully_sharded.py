@@ -11,7 +11,6 @@ the slices live and no weight crosses between devices; a checkpoint saves
 the ordinary Keras form and restores under other splits."""
 
 import collections
-import contextlib
 
 import numpy as np
 import pytest
@@ -205,19 +204,12 @@ def test_a_sliced_split_model_saves_whole_and_restores_under_other_splits(tmp_pa
 
 
 def test_what_does_not_compose_yet_is_refused_by_name():
+    """(Data x pipeline x model x fully sharded composes: 2 workers x 4 CPUs,
+    `tests/parallel/test_tensor_parallel_on_workers.py`.)"""
     strategy, layout = _mesh(PAIRS)
-    pipeline = tfdist.parallel.Pipeline(cuts=["d2"], micro_batches=2)
-    cases = [
-        ([pipeline, stacked._mesh_layout(  # pylint: disable=protected-access
-            PAIRS, tfdist.strategies.configure_logical_cpus(4))], FullySharded(),
-         "FullySharded.. together with a pipeline"),
-        (layout, (FullySharded(), tfdist.communication.Compression("bf16")),
-         "FullySharded.. composes with the model axis"),
-    ]
-    for parallel, communication, message in cases:
-        on = None if isinstance(parallel, list) else strategy  # (the pipeline: one replica)
-        with on.scope() if on is not None else contextlib.nullcontext():
-            model = flat._compiled(stacked._mlp(), "adam")  # pylint: disable=protected-access
-        with pytest.raises(ConfigurationError, match=message):
-            tfdist.attach(model, on, parallel=parallel, communication=communication).fit(
+    with strategy.scope():
+        model = flat._compiled(stacked._mlp(), "adam")  # pylint: disable=protected-access
+    with pytest.raises(ConfigurationError, match="FullySharded.. composes with the model axis"):
+        tfdist.attach(model, strategy, parallel=layout, communication=(
+            FullySharded(), tfdist.communication.Compression("bf16"))).fit(
                 *flat._data(), batch_size=BATCH, verbose=0)  # pylint: disable=protected-access

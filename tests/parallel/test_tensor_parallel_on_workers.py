@@ -63,14 +63,19 @@ def test_a_mesh_over_two_workers_equals_one_device_and_refuses_what_it_cannot_ru
         assert all(str(mesh) in message for message in refusals.values()), refusals
 
 
-def test_data_pipeline_and_model_axes_over_two_workers_equal_one_device(tmp_path):
+@pytest.mark.parametrize("fully_sharded", [False, True], ids=["", "fully_sharded"])
+def test_data_pipeline_and_model_axes_over_two_workers_equal_one_device(tmp_path,
+                                                                        fully_sharded):
     """Mesh 2 x 2 x 2 (data x pipeline x model) over 2 workers, each
     worker's 4 CPUs its 2 stages of 2 model devices: the column layer's
     shards on stage 0's CPUs 0 and 1, the row layer's on stage 1's CPUs 2
     and 3, 3 micro-batches; every worker ends at one device's weights,
-    History, evaluation and predictions."""
+    History, evaluation and predictions. With ``FullySharded()`` too (the
+    four at once): each worker keeps half of each shard there (its slice),
+    every weight gathered once per step for the 3 micro-batches."""
     expected, expected_history = in_process._one_device("adam")  # pylint: disable=protected-access
-    program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", "--stages=2"]
+    program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", "--stages=2"] + (
+        ["--fully_sharded"] if fully_sharded else [])
     with LauncherRun(["--num_workers=2"], program) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     for task in (0, 1):
@@ -81,6 +86,8 @@ def test_data_pipeline_and_model_axes_over_two_workers_equal_one_device(tmp_path
             device = 2 * stage_of[name[:2]] + int(name[-2])
             assert copies == [f"/job:worker/replica:0/task:{task}/device:CPU:{device}"], (
                 name, copies)
+        if fully_sharded:  # d1/kernel (5, 8): shards of 20, half on each worker
+            assert result["slice_elements"]["d1/kernel[0]"] == [10], result["slice_elements"]
 
 
 def test_data_model_and_fully_sharded_over_two_workers_equal_one_device(tmp_path):

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from tfdist._internal import collectives, step_graph
 from tfdist._internal.keras import layer_units
+from tfdist._internal.tensorflow import placed_gradients
 from tfdist.communication import gather_units, table_lookups
 
 
@@ -50,6 +51,8 @@ def whole_reader(sharding, layout, index: int, storage):
             with graph.as_default(), tf.control_dependencies(after):
                 gathered[(replica, index)] = gather(sharding, layout, index, storage, context,
                                                     replica)
+        if step is not None:  # (read inside a split layer's form: an input of it)
+            return placed_gradients.capture(gathered[(replica, index)])
         return gathered[(replica, index)]
 
     return read_in_replica

@@ -44,8 +44,10 @@ class StepWeights:
         self._context, self._replica, self._launcher = context, replica, launcher
 
     def _owned_by(self, layer) -> list:
-        """The indices of ``layer``'s trainable weights among the gathered."""
-        return [self._index[id(w)] for w in layer.trainable_weights if id(w) in self._index]
+        """The indices of ``layer``'s trainable weights among the gathered
+        (a weight split over the model axis: its shards)."""
+        return [self._index[id(w)] for w in self._sharding._weights_of(layer)  # pylint: disable=protected-access
+                if id(w) in self._index]
 
     def of_layer(self, layer) -> list:
         """The gathered tensors of ``layer``'s trainable weights."""

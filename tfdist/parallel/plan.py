@@ -28,8 +28,12 @@ Its axes are named as Keras names a ``keras.distribution.DeviceMesh``'s:
   weights on its first model device. With fully sharded weights
   (``communication=FullySharded()``, data x model x fully sharded), each
   shard is sliced over the replicas on its model devices, gathered and
-  reduce-scattered among them (`tfdist.communication.FullySharded`); the
-  three axes at once (a pipeline too) are not built yet (a clear error).
+  reduce-scattered among them (`tfdist.communication.FullySharded`). All
+  four at once (data x pipeline x model x fully sharded): each stage's
+  weights and shards sliced over the replicas beside them, gathered once
+  per step for all micro-batches (a split layer's form takes its shards'
+  gathered values as inputs of its custom gradient:
+  `tfdist._internal.tensorflow.placed_gradients.capture`).
 
 Fully sharded weights (``communication=FullySharded()``) shard over the
 data axis, within each stage when there is a pipeline (data x pipeline x
@@ -205,6 +209,8 @@ class ModelPlan:
             self.sharding = sharded[0]
             sharded[0]._over_split_weights(  # pylint: disable=protected-access
                 lambda model: self.trainable_variables(model))
+            if self.pipeline is not None:  # (each stage's weights and shards: once per step)
+                sharded[0]._gather_once_per_step()  # pylint: disable=protected-access
         if keras_model_state.weights_built(model):
             self._attach_split_weights(model, strategy)
         else:
@@ -224,7 +230,7 @@ class ModelPlan:
             self.tensor_parallel.attach(model, strategy, sharding=self.sharding)
             return
         self.tensor_parallel.attach(model, strategy, stage_of=_stage_of_layers(pipeline, model),
-                                    pipeline=pipeline)
+                                    pipeline=pipeline, sharding=self.sharding)
         devices = [device for row in self.tensor_parallel.stage_devices for device in row]
         if pipeline.devices is not None and [mesh_rows.canonical(d) for d in pipeline.devices] \
                 != [mesh_rows.canonical(d) for d in devices]:

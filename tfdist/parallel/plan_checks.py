@@ -47,10 +47,6 @@ def check_tensor_parallel(split, pipeline, model, communication,
     if len(sharded) < len(parts):
         refused.append(f"communication={communication!r} (of the communication parts, "
                        "FullySharded() composes with the model axis)")
-    elif sharded and pipeline is not None:
-        refused.append(f"communication={communication!r} together with a pipeline "
-                       "(FullySharded() composes with the model axis alone, data x "
-                       "model x fully sharded)")
     if static_shapes:
         refused.append("static shapes (TPUStrategy, static_shapes=True)")
     if refused:

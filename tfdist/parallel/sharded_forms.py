@@ -72,17 +72,18 @@ def on_device(device: str, function: Callable, inputs: Sequence[tf.Tensor]):
         def unit(*tensors):
             with tf.GradientTape() as tape:
                 tape.watch(tensors)
+                placed_gradients.read_captures_with(tape)  # (a shard gathered for the step)
                 output = function(*tensors)
             flat = tf.nest.flatten(output)
 
-            def backward(*upstream, variables=None):
+            def backward(*upstream, variables=None, captured=()):
                 with tf.device(device):
                     upstream = [tf.zeros_like(o) if u is None else tf.identity(u)
                                 for o, u in zip(flat, upstream)]
-                    read = list(variables or [])
-                    grads = tape.gradient(flat, list(tensors) + read,
+                    inputs = list(tensors) + list(captured)
+                    grads = tape.gradient(flat, inputs + list(variables or []),
                                           output_gradients=upstream)
-                return grads[:len(tensors)], grads[len(tensors):]
+                return grads[:len(inputs)], grads[len(inputs):]
 
             return output, backward
 
