@@ -75,7 +75,7 @@ def test_data_pipeline_and_model_axes_over_two_workers_equal_one_device(tmp_path
     every weight gathered once per step for the 3 micro-batches."""
     expected, expected_history = in_process._one_device("adam")  # pylint: disable=protected-access
     program = PROGRAM + [f"--output_dir={tmp_path / 'out'}", "--stages=2"] + (
-        ["--fully_sharded"] if fully_sharded else [])
+        ["--fully_sharded", "--count_collectives"] if fully_sharded else [])
     with LauncherRun(["--num_workers=2"], program) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     for task in (0, 1):
@@ -88,6 +88,16 @@ def test_data_pipeline_and_model_axes_over_two_workers_equal_one_device(tmp_path
                 name, copies)
         if fully_sharded:  # d1/kernel (5, 8): shards of 20, half on each worker
             assert result["slice_elements"]["d1/kernel[0]"] == [10], result["slice_elements"]
+            # One traced step of the worker's replica: each weight and shard
+            # gathered once for the 3 micro-batches (forward), its gradient
+            # summed over them reduce-scattered once (backward), one
+            # all-reduce of the batch's example count, no other collective.
+            found, variables = result["collectives"], result["step_variables"]
+            assert sorted(found) == ["CollectiveAllToAllV2", "CollectiveGatherV2",
+                                     "CollectiveReduceV2"], found
+            assert len(found["CollectiveGatherV2"]) == variables, found
+            assert len(found["CollectiveAllToAllV2"]) == variables, found
+            assert found["CollectiveReduceV2"] == [1], found
 
 
 def test_data_model_and_fully_sharded_over_two_workers_equal_one_device(tmp_path):

@@ -13,7 +13,8 @@ of the MLP, tests/parallel/test_sequence_parallel.py's transformer block,
 its attention split by heads and its replicated region by sequence over
 each worker's 2 CPUs. ``--checkpoint_dir``:
 checkpoints for fault tests; ``--refusals``: first tries meshes it must
-refuse, and writes each error.
+refuse, and writes each error. ``--count_collectives``: the collectives of
+one traced training step too.
 
 Writes ``<output_dir>/<task>.json``: the history, evaluation, predictions,
 final weights and the devices of each shard's copy.
@@ -45,6 +46,8 @@ def main():
                         help="background saves; reports the most bytes they held on the host")
     parser.add_argument("--step_delay", type=float, default=0.0,
                         help="seconds to sleep after each step (fault tests)")
+    parser.add_argument("--count_collectives", action="store_true",
+                        help="also writes the collectives of one traced training step")
     args = parser.parse_args()
 
     # (the worker's replica, then its model device; with 2 stages, stage 1's two)
@@ -106,10 +109,32 @@ def main():
         "slice_elements": slices,
         "background_host_bytes": host_bytes["most"],
         "refusals": refusals,
+        "step_variables": len(tfdist.parallel.tensor_parallel.trainable_variables(
+            model.trainable_variables)),
+        "collectives": _step_collectives(model, strategy, x, y, batch_size)
+        if args.count_collectives else None,
     }
     output = pathlib.Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     (output / f"{tfdist.cluster.task_name()}.json").write_text(json.dumps(result))
+
+
+def _step_collectives(model, strategy, x, y, rows: int) -> dict:
+    """The collective ops of this worker's replica in one training step,
+    traced (not run) on ``rows`` rows: ``{op type: [elements of its input]}``."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    from tfdist.training import keras_fit  # pylint: disable=import-outside-toplevel
+
+    steps = keras_fit.attachment_of(model).trainer()._steps  # pylint: disable=protected-access
+    batch = strategy.experimental_distribute_values_from_function(
+        lambda _: tfdist.Batch(tf.constant(x[:rows]), tf.constant(y[:rows])).to_structure())
+    graph = tf.function(lambda structure: strategy.run(steps.train, args=(structure,))
+                        ).get_concrete_function(batch).graph
+    found = {}
+    for op in graph.get_operations():
+        if op.type.startswith("Collective"):
+            found.setdefault(op.type, []).append(op.inputs[0].shape.num_elements())
+    return found
 
 
 def _background_host_bytes(model, noted: dict):

@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdist
-from tests.support import reference as ref
+from tests.support import models, reference as ref
 
 _REFERENCES = {}
 EXAMPLES, BATCH, EPOCHS = 96, 16, 2
@@ -75,12 +75,7 @@ class OwnStep(keras.Sequential):
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, self.trainable_variables)
         self.optimizer.apply(gradients, self.trainable_variables)
-        for metric in self.metrics:
-            if metric.name == "loss":
-                metric.update_state(loss)
-            else:
-                metric.update_state(y, y_pred)
-        return {m.name: m.result() for m in self.metrics}
+        return models.metrics_updated(self, loss, y, y_pred)
 
 
 def dense_model(cls=keras.Sequential):

@@ -19,15 +19,30 @@ class GuideTrainStep(keras.Model):
             loss = self.compute_loss(y=y, y_pred=y_pred)
         gradients = tape.gradient(loss, self.trainable_variables)
         self.apply_step_gradients(gradients)
-        for metric in self.metrics:
-            if metric.name == "loss":
-                metric.update_state(loss)
-            else:
-                metric.update_state(y, y_pred)
-        return {m.name: m.result() for m in self.metrics}
+        return metrics_updated(self, loss, y, y_pred)
 
     def apply_step_gradients(self, gradients):
         self.optimizer.apply(gradients, self.trainable_variables)
+
+
+class GuideTestStep(keras.Model):
+    """A ``test_step`` override that evaluates with its own loss call."""
+
+    def test_step(self, data):
+        x, y = data
+        y_pred = self(x, training=False)
+        loss = self.compute_loss(y=y, y_pred=y_pred, training=False)
+        return metrics_updated(self, loss, y, y_pred)
+
+
+def metrics_updated(model, loss, y, y_pred) -> dict:
+    """keras.io's metric updates at the end of a step, and their results."""
+    for metric in model.metrics:
+        if metric.name == "loss":
+            metric.update_state(loss)
+        else:
+            metric.update_state(y, y_pred)
+    return {m.name: m.result() for m in model.metrics}
 
 
 class ReturnsBatchValues(GuideTrainStep):
