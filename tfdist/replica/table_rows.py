@@ -25,7 +25,7 @@ and ParameterServerStrategy and TPUStrategy.
 ...                           keras.layers.Embedding(100, 4), keras.layers.Flatten()])
 >>> model.compile(optimizer=keras.optimizers.Adagrad(0.1), loss="mse")
 >>> _ = tfdist.attach(model)
->>> history = model.fit(np.array([[1, 2, 2]]), np.zeros((1, 12)), verbose=0)
+>>> history = model.fit(np.array([[1, 2, 2]]), np.ones((1, 12)), verbose=0)
 >>> int(np.count_nonzero(model.optimizer.variables[-1].numpy() != 0.1))  # accumulator rows 1, 2
 8
 """
