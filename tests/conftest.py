@@ -155,6 +155,10 @@ def pytest_collection_modifyitems(config, items):
     part = config.getoption("--conformance-part")
     if part:
         _keep_part(config, items, part)
+    if not config.getoption("--full"):
+        # (the kept rows are checked when whole files are collected: not under -k or ::)
+        _mark_what_ci_leaves_out(items, check=not config.option.keyword and not any(
+            "::" in argument for argument in config.args))
     skip_full_form = pytest.mark.skip(reason="left out of CI for time: run with --full")
     for item in items:
         if not config.getoption("--full") and item.get_closest_marker("full_form"):
@@ -162,6 +166,34 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__.rsplit(".", 1)[-1]
         if module in SERIAL_MODULES or (module, item.originalname) in SERIAL_TESTS:
             item.add_marker(pytest.mark.serial)
+
+
+def _mark_what_ci_leaves_out(items, check: bool) -> None:
+    """Marks ``full_form`` the rows and tests `tests.support.ci_form` leaves
+    to ``--full``; a listed row that is not collected is an error, so the
+    list cannot drift from the tests."""
+    from tests.support import ci_form  # pylint: disable=import-outside-toplevel
+
+    rows_seen = {}
+    for item in items:
+        key = (item.module.__name__.rsplit(".", 1)[-1], item.originalname)
+        row = item.callspec.id if hasattr(item, "callspec") else None
+        if key in ci_form.WHOLE:
+            item.add_marker(pytest.mark.full_form)
+        elif key in ci_form.ONE_ROW:
+            rows_seen.setdefault(key, set()).add(row)
+            if row not in ci_form.ONE_ROW[key]:
+                item.add_marker(pytest.mark.full_form)
+        elif key in ci_form.EVERY_OTHER_ROW:
+            turn = rows_seen.setdefault(key, set())
+            if len(turn) % 2:
+                item.add_marker(pytest.mark.full_form)
+            turn.add(row)
+    for key, kept in ci_form.ONE_ROW.items() if check else ():
+        missing = set(kept) - rows_seen.get(key, set(kept))
+        if missing:
+            raise pytest.UsageError(f"tests/support/ci_form.py keeps rows {sorted(missing)} of "
+                                    f"{key[0]}::{key[1]}, which has no such rows")
 
 
 def _keep_part(config, items, part: str) -> None:
