@@ -105,10 +105,12 @@ def pytest_configure(config):
                    "(-m serial, two modules at a time)")
 
 
-# The modules that take longest, in CI's order. `-n 2 --dist loadfile`
-# hands out whole files in collection order, so a long file collected last
-# runs alone on one core at the end while the other core idles; started
-# first, the short files fill in around it (longest-first scheduling).
+# The modules that take longest, in CI's order. The parallel pass hands
+# out tests in collection order (`-n 2 --dist worksteal`: each worker a
+# half, an idle one takes the other's last tests; under `loadfile` whole
+# files), so a long test collected last runs alone on one core at the end
+# while the other core idles; started first, the short ones fill in around
+# it (longest-first scheduling).
 # Ordered by their share of a CI run (`--durations`); a module not listed
 # keeps its place after these.
 LONGEST_FIRST = (
@@ -158,7 +160,8 @@ def pytest_collection_modifyitems(config, items):
     if not config.getoption("--full"):
         # (the kept rows are checked when whole files are collected: not under -k or ::)
         _mark_what_ci_leaves_out(items, check=not config.option.keyword and not any(
-            "::" in argument for argument in config.args))
+            "::" in argument for argument in config.args),
+            thin=config.getoption("--conformance") != "full")
     skip_full_form = pytest.mark.skip(reason="left out of CI for time: run with --full")
     for item in items:
         if not config.getoption("--full") and item.get_closest_marker("full_form"):
@@ -168,7 +171,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.serial)
 
 
-def _mark_what_ci_leaves_out(items, check: bool) -> None:
+def _mark_what_ci_leaves_out(items, check: bool, thin: bool) -> None:
     """Marks ``full_form`` the rows and tests `tests.support.ci_form` leaves
     to ``--full``; a listed row that is not collected is an error, so the
     list cannot drift from the tests."""
@@ -184,9 +187,9 @@ def _mark_what_ci_leaves_out(items, check: bool) -> None:
             rows_seen.setdefault(key, set()).add(row)
             if row not in ci_form.ONE_ROW[key]:
                 item.add_marker(pytest.mark.full_form)
-        elif key in ci_form.EVERY_OTHER_ROW:
+        elif thin and key in ci_form.THINNED_ROWS:
             turn = rows_seen.setdefault(key, set())
-            if len(turn) % 2:
+            if len(turn) % ci_form.THINNED_ROWS[key]:
                 item.add_marker(pytest.mark.full_form)
             turn.add(row)
     for key, kept in ci_form.ONE_ROW.items() if check else ():

@@ -88,7 +88,7 @@ def _looked_up_by_rows(monkeypatch) -> list:
     calls, original = [], table_lookups._look_up  # pylint: disable=protected-access
 
     def counted(*args, **kwargs):
-        calls.append(args[-3])  # (the table's rows)
+        calls.append(args[4])  # (the table's rows: _look_up(group, replica, local, ids, rows, ...))
         return original(*args, **kwargs)
 
     monkeypatch.setattr(table_lookups, "_look_up", counted)
@@ -184,3 +184,108 @@ def test_tables_sharded_over_two_workers_train_as_one_device(tmp_path):
                                    expected.predict(x, batch_size=BATCH, verbose=0), atol=1e-5)
         rows = -(-USERS // 4)  # (a quarter of the rows on each of this worker's 2 replicas)
         assert result["slice_shapes"]["users"] == [[rows * 4]] * 2
+
+
+def _compressed_one_device(x, y, dtype: str, replicas: int, epochs: int):
+    """SGD on one device as tfdist compresses under sharded tables: each
+    global batch split in ``replicas`` contiguous shares; a table's
+    gradient entries (one per occurrence) each rounded to ``dtype`` (fp16:
+    pre-scaled by 1/replicas) and applied, duplicates kept; a dense
+    weight's shares rounded and summed in ``dtype`` (its reduce-scatter)."""
+    from tests.communication.test_compression import DTYPES  # pylint: disable=import-outside-toplevel
+
+    model = _table_model()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    scale = 1.0 / replicas if dtype == "fp16" else 1.0
+
+    def rounded(value):
+        return tf.cast(tf.cast(value * scale, DTYPES[dtype]), tf.float32) / scale
+
+    for _ in range(epochs):
+        for start in range(0, len(y), BATCH):
+            xb, yb = x[start:start + BATCH], y[start:start + BATCH]
+            size = len(yb)
+            shares = []
+            for r in range(replicas):
+                rows = slice(r * size // replicas, (r + 1) * size // replicas)
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(yb[rows], model(xb[rows], training=True)) / size
+                shares.append(tape.gradient(loss, model.trainable_variables))
+            for index, variable in enumerate(model.trainable_variables):
+                parts = [share[index] for share in shares]
+                if isinstance(parts[0], tf.IndexedSlices):
+                    variable.value.scatter_sub(tf.IndexedSlices(
+                        0.5 * rounded(tf.concat([p.values for p in parts], 0)),
+                        tf.concat([p.indices for p in parts], 0)))
+                else:
+                    total = tf.add_n([tf.cast(p * scale, DTYPES[dtype]) for p in parts])
+                    variable.assign_sub(0.5 * tf.cast(total, tf.float32) / scale)
+    return model.get_weights()
+
+
+def _table_model():
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential([keras.Input((3,), dtype="int32"),
+                              keras.layers.Embedding(ITEMS, 4, name="items_table"),
+                              keras.layers.Flatten(), keras.layers.Dense(3, name="head")])
+    model.compile(optimizer=keras.optimizers.SGD(0.5),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_with_compression_each_routed_gradient_entry_crosses_in_16_bits(monkeypatch, dtype):
+    """``(FullySharded(), Compression(dtype))`` over 2 replicas: each
+    occurrence's gradient crosses back to its row's owner in 16 bits, as
+    a one-device loop that rounds each entry (and each dense share) does,
+    and not as the uncompressed run."""
+    calls = _looked_up_by_rows(monkeypatch)
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, ITEMS, (EXAMPLES, 3)).astype("int32")
+    x[:, 0] = 7  # (a duplicate in every example)
+    y = rng.integers(0, 3, EXAMPLES)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=2)
+    with strategy.scope():
+        model = _table_model()
+    tfdist.attach(model, strategy, communication=(
+        FullySharded(), tfdist.communication.Compression(dtype)))
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    assert set(calls) == {ITEMS}  # (the lookup routed to the rows' owners)
+    expected = _compressed_one_device(x, y, dtype, 2, 2)
+    exact = _table_model()
+    exact.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    assert ref.largest_difference(exact.get_weights(), expected) > 1e-5  # (rounding visible)
+    assert ref.largest_difference(model.get_weights(), expected) < 1e-5
+
+
+def test_a_table_in_a_model_keras_builds_on_its_first_batch_is_sharded_by_rows(monkeypatch):
+    """A ``Sequential`` without an ``Input`` (Keras builds it on the first
+    batch; tfdist slices it then, `tfdist.parallel.plan`): its table is
+    sliced in rows and looked up where they live, equal to one device."""
+    calls = _looked_up_by_rows(monkeypatch)
+
+    def unbuilt():
+        keras.utils.set_random_seed(6)
+        model = keras.Sequential([keras.layers.Embedding(ITEMS, 4, name="items_table"),
+                                  keras.layers.GlobalAveragePooling1D(),
+                                  keras.layers.Dense(3, name="head")])
+        model.compile(optimizer=keras.optimizers.Adagrad(0.3),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    rng = np.random.default_rng(6)
+    x = rng.integers(0, ITEMS, (EXAMPLES, 5)).astype("int32")
+    y = rng.integers(0, 3, EXAMPLES)
+    expected = unbuilt()
+    expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
+    with strategy.scope():
+        model = unbuilt()
+    tfdist.attach(model, strategy, communication=FullySharded())
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    assert set(calls) == {ITEMS}
+    ref.assert_logs_close(expected_history.history, history.history)
+    ref.assert_weights_close(expected, model)
+    rows = -(-ITEMS // 3)
+    assert [c.shape.as_list() for c in model.get_layer("items_table").embeddings.value.values] \
+        == [[rows * 4]] * 3

@@ -23,7 +23,7 @@ Call in replica context, every replica in the same order, with the
 replica's launcher (`tfdist._internal.collectives.replica_launcher`).
 """
 
-from typing import List, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops  # (see privates.PRIVATES)
@@ -31,14 +31,20 @@ from tensorflow.python.ops import collective_ops  # (see privates.PRIVATES)
 from tfdist._internal import collective_shapes, collectives
 
 
-def exchange(launcher, member: int, pieces: Sequence[tf.Tensor]) -> List[tf.Tensor]:
+def exchange(launcher, member: int, pieces: Sequence[tf.Tensor],
+             gradient_codec: Optional[Tuple[Callable, Callable]] = None) -> List[tf.Tensor]:
     """``pieces[j]`` (``[n_j, ...]``, the same trailing shape and dtype for
     every j and on every replica) sent to replica j, from replica
     ``member`` (this one's index in the launcher's group); returns what
-    each replica i sent to this one, in replica order (module doc)."""
+    each replica i sent to this one, in replica order (module doc).
+
+    ``gradient_codec``: ``(encode, decode)``, applied to each gradient
+    piece before and after it crosses back (`tfdist.communication.Compression`'s
+    16 bits); the forward pieces cross as they are."""
     pieces = [tf.convert_to_tensor(p) for p in pieces]
     if not pieces[0].dtype.is_floating:
         return _exchange(launcher, member, pieces)
+    encode, decode = gradient_codec or (lambda piece: piece, lambda piece: piece)
 
     @tf.custom_gradient
     def differentiable(*sent):
@@ -46,7 +52,8 @@ def exchange(launcher, member: int, pieces: Sequence[tf.Tensor]) -> List[tf.Tens
 
         def backward(*upstream):
             upstream = [tf.zeros_like(r) if g is None else g for r, g in zip(received, upstream)]
-            return _exchange(launcher, member, upstream)  # (back to the senders)
+            returned = _exchange(launcher, member, [encode(g) for g in upstream])
+            return [decode(g) for g in returned]  # (back to the senders)
         return received, backward
 
     return list(differentiable(*pieces))

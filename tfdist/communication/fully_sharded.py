@@ -70,9 +70,10 @@ What runs and what is refused (a `ConfigurationError` saying why):
   and cast where a layer computes; a LossScaleOptimizer's finite check
   is decided over all replicas' slices (`tfdist.replica.loss_scaling`).
 - `tfdist.communication.Compression`: each reduce-scatter of a gradient
-  (and an Embedding's gathered entries) crosses in 16 bits, as the
-  all-reduce would without the sharding; the weights are gathered in
-  their own dtype, exactly.
+  (and an Embedding's gathered entries, and each looked-up row's
+  gradient on its way back to the row's owner) crosses in 16 bits, as
+  the all-reduce would without the sharding; the weights and looked-up
+  rows are gathered in their own dtype, exactly.
 - Gradient accumulation (``gradient_accumulation_steps``): tfdist's exact
   accumulator (`tfdist.replica.accumulation`) keeps each replica's slice
   of the gradient sums (1/N of the weights' bytes), saved whole in

@@ -15,7 +15,7 @@ import tensorflow as tf
 from tfdist._internal import collectives, step_graph
 from tfdist._internal.keras import layer_units
 from tfdist._internal.tensorflow import placed_gradients
-from tfdist.communication import gather_units, table_lookups
+from tfdist.communication import compression, gather_units, table_lookups
 
 
 def whole_reader(sharding, layout, index: int, storage):
@@ -88,4 +88,6 @@ def rows_reader(sharding, layout, index: int, storage):
     return table_lookups.rows_reader(
         storage, rows=rows, slice_rows=layout.slice_rows(index), width=width,
         site=lambda: (sharding._replica_step_being_traced() or (None, None))[1],
-        launcher=lambda replica: sharding._launcher(index, replica))
+        launcher=lambda replica: sharding._launcher(index, replica),
+        compression=lambda: sharding._optimizer is not None and compression.attached_to(
+            sharding._optimizer) or None)

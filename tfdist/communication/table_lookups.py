@@ -15,7 +15,9 @@ its ids up without gathering the table:
    its variable: those rows, nothing else) and sends them back: a second
    exchange;
 3. the backward pass runs the second exchange in reverse: each
-   occurrence's gradient reaches the owner of its row, which updates its
+   occurrence's gradient reaches the owner of its row (in 16 bits under
+   `tfdist.communication.Compression`, as a replica's sparse entries
+   cross without the sharding), which updates its
    slice (and its optimizer state) from every entry, duplicates kept, as
    one device's optimizer updates the whole table from the batch's
    entries (Adam's and Adagrad's squares are of each entry).
@@ -50,7 +52,8 @@ from tfdist._internal.tensorflow import distributed_variables
 
 
 def rows_reader(storage, rows: int, slice_rows: int, width: int,
-                site: Callable, launcher: Callable) -> Callable:
+                site: Callable, launcher: Callable,
+                compression: Callable = lambda: None) -> Callable:
     """The lookup of a table's rows from its slices (module doc), as
     `tfdist._internal.keras.sliced_weights.SlicedReads.rows_in_replica`.
 
@@ -64,6 +67,10 @@ def rows_reader(storage, rows: int, slice_rows: int, width: int,
         collective group), or None outside a replica of a traced step.
       launcher: ``launcher(replica)``, the replica's collective launcher
         (None where the strategy has no collective ops).
+      compression: returns the `tfdist.communication.Compression` the
+        optimizer's gradients cross in, or None: each occurrence's
+        gradient then crosses back to its row's owner in 16 bits, as a
+        replica's sparse entries cross without the sharding.
     """
 
     def rows_in_replica(ids) -> Optional[tf.Tensor]:
@@ -74,12 +81,13 @@ def rows_reader(storage, rows: int, slice_rows: int, width: int,
         if group is None:
             return None
         return _look_up(group, replica, distributed_variables.running_copy(storage), ids,
-                        rows, slice_rows, width)
+                        rows, slice_rows, width, compression())
 
     return rows_in_replica
 
 
-def _look_up(group, replica: int, local, ids, rows: int, slice_rows: int, width: int):
+def _look_up(group, replica: int, local, ids, rows: int, slice_rows: int, width: int,
+             compressed=None):
     """Rows ``ids`` (1-D) of the table, ``[len(ids), width]``, from their owners."""
     replicas = group._group_size  # pylint: disable=protected-access
     ids = tf.cast(ids, tf.int64)
@@ -94,7 +102,11 @@ def _look_up(group, replica: int, local, ids, rows: int, slice_rows: int, width:
     where = tf.dynamic_partition(positions, owners, replicas)
     received = row_exchange.exchange(group, replica, asked)  # (ids of my rows, per sender)
     found = [_rows_of(local, wanted, width) for wanted in received]
-    returned = row_exchange.exchange(group, replica, found)  # (my ids' rows, per owner)
+    codec = None if compressed is None else (
+        lambda gradient: compressed.compress(gradient, replicas),
+        lambda gradient: compressed.restore(gradient, local.dtype, replicas))
+    returned = row_exchange.exchange(group, replica, found,  # (my ids' rows, per owner)
+                                     gradient_codec=codec)
     vectors = tf.dynamic_stitch(where, returned)
     return _gradient_scaled(tf.reshape(vectors, [-1, width]), replica_share.gradient_scale())
 
