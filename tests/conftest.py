@@ -105,12 +105,10 @@ def pytest_configure(config):
                    "(-m serial, two modules at a time)")
 
 
-# The modules that take longest, in CI's order. The parallel pass hands
-# out tests in collection order (`-n 2 --dist worksteal`: each worker a
-# half, an idle one takes the other's last tests; under `loadfile` whole
-# files), so a long test collected last runs alone on one core at the end
-# while the other core idles; started first, the short ones fill in around
-# it (longest-first scheduling).
+# The modules that take longest, in CI's order. `-n 2 --dist loadfile`
+# hands out whole files in collection order, so a long file collected last
+# runs alone on one core at the end while the other core idles; started
+# first, the short files fill in around it (longest-first scheduling).
 # Ordered by their share of a CI run (`--durations`); a module not listed
 # keeps its place after these.
 LONGEST_FIRST = (

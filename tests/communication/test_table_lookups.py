@@ -162,26 +162,13 @@ def test_tables_sharded_over_two_workers_train_as_one_device(tmp_path):
     of each table's rows, ids and rows cross between the processes, and
     every worker ends at one device's weights, History, evaluation and
     predictions."""
-    import json  # pylint: disable=import-outside-toplevel
-    import sys  # pylint: disable=import-outside-toplevel
-
-    from tests.support.launcher_harness import LauncherRun  # pylint: disable=import-outside-toplevel
+    from tests.support import recommenders  # pylint: disable=import-outside-toplevel
 
     x, y = _data()
     expected = _recommender("adam")
     expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    program = [sys.executable, "tests/programs/sharded_tables_per_worker.py",
-               f"--output_dir={tmp_path / 'out'}"]
-    with LauncherRun(["--num_workers=2"], program) as run:
-        assert run.wait(timeout=300) == 0, run.output[-4000:]
-    for task in (0, 1):
-        result = json.loads((tmp_path / "out" / f"worker-{task}.json").read_text())
-        ref.assert_logs_close(expected_history.history, result["history"])
-        ref.assert_weights_equal_lists(expected, result["weights"])
-        ref.assert_logs_close(expected.evaluate(x, y, batch_size=BATCH, verbose=0,
-                                                return_dict=True), result["evaluation"])
-        np.testing.assert_allclose(np.asarray(result["predictions"], np.float32),
-                                   expected.predict(x, batch_size=BATCH, verbose=0), atol=1e-5)
+    for result in recommenders.worker_results(tmp_path / "out"):
+        ref.assert_worker_result_equals(expected, expected_history, result, x, y, BATCH)
         rows = -(-USERS // 4)  # (a quarter of the rows on each of this worker's 2 replicas)
         assert result["slice_shapes"]["users"] == [[rows * 4]] * 2
 

@@ -21,6 +21,9 @@ The ids repeat within a batch and across the replicas' parts of it, and
 the last batch is partial.
 """
 
+import json
+import pathlib
+import sys
 from typing import Callable, NamedTuple
 
 import keras
@@ -176,3 +179,16 @@ FAMILIES = {
     "dcn": Recommender(_dcn, _dcn_data, ("user_ids", "item_ids")),
     "dlrm": Recommender(_dlrm, _dlrm_data, ("user_ids", "item_ids", "category_ids")),
 }
+
+
+def worker_results(output_dir: pathlib.Path, *flags: str) -> list:
+    """tests/programs/sharded_tables_per_worker.py (``flags``: its own) on 2
+    workers x 2 replicas under a real ``tfdist-run`` on 127.0.0.1; each
+    worker's result (its JSON), in task order."""
+    from tests.support.launcher_harness import LauncherRun  # pylint: disable=import-outside-toplevel
+
+    program = [sys.executable, "tests/programs/sharded_tables_per_worker.py",
+               f"--output_dir={output_dir}", *flags]
+    with LauncherRun(["--num_workers=2"], program) as run:
+        assert run.wait(timeout=300) == 0, run.output[-4000:]
+    return [json.loads((output_dir / f"worker-{task}.json").read_text()) for task in (0, 1)]

@@ -153,6 +153,19 @@ def assert_evaluates_and_predicts_alike(expected, model, x, y, batch_size: int) 
                                expected.predict(x, batch_size=batch_size, verbose=0), atol=1e-5)
 
 
+def assert_worker_result_equals(expected, expected_history, result: dict, x, y,
+                                batch_size: int) -> None:
+    """A worker program's result (its JSON: ``history``, ``weights``,
+    ``evaluation``, ``predictions``) equals ``expected``, one device's
+    model after the fit that returned ``expected_history`` (1e-5)."""
+    assert_logs_close(expected_history.history, result["history"])
+    assert_weights_equal_lists(expected, result["weights"])
+    assert_logs_close(expected.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True),
+                      result["evaluation"])
+    np.testing.assert_allclose(np.asarray(result["predictions"], np.float32),
+                               expected.predict(x, batch_size=batch_size, verbose=0), atol=1e-5)
+
+
 def restore_into(model, path: str) -> None:
     """The ``tf.train.Checkpoint`` of a model and its optimizer at ``path``
     read into ``model`` (built), every value consumed; its weights then
