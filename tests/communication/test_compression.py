@@ -25,13 +25,30 @@ def _model():
 
 
 def _one_device(dataset, epochs: int, dtype=None, replicas: int = 2):
-    """SGD on one device; each batch's gradient is the sum of ``replicas``
-    contiguous shares (as tfdist splits a global batch), each share rounded
-    to ``dtype`` (fp16: pre-scaled by 1/replicas) and summed in it."""
-    model = _model()
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction="sum")
+    """`sixteen_bit_shares` of this module's model (SGD 0.5) on ``dataset``."""
+    return sixteen_bit_shares(_model(), dataset,
+                              keras.losses.SparseCategoricalCrossentropy(reduction="sum"),
+                              0.5, epochs, dtype, replicas)
+
+
+def sixteen_bit_shares(model, batches, loss_fn, learning_rate: float, epochs: int, dtype=None,
+                       replicas: int = 2) -> list:
+    """SGD on one device as tfdist exchanges gradients compressed: each
+    batch's gradient is the sum of ``replicas`` contiguous shares (as
+    tfdist splits a global batch), each share rounded to ``dtype`` (fp16:
+    pre-scaled by 1/replicas) and summed in it. A sparse gradient's
+    entries (an Embedding's, one per occurrence) cross unsummed: each is
+    rounded and applied, duplicates kept. ``loss_fn`` sums over the
+    examples; ``dtype`` None: no rounding. Returns the weights."""
+    scale = 1.0 / replicas if dtype == "fp16" else 1.0
+
+    def rounded(value):
+        if dtype is None:
+            return value
+        return tf.cast(tf.cast(value * scale, DTYPES[dtype]), value.dtype) / scale
+
     for _ in range(epochs):
-        for batch in dataset:
+        for batch in batches:
             x, y, w = batch if len(batch) == 3 else (*batch, None)
             size = int(x.shape[0])
             shares = []
@@ -43,13 +60,17 @@ def _one_device(dataset, epochs: int, dtype=None, replicas: int = 2):
                 shares.append(tape.gradient(loss, model.trainable_variables))
             for index, variable in enumerate(model.trainable_variables):
                 parts = [share[index] for share in shares]
+                if isinstance(parts[0], tf.IndexedSlices):
+                    variable.value.scatter_sub(tf.IndexedSlices(
+                        learning_rate * rounded(tf.concat([p.values for p in parts], 0)),
+                        tf.concat([p.indices for p in parts], 0)))
+                    continue
                 if dtype is None:
                     total = tf.add_n(parts)
                 else:
-                    scale = 1.0 / replicas if dtype == "fp16" else 1.0
                     total = tf.cast(tf.add_n([tf.cast(p * scale, DTYPES[dtype]) for p in parts]),
                                     tf.float32) / scale
-                variable.assign_sub(0.5 * total)
+                variable.assign_sub(learning_rate * total)
     return [w.numpy() for w in model.weights]
 
 

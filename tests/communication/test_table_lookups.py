@@ -174,40 +174,19 @@ def test_tables_sharded_over_two_workers_train_as_one_device(tmp_path):
 
 
 def _compressed_one_device(x, y, dtype: str, replicas: int, epochs: int):
-    """SGD on one device as tfdist compresses under sharded tables: each
-    global batch split in ``replicas`` contiguous shares; a table's
-    gradient entries (one per occurrence) each rounded to ``dtype`` (fp16:
-    pre-scaled by 1/replicas) and applied, duplicates kept; a dense
-    weight's shares rounded and summed in ``dtype`` (its reduce-scatter)."""
-    from tests.communication.test_compression import DTYPES  # pylint: disable=import-outside-toplevel
+    """SGD on one device as tfdist compresses under sharded tables
+    (`tests.communication.test_compression.sixteen_bit_shares`): a
+    table's gradient entries (one per occurrence) each rounded to
+    ``dtype`` and applied, duplicates kept; a dense weight's shares rounded
+    and summed in ``dtype`` (its reduce-scatter)."""
+    from tests.communication import test_compression  # pylint: disable=import-outside-toplevel
 
-    model = _table_model()
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
-    scale = 1.0 / replicas if dtype == "fp16" else 1.0
-
-    def rounded(value):
-        return tf.cast(tf.cast(value * scale, DTYPES[dtype]), tf.float32) / scale
-
-    for _ in range(epochs):
-        for start in range(0, len(y), BATCH):
-            xb, yb = x[start:start + BATCH], y[start:start + BATCH]
-            size = len(yb)
-            shares = []
-            for r in range(replicas):
-                rows = slice(r * size // replicas, (r + 1) * size // replicas)
-                with tf.GradientTape() as tape:
-                    loss = loss_fn(yb[rows], model(xb[rows], training=True)) / size
-                shares.append(tape.gradient(loss, model.trainable_variables))
-            for index, variable in enumerate(model.trainable_variables):
-                parts = [share[index] for share in shares]
-                if isinstance(parts[0], tf.IndexedSlices):
-                    variable.value.scatter_sub(tf.IndexedSlices(
-                        0.5 * rounded(tf.concat([p.values for p in parts], 0)),
-                        tf.concat([p.indices for p in parts], 0)))
-                else:
-                    total = tf.add_n([tf.cast(p * scale, DTYPES[dtype]) for p in parts])
-                    variable.assign_sub(0.5 * tf.cast(total, tf.float32) / scale)
-    return model.get_weights()
+    batches = [(x[start:start + BATCH], y[start:start + BATCH])
+               for start in range(0, len(y), BATCH)]
+    return test_compression.sixteen_bit_shares(
+        _table_model(), batches,
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum"),
+        0.5, epochs, dtype, replicas)
 
 
 def _table_model():
