@@ -64,6 +64,9 @@ setup(
         # stages (needs a Java runtime). Tested: ray 2.60, pyspark 4.3.
         "ray": ["ray[train]>=2.50"],
         "spark": ["pyspark>=3.5"],
+        # keras-rs' DistributedEmbedding, its tables looked up by rows or
+        # sharded by tfdist on CPUs and GPUs (pure Python; tested: 0.4.0).
+        "recommenders": ["keras-rs>=0.4"],
         # The documentation site (mkdocs.yml): `mkdocs build --strict`.
         "docs": ["mkdocs>=1.6", "mkdocs-material", "mkdocstrings[python]"],
     },

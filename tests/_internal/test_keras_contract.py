@@ -167,8 +167,8 @@ def test_importing_tfdist_patches_nothing_in_keras():
         "patched = [f.__qualname__ for f in (nn._compute_moments, nn._compute_moments_sync,\n"
         "           loss.scale_loss_for_distribution, loss.unscale_loss_for_distribution,\n"
         "           optimizer.TFOptimizer._all_reduce_sum_gradients,\n"
-        "           keras.layers.Layer.trainable_weights.fget)\n"
-        "           if not f.__module__.startswith('keras')]\n"
+        "           keras.layers.Layer.trainable_weights.fget, keras.layers.Embedding.call)\n"
+        "           if not f.__module__.startswith('keras') or hasattr(f, '__wrapped__')]\n"
         "print(patched)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=300)
@@ -558,6 +558,41 @@ def test_a_layers_call_replaced_on_the_instance_is_what_keras_runs():
     seen.clear()
     model(np.array([[1, 2, 0, 0]]))
     assert seen and "mask" in seen.pop(), message
+
+
+def test_an_embeddings_lookup_is_the_class_call_a_subclass_reaches_through_super():
+    """`patches.wrap_embedding_call` wraps ``keras.layers.Embedding.call``
+    (the class's): a plain ``Embedding`` and a subclass whose own call
+    looks ids up with ``super().call(ids)`` (keras-rs' ``EmbedReduce``)
+    must both run it, with the ids as its one argument."""
+    message = _changed("Embedding.call", "patches.wrap_embedding_call / embedding_rows")
+    assert _parameters(keras.layers.Embedding.call) == ["self", "inputs"], message
+
+    class Pooled(keras.layers.Embedding):  # (EmbedReduce's shape: lookup, then a combiner)
+        def call(self, inputs):
+            return keras.ops.mean(super().call(inputs), axis=-2)
+
+    plain, pooled = keras.layers.Embedding(6, 2), Pooled(6, 2)
+    ids = np.array([[1, 5], [2, 2]], "int32")
+    for layer in (plain, pooled):
+        layer.build(ids.shape)
+    seen = []
+
+    def record(keras_call):
+        def call(self, inputs, *args, **kwargs):
+            seen.append(self.name)
+            return keras_call(self, inputs, *args, **kwargs)
+        return call
+
+    keras_call = keras.layers.Embedding.call
+    try:
+        patches.wrap_embedding_call(record)
+        found = plain(ids), pooled(ids)
+    finally:
+        keras.layers.Embedding.call = keras_call
+    assert seen == [plain.name, pooled.name], message
+    np.testing.assert_allclose(found[1], np.mean(np.asarray(pooled.embeddings)[ids], axis=-2),
+                               rtol=1e-6)
 
 
 def test_a_unit_keeps_the_keras_masks_a_custom_gradient_drops():

@@ -164,10 +164,11 @@ def test_keras_own_update_runs_where_reading_rows_would_differ(make_strategy):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5, equal_nan=True)
 
 
-def test_layers_keras_runs_as_they_are():
-    """A LoRA embedding and a subclass with its own call keep their own
-    calls (nothing to read by rows: the table is a sum, or the call is the
-    user's)."""
+def test_a_subclass_looks_up_by_rows_through_super_and_a_lora_table_as_keras_does():
+    """A subclass whose own call looks ids up with ``super().call`` (as
+    keras-rs' ``EmbedReduce`` does) reads its table by rows too; a LoRA
+    embedding keeps Keras' lookup (its table is a sum of weights, read
+    whole). The values stay Keras'."""
 
     class Scaled(keras.layers.Embedding):
         def call(self, inputs):
@@ -184,4 +185,8 @@ def test_layers_keras_runs_as_they_are():
     expected = model.predict(x, verbose=0)
     tfdist.attach(model)
     np.testing.assert_allclose(model.predict(x, verbose=0), expected, rtol=1e-6)
-    assert "call" not in vars(scaled) and "call" in vars(plain)
+    graph = tf.function(model).get_concrete_function(tf.constant(x[:BATCH])).graph
+    reads = sorted(op.type for op in graph.get_operations()
+                   if (op.type == "ReadVariableOp" and op.outputs[0].shape == [VOCABULARY, WIDTH])
+                   or op.type == "ResourceGather")
+    assert reads == ["ReadVariableOp", "ResourceGather", "ResourceGather"], reads  # (lora's read)

@@ -39,42 +39,60 @@ import functools
 import keras
 import tensorflow as tf
 
-from tfdist._internal.keras import layer_units, patches, sliced_weights
+from tfdist._internal import once
+from tfdist._internal.keras import patches, sliced_weights
 from tfdist._internal.tensorflow import distributed_variables
 
-_POLICY = "rows"  # (`layer_units.wrap_call`'s marker)
+_LOOKUP = "_tfdist_rows_lookup"  # (a layer's attribute: its lookup by rows)
 
 
 def read_rows_in_lookups(layers) -> None:
-    """Makes each ``keras.layers.Embedding`` among ``layers`` whose class
-    keeps Keras' ``call`` look its ids up by rows (module doc); Keras' own
-    call still runs where the table is not one ordinary variable (a LoRA
-    or quantized layer, a table tfdist keeps in slices or shards) or the
-    ids are a ``tf.SparseTensor``."""
+    """Makes each ``keras.layers.Embedding`` among ``layers`` look its ids
+    up by rows (module doc): a subclass too, where its own ``call`` looks
+    ids up through ``super().call(ids)`` (keras-rs' ``EmbedReduce``, which
+    then applies its combiner). Keras' own lookup still runs where the
+    table is not one ordinary variable (a LoRA or quantized layer, a table
+    tfdist keeps in slices or shards) or the ids are a
+    ``tf.SparseTensor``."""
+    _install()
     for layer in layers:
-        if isinstance(layer, keras.layers.Embedding) and \
-                type(layer).call is keras.layers.Embedding.call and "call" not in vars(layer):
-            # (not over another wrapper: a later one, a pipeline stage's,
-            # wraps this one and calls it)
-            layer_units.wrap_call(layer, _POLICY, functools.partial(_by_rows, layer))
+        if isinstance(layer, keras.layers.Embedding) and _LOOKUP not in vars(layer):
+            object.__setattr__(layer, _LOOKUP, functools.partial(_by_rows, layer))
 
 
 def tables_looked_up_by_rows(layers) -> list:
     """The Keras variables of the tables whose lookups `read_rows_in_lookups`
     made, among ``layers``: what a sharding may keep in slices of whole
-    rows, looked up where they live (`sliced_weights.rows`)."""
+    rows, looked up where they live (`sliced_weights.rows`). A subclass's
+    call that reads its table another way reads it whole, as any weight
+    kept in slices is read."""
     return [layer.embeddings for layer in layers
             if isinstance(layer, keras.layers.Embedding) and layer.built
-            and layer_units.is_wrapped(layer, _POLICY) and isinstance(layer.embeddings, keras.Variable)]
+            and _LOOKUP in vars(layer) and isinstance(layer.embeddings, keras.Variable)]
+
+
+@once.once
+def _install() -> None:
+    """Routes ``Embedding.call`` (the class's) to the lookup by rows of the
+    layers `read_rows_in_lookups` chose; every other layer runs Keras'
+    call as it is."""
+    def by_layer(keras_call):
+        def call(self, inputs, *args, **kwargs):
+            lookup = vars(self).get(_LOOKUP)
+            if lookup is None:
+                return keras_call(self, inputs, *args, **kwargs)
+            return lookup(functools.partial(keras_call, self))(inputs, *args, **kwargs)
+        return call
+
+    patches.wrap_embedding_call(by_layer)
 
 
 def _by_rows(layer, keras_call):
     def call(inputs, *args, **kwargs):
-        if args or kwargs or isinstance(inputs, tf.SparseTensor):
+        if args or kwargs or isinstance(inputs, tf.SparseTensor) or _computed_table(layer):
             return keras_call(inputs, *args, **kwargs)
         table = _ordinary_table(layer)
-        sliced = table is None and isinstance(layer.embeddings, keras.Variable) and \
-            sliced_weights.is_sliced(layer.embeddings)
+        sliced = table is None and sliced_weights.is_sliced(layer.embeddings)
         if table is None and not sliced:
             return keras_call(inputs, *args, **kwargs)
         ids = inputs if inputs.dtype in (tf.int32, tf.int64) else \
@@ -112,13 +130,21 @@ def _sliced_rows(table, ids, wrapped):
     return shaped
 
 
+def _computed_table(layer) -> bool:
+    """Whether ``layer.embeddings`` is computed from its weights (a LoRA
+    sum, a quantized table unpacked), not one variable: Keras' lookup
+    reads it (the property is not read here: each read computes it)."""
+    return bool(getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None)) \
+        or not isinstance(vars(layer).get("_embeddings"), keras.Variable)
+
+
 def _ordinary_table(layer):
     """The TensorFlow variable of ``layer``'s table when it is one ordinary
     variable (under a mirrored strategy: this replica's copy, which a gather
     reads by rows; a gather on the mirrored variable reads it whole); else
     None."""
-    table = layer.embeddings  # (a tensor for a LoRA or quantized layer)
-    if not isinstance(table, keras.Variable) or sliced_weights.is_sliced(table):
+    table = layer.embeddings
+    if sliced_weights.is_sliced(table):
         return None
     value = table.value
     if distributed_variables.is_distributed(value):

@@ -12,7 +12,9 @@ Keras side once:
 - tensor parallelism runs a split layer in its sharded form
   (`tfdist.parallel.tensor_parallel`);
 - an ``Embedding`` looks its ids up by rows of its table
-  (`tfdist._internal.keras.embedding_rows`).
+  (`tfdist._internal.keras.embedding_rows`): not here, but in the class's
+  ``Embedding.call``, so that a subclass's ``super().call(ids)`` (keras-rs'
+  ``EmbedReduce``) reaches it too (`patches.wrap_embedding_call`).
 
 `wrap_call` replaces a layer's ``call`` (an instance attribute: Keras'
 ``Layer.__call__`` looks ``self.call`` up on the instance) with the

@@ -19,10 +19,11 @@ agreement), `tfdist.strategies.atomic_updates` (parameter-server counters),
 optimizer), `tfdist.replica.gradients` (the clipping of an optimizer a
 model's own step applies), `tfdist.training.keras_fit` (``tfdist.attach``),
 `tfdist._internal.keras.step_weights` (a split model's trainable weights
-in its own step).
+in its own step), `tfdist._internal.keras.embedding_rows` (lookups by rows).
 Tested with Keras 3.15 and 3.16; `tests/_internal/test_keras_contract.py` pins what it reads.
 """
 
+import functools
 from typing import Callable, Dict, Iterable
 
 import keras
@@ -185,3 +186,12 @@ def wrap_variable_increments(wrap: Callable) -> None:
     Variable = privates.tensorflow_ops("core").Variable  # pylint: disable=invalid-name
     for name in ("assign_add", "assign_sub"):
         setattr(Variable, name, wrap(getattr(Variable, name), name, in_stateless_scope))
+
+
+def wrap_embedding_call(wrap: Callable) -> None:
+    """``keras.layers.Embedding.call`` (the class's): what every
+    ``Embedding`` runs, a subclass's ``super().call(ids)`` too (keras-rs'
+    ``EmbedReduce``, KerasHub's ``ReversibleEmbedding``)."""
+    embedding = keras.layers.Embedding
+    keras_call = embedding.call
+    embedding.call = functools.wraps(keras_call)(wrap(keras_call))
