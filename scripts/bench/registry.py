@@ -61,6 +61,10 @@ TOOLS: Dict[str, Tool] = {
     "tables": Tool("tables_benchmark.py", "benchmark",
                    "an embedding step's time against the table's rows: Keras fit, tfdist on "
                    "one device and on 2 replicas, SGD and Adagrad"),
+    "tables_cluster": Tool("tables_cluster_benchmark.py", "benchmark",
+                           "an embedding table on 2 workers, replicated and sharded by rows: "
+                           "bytes on the link against the ids' and vectors', step time on a "
+                           "slow network"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

@@ -146,6 +146,46 @@ def test_a_sharded_table_saves_whole_and_restores_on_another_replica_count(tmp_p
     ref.assert_train_on_alike([expected, moved], x, y, BATCH)
 
 
+def _sharded_over_3_equals_one_device(build, x, y):
+    """``build()`` fitted 2 epochs on one device and with every weight
+    sharded over 3 replicas: History and weights equal. Returns the sharded model."""
+    expected = build()
+    expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
+    with strategy.scope():
+        model = build()
+    tfdist.attach(model, strategy, communication=FullySharded())
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    ref.assert_logs_close(expected_history.history, history.history)
+    ref.assert_weights_close(expected, model)
+    return model
+
+
+def _ragged_model():
+    """An item history made ragged inside the model (padding 0 dropped),
+    looked up and averaged per example: each example its own number of ids."""
+    keras.utils.set_random_seed(3)
+    items = keras.Input((6,), dtype="int32", name="items")
+    ragged = keras.layers.Lambda(lambda t: tf.RaggedTensor.from_tensor(t, padding=0))(items)
+    history = keras.layers.Embedding(ITEMS, 4, name="items_table")(ragged)
+    pooled = keras.layers.Lambda(lambda t: tf.reduce_mean(t, axis=1))(history)
+    model = keras.Model(items, keras.layers.Dense(1, name="score")(pooled))
+    model.compile(optimizer=keras.optimizers.Adagrad(0.5), loss="mse")
+    return model
+
+
+def test_ragged_ids_sharded_by_rows_equal_one_device(monkeypatch):
+    """Ragged ids (1 to 6 per example) are routed by their values: equal
+    to one device, the table in ranges of rows over 3 replicas."""
+    calls = _looked_up_by_rows(monkeypatch)
+    x, y = _data()
+    items = x["items"]
+    for example in range(len(items)):
+        items[example, 1 + example % 6:] = 0
+    _sharded_over_3_equals_one_device(_ragged_model, items, y)
+    assert set(calls) == {ITEMS}
+
+
 def test_an_id_past_the_table_is_a_clear_error():
     """As Keras on a CPU refuses an id past the table (the ids routed to
     the last replica would find its slice's padding)."""
@@ -242,16 +282,8 @@ def test_a_table_in_a_model_keras_builds_on_its_first_batch_is_sharded_by_rows(m
     rng = np.random.default_rng(6)
     x = rng.integers(0, ITEMS, (EXAMPLES, 5)).astype("int32")
     y = rng.integers(0, 3, EXAMPLES)
-    expected = unbuilt()
-    expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
-    strategy = tfdist.make_strategy("mirrored", num_replicas=3)
-    with strategy.scope():
-        model = unbuilt()
-    tfdist.attach(model, strategy, communication=FullySharded())
-    history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    model = _sharded_over_3_equals_one_device(unbuilt, x, y)
     assert set(calls) == {ITEMS}
-    ref.assert_logs_close(expected_history.history, history.history)
-    ref.assert_weights_close(expected, model)
     rows = -(-ITEMS // 3)
     assert [c.shape.as_list() for c in model.get_layer("items_table").embeddings.value.values] \
         == [[rows * 4]] * 3

@@ -226,6 +226,25 @@ def test_tables_benchmark_quick_times_every_form(tmp_path):
     assert "| adagrad | tfdist 2 sharded |" in (tmp_path / "tables_benchmark.md").read_text()
 
 
+@needs_namespaces
+@pytest.mark.full_form
+def test_tables_cluster_benchmark_quick_measures_both_forms_on_both_networks(tmp_path):
+    """scripts/tables_cluster_benchmark.py --quick: 2 workers, the table
+    replicated and sharded in turn, on a limited network and unlimited (no
+    timing asserts): sharded, each worker holds half the table and its
+    state, and a step moves less than the table's bytes."""
+    _run_benchmark(tmp_path, ["--quick"], 900, "tables_cluster_benchmark.py")
+    rows = {r["form"]: r for r in
+            json.loads((tmp_path / "tables_cluster_benchmark.json").read_text())["rows"]}
+    assert set(rows) == {"replicated", "sharded"}
+    table_and_state = 2 * 10000 * 32 * 4 / 2**20  # (MB: the table and Adagrad's accumulator)
+    assert rows["replicated"]["held_mb_per_worker"] == pytest.approx(table_and_state, rel=0.01)
+    assert rows["sharded"]["held_mb_per_worker"] == pytest.approx(table_and_state / 2, rel=0.02)
+    for row in rows.values():
+        assert 0 < row["ids_and_vectors_mb"] < row["table_mb"], row
+        assert 0 < row["link_mb_per_step"] and row["ms_per_step"] > 0, row
+
+
 @pytest.mark.full_form
 def test_data_service_benchmark_quick_runs_both_strategies(tmp_path):
     """2 training workers with 1 tf.data service worker (mwms) and with 2
@@ -407,7 +426,7 @@ def test_every_benchmark_declares_the_common_flags_once():
     for name in ("allreduce_benchmark", "benchmark", "checkpoint_benchmark",
                  "compression_benchmark", "data_service_benchmark", "memory_budget_benchmark",
                  "sharding_benchmark",
-                 "sharding_cluster_benchmark",
+                 "sharding_cluster_benchmark", "tables_cluster_benchmark",
                  "time_to_accuracy"):
         source = (REPO / "scripts" / f"{name}.py").read_text()
         assert 'DEFINE_bool("quick"' not in source and 'DEFINE_string("output_dir"' not in source

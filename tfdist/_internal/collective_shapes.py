@@ -57,14 +57,14 @@ def _shape_varies(tensor) -> bool:
     return not tf.TensorShape(tensor.shape).is_fully_defined()
 
 
-def reserve_keys(launcher) -> tf.Tensor:
-    """The first of ``KEYS_PER_VARIABLE_SHAPE_OP`` consecutive instance keys,
-    drawn from the launcher's own counter at trace time: the same keys on
-    every member, none shared with another op."""
+def reserve_keys(launcher, count: int = KEYS_PER_VARIABLE_SHAPE_OP) -> tf.Tensor:
+    """The first of ``count`` consecutive instance keys (one per padded
+    size), drawn from the launcher's own counter at trace time: the same
+    keys on every member, none shared with another op."""
     # pylint: disable=protected-access
     keys = [launcher._collective_keys.get_instance_key(launcher._group_key, launcher._device)
-            for _ in range(KEYS_PER_VARIABLE_SHAPE_OP)]
-    assert keys == list(range(keys[0], keys[0] + KEYS_PER_VARIABLE_SHAPE_OP)), keys
+            for _ in range(count)]
+    assert keys == list(range(keys[0], keys[0] + count)), keys
     return tf.constant(keys[0], tf.int32)
 
 
