@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tests.support import reference as ref
+from tests.support import recommenders, reference as ref
 from tests.support.models import GuideTrainStep
 from tfdist.communication import FullySharded
 
@@ -81,26 +81,12 @@ def _sharded(replicas: int, optimizer: str, model_class=keras.Model, combiner: s
     return tfdist.attach(model, strategy, communication=FullySharded())
 
 
-def _looked_up_by_rows(monkeypatch) -> list:
-    """Counts the lookups that route ids to their rows' owners."""
-    from tfdist.communication import table_lookups  # pylint: disable=import-outside-toplevel
-
-    calls, original = [], table_lookups._look_up  # pylint: disable=protected-access
-
-    def counted(*args, **kwargs):
-        calls.append(args[4])  # (the table's rows: _look_up(group, replica, local, ids, rows, ...))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(table_lookups, "_look_up", counted)
-    return calls
-
-
 @pytest.mark.parametrize("optimizer,replicas,combiner",
                          [("adam", 3, "mean"), ("adagrad", 2, "sqrtn"), ("sgd", 3, "sum")])
 def test_tables_sharded_by_rows_train_as_one_device(monkeypatch, optimizer, replicas, combiner):
     """fit History, weights (the tables whole), evaluate and predict; the
     item history combined over its mask by each combiner in turn."""
-    calls = _looked_up_by_rows(monkeypatch)
+    calls = recommenders.routed_lookups(monkeypatch)
     x, y = _data()
     expected = _recommender(optimizer, combiner=combiner)
     expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
@@ -177,7 +163,7 @@ def _ragged_model():
 def test_ragged_ids_sharded_by_rows_equal_one_device(monkeypatch):
     """Ragged ids (1 to 6 per example) are routed by their values: equal
     to one device, the table in ranges of rows over 3 replicas."""
-    calls = _looked_up_by_rows(monkeypatch)
+    calls = recommenders.routed_lookups(monkeypatch)
     x, y = _data()
     items = x["items"]
     for example in range(len(items)):
@@ -245,7 +231,7 @@ def test_with_compression_each_routed_gradient_entry_crosses_in_16_bits(monkeypa
     occurrence's gradient crosses back to its row's owner in 16 bits, as
     a one-device loop that rounds each entry (and each dense share) does,
     and not as the uncompressed run."""
-    calls = _looked_up_by_rows(monkeypatch)
+    calls = recommenders.routed_lookups(monkeypatch)
     rng = np.random.default_rng(5)
     x = rng.integers(0, ITEMS, (EXAMPLES, 3)).astype("int32")
     x[:, 0] = 7  # (a duplicate in every example)
@@ -268,7 +254,7 @@ def test_a_table_in_a_model_keras_builds_on_its_first_batch_is_sharded_by_rows(m
     """A ``Sequential`` without an ``Input`` (Keras builds it on the first
     batch; tfdist slices it then, `tfdist.parallel.plan`): its table is
     sliced in rows and looked up where they live, equal to one device."""
-    calls = _looked_up_by_rows(monkeypatch)
+    calls = recommenders.routed_lookups(monkeypatch)
 
     def unbuilt():
         keras.utils.set_random_seed(6)

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import tfdist
-from tests.support import reference as ref
+from tests.support import recommenders, reference as ref
 from tfdist.communication import FullySharded
 
 keras_rs = pytest.importorskip("keras_rs", reason="keras-rs is the optional extra tfdist[recommenders]")
@@ -73,27 +73,13 @@ def _table_layers(model) -> dict:
             if isinstance(layer, keras.layers.Embedding)}
 
 
-def _routed_lookups(monkeypatch) -> list:
-    """The table sizes of the lookups that route ids to their rows' owners."""
-    from tfdist.communication import table_lookups  # pylint: disable=import-outside-toplevel
-
-    calls, original = [], table_lookups._look_up  # pylint: disable=protected-access
-
-    def counted(*args, **kwargs):
-        calls.append(args[4])  # (_look_up(group, replica, local, ids, rows, ...))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(table_lookups, "_look_up", counted)
-    return calls
-
-
 @pytest.mark.parametrize("optimizer,combiner", [("adam", "mean"), ("adagrad", "sqrtn"),
                                                 ("adam", "sum")])
 def test_distributed_embedding_with_tables_sharded_by_rows_equals_one_device(
         monkeypatch, optimizer, combiner):
     """History, weights (each table whole), evaluate and predict of 3
     replicas with every table in ranges of rows, against one device."""
-    calls = _routed_lookups(monkeypatch)
+    calls = recommenders.routed_lookups(monkeypatch)
     x, y = _data()
     expected = _model(optimizer, combiner)
     expected_history = expected.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0)

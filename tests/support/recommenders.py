@@ -192,3 +192,19 @@ def worker_results(output_dir: pathlib.Path, *flags: str) -> list:
     with LauncherRun(["--num_workers=2"], program) as run:
         assert run.wait(timeout=300) == 0, run.output[-4000:]
     return [json.loads((output_dir / f"worker-{task}.json").read_text()) for task in (0, 1)]
+
+
+def routed_lookups(monkeypatch) -> list:
+    """Counts the lookups that route ids to their rows' owners under
+    sharded tables (`tfdist.communication.table_lookups`): the returned
+    list gets each routed lookup's table size (its rows)."""
+    from tfdist.communication import table_lookups  # pylint: disable=import-outside-toplevel
+
+    calls, original = [], table_lookups._look_up  # pylint: disable=protected-access
+
+    def counted(*args, **kwargs):
+        calls.append(args[4])  # (the table's rows: _look_up(group, replica, local, ids, rows, ...))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(table_lookups, "_look_up", counted)
+    return calls
