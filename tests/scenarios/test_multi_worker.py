@@ -324,7 +324,7 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, keras_
         ref.assert_logs_close(resumed, result["history"])
 
 
-@pytest.mark.full_form  # (CI: shrinking and growing back, test_elastic_growth.py)
+@pytest.mark.full_form  # (CI: the launcher's resize decisions, tests/launch/test_decisions.py)
 def test_elastic_shrink_continues_exactly_on_fewer_workers(tmp_path, keras_reference):
     """Issue 10, point 8: worker-2 of 3 dies mid-run, then keeps dying
     before it joins; the launcher drops it and 2 workers finish the run

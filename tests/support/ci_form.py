@@ -100,6 +100,9 @@ ONE_ROW = {
         ("True-2",),
     ("test_keras_rs", "test_distributed_embedding_with_tables_sharded_by_rows_equals_one_device"):
         ("adagrad-sqrtn",),
+    ("test_model_split",
+     "test_fully_sharded_weights_of_a_model_built_on_its_first_batch_equal_one_device"):
+        ("subclassed",),
 }
 
 # Conformance matrices whose short-form rows CI thins: of each function's
@@ -128,7 +131,8 @@ WHOLE = {
         "its numbers: every FullySharded test in CI (freeing after the forward pass is "
         "the default); this one measures the memory bound",
     ("test_checkpoint", "test_parameter_server_saves_do_not_grow_memory"):
-        "the soak test's flat RSS (test_soak, serial pass)",
+        "the saves themselves: test_parameter_server's checkpoint of two ps (serial pass); "
+        "memory growth: the soak (--full, like this test)",
     ("test_empty_replicas", "test_convnet_under_onednn_kernels"):
         "test_models_on_empty_replicas_equal_one_device[convnet_sync_bn-4]",
     ("test_table_lookups", "test_tables_sharded_over_two_workers_train_as_one_device"):
@@ -164,6 +168,40 @@ WHOLE = {
         "fully sharded over two workers: test_recommenders' DCN and test_tensor_parallel_on_workers' "
         "four axes; a sharded checkpoint resumed on another count: test_sharded_checkpoints",
     ("test_multi_worker_ctl", "test_multi_worker_ctl_tutorial_equals_one_device"):
-        "the multi-worker Keras tutorial on a real cluster (test_multi_worker_keras) and the "
-        "custom-training tutorial's loop (test_custom_training)",
+        "Keras fit on a real cluster of two workers (test_multi_worker's attached fit, serial "
+        "pass) and custom loops against one device (test_custom_loop)",
+    ("test_elastic_growth", "test_the_group_shrinks_and_grows_back_with_the_discovered_workers"):
+        "the launcher's resize decisions (tests/launch/test_decisions.py: discovery re-forms "
+        "the group at its size) and its restart from a checkpoint (test_multi_worker's killed "
+        "worker, serial pass)",
+    ("test_multi_worker_keras", "test_multi_worker_keras_tutorial_equals_one_device"):
+        "test_multi_worker's attached fit and predict on two workers (serial pass) and the "
+        "Horovod port on two workers (test_horovod_port)",
+    ("test_custom_training",
+     "test_custom_training_tutorial_equals_one_device_where_the_published_loop_does_not"):
+        "custom loops against one device on partial batches (test_custom_loop)",
+    ("test_parameter_server_tutorial",
+     "test_parameter_server_tutorial_fit_and_custom_loop_equal_one_device"):
+        "test_parameter_server's one worker against one device and its local cluster "
+        "(serial pass)",
+    ("test_multi_worker", "test_local_sgd_on_two_workers_equals_a_hand_written_local_sgd"):
+        "test_local_sgd against a hand-written local SGD over replicas (the same collectives)",
+    ("test_multi_worker", "test_a_models_own_step_on_two_workers_equals_one_device"):
+        "a model's own step against one device (test_keras_overrides) and attached fit on "
+        "two workers (same module)",
+    ("test_multi_worker", "test_two_workers_in_mixed_float16_skip_an_overflowing_step_together"):
+        "an overflow on one replica skips the step on all (test_mixed_precision)",
+    ("test_multi_worker", "test_two_workers_train_on_a_shuffled_dataset_as_one_device_keras_does"):
+        "shuffled datasets on Keras' orders (test_data_order) and two workers against one "
+        "device (same module)",
+    ("test_parameter_server", "test_a_models_own_step_on_one_worker_equals_one_device"):
+        "test_parameter_server's one worker against one device and a model's own step "
+        "(test_keras_overrides)",
+    ("test_fully_sharded", "test_mixed_precision_embedding_and_lstm_equal_one_device"):
+        "test_mixed_precision's embedding and LSTM and every FullySharded test in CI",
+    ("test_local_sgd", "test_mixed_precision_every_step_equals_one_device"):
+        "test_mixed_precision and test_local_sgd's other tests",
+    ("test_fully_sharded",
+     "test_a_run_stopped_mid_accumulation_resumes_on_another_count_and_stage"):
+        "test_split_accumulation's run stopped mid-accumulation and resumed under another layout",
 }
