@@ -20,6 +20,13 @@ worker with both forms built from the same weights:
   and sends the row's gradient back (`tfdist.communication.table_lookups`);
   the dense layer is sharded too (a few floats).
 
+- ``parameter servers`` (a cluster of its own: 2 workers and 2 ps
+  under ``tfdist-run --num_ps=2``, the coordinator running this script):
+  ``make_strategy("parameter_server")`` splits the table's rows over the
+  2 ps (TensorFlow's ``MinSizePartitioner``), the workers hold nothing
+  and step asynchronously, each step on a batch of ``--batch_size``
+  (`tfdist.Trainer`); every id's row crosses the link, there and back.
+
 Windows of ``--window_steps`` steps alternate between the forms (rotating
 order, ``--rounds`` rounds), first on a ``--bandwidth`` link (every task
 shares one loopback limited by ``tc``: `tfdist.launch.network`), then
@@ -28,8 +35,8 @@ the bytes the loopback carried per step (both workers' traffic, once),
 and two yardsticks computed from the batches:
 
 - ``ids + vectors MB``: what routing the lookups must move, the ids whose
-  rows live on the other worker (4 bytes each) and their rows there and
-  back (``2 x 4 x width`` bytes each);
+  rows live on the other worker (on a ps: every id; 4 bytes each) and
+  their rows there and back (``2 x 4 x width`` bytes each);
 - ``table MB``: what exchanging the table itself would move (a dense
   gradient all-reduce: 2 x (N - 1) / N of its bytes per worker, both
   workers' sends).
@@ -64,9 +71,59 @@ flags.DEFINE_integer("rounds", 3, "Timed rounds.")
 flags.DEFINE_integer("window_steps", 8, "Steps per timed window.")
 flags.DEFINE_string("worker_output", None, "(internal) run as a worker; results go here.")
 flags.DEFINE_integer("table_rows", 0, "(internal) the worker's table size.")
+flags.DEFINE_boolean("parameter_servers", True,
+                     "Also measure the table on 2 ps under ParameterServerStrategy.")
+flags.DEFINE_boolean("coordinator", False, "(internal) run as the ps cluster's coordinator.")
 FLAGS = flags.FLAGS
 
 FORMS = ("replicated", "sharded")
+PS_FORM = "parameter servers"
+
+
+def _data():
+    """The benchmark's batches (ids, labels), cycled; the same in every form."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    batches = 16  # (distinct batches, cycled: every window sees fresh ids)
+    ids = np.random.default_rng(0).integers(
+        0, FLAGS.table_rows, (batches * FLAGS.batch_size, FLAGS.ids)).astype("int32")
+    labels = np.random.default_rng(1).normal(size=(len(ids), 1)).astype("float32")
+    stream = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(FLAGS.batch_size).repeat()
+    return ids, stream
+
+
+def _model(strategy):
+    """The benchmark's model, compiled under ``strategy``'s scope."""
+    import keras  # pylint: disable=import-outside-toplevel
+
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((FLAGS.ids,), dtype="int32"),
+            keras.layers.Embedding(FLAGS.table_rows, FLAGS.width),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.Adagrad(0.1), loss="mse")
+    return model
+
+
+def _timed_windows(fits: dict) -> dict:
+    """``{form: [window, ...]}``: windows of ``--window_steps`` steps of each
+    form's ``fit(steps)``, in rotating order, after one warm-up window."""
+    windows = {form: [] for form in fits}
+    for fit in fits.values():  # traced and warmed
+        fit(2)
+    forms = tuple(fits)
+    for round_index in range(FLAGS.rounds):
+        start_at = round_index % len(forms)
+        for form in forms[start_at:] + forms[:start_at]:
+            sent, start = limited_cluster.loopback_bytes(), time.perf_counter()
+            fits[form](FLAGS.window_steps)
+            windows[form].append({
+                "seconds_per_step": (time.perf_counter() - start) / FLAGS.window_steps,
+                "bytes_per_step": (limited_cluster.loopback_bytes() - sent) / FLAGS.window_steps})
+    return windows
 
 
 def _worker() -> None:
@@ -74,46 +131,25 @@ def _worker() -> None:
     import tfdist  # pylint: disable=import-outside-toplevel
 
     strategy = tfdist.make_strategy("multi_worker_mirrored")
-    import keras  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     rows, workers = FLAGS.table_rows, strategy.num_replicas_in_sync
-    batches = 16  # (distinct batches, cycled: every window sees fresh ids)
-    ids = np.random.default_rng(0).integers(0, rows, (batches * FLAGS.batch_size, FLAGS.ids))
-    ids = ids.astype("int32")
-    labels = np.random.default_rng(1).normal(size=(len(ids), 1)).astype("float32")
-    stream = tf.data.Dataset.from_tensor_slices((ids, labels)).batch(FLAGS.batch_size).repeat()
+    ids, stream = _data()
 
     def build(form):
-        keras.utils.set_random_seed(1)
-        with strategy.scope():
-            model = keras.Sequential([
-                keras.Input((FLAGS.ids,), dtype="int32"),
-                keras.layers.Embedding(rows, FLAGS.width),
-                keras.layers.GlobalAveragePooling1D(),
-                keras.layers.Dense(1)])
-            model.compile(optimizer=keras.optimizers.Adagrad(0.1), loss="mse")
-        return tfdist.attach(model, strategy, communication=(
+        return tfdist.attach(_model(strategy), strategy, communication=(
             tfdist.communication.FullySharded() if form == "sharded" else None))
 
     models = {form: build(form) for form in FORMS}
-    windows = {form: [] for form in FORMS}
-    for model in models.values():  # traced and warmed
-        model.fit(stream, epochs=1, steps_per_epoch=2, verbose=0)
-    for round_index in range(FLAGS.rounds):
-        start_at = round_index % len(FORMS)
-        for form in FORMS[start_at:] + FORMS[:start_at]:
-            sent, start = limited_cluster.loopback_bytes(), time.perf_counter()
-            models[form].fit(stream, epochs=1, steps_per_epoch=FLAGS.window_steps, verbose=0)
-            windows[form].append({
-                "seconds_per_step": (time.perf_counter() - start) / FLAGS.window_steps,
-                "bytes_per_step": (limited_cluster.loopback_bytes() - sent) / FLAGS.window_steps})
+    windows = _timed_windows({
+        form: (lambda steps, model=model: model.fit(
+            stream, epochs=1, steps_per_epoch=steps, verbose=0))
+        for form, model in models.items()})
     # Each worker's part of a global batch is a contiguous half of its rows
     # (tfdist's split); a row's owner is its range (rows / N rows each).
     per_worker, owned = FLAGS.batch_size // workers, -(-rows // workers)
     crossing = []
-    for batch in ids.reshape(batches, FLAGS.batch_size, FLAGS.ids):
+    for batch in ids.reshape(-1, FLAGS.batch_size, FLAGS.ids):
         crossing.append(sum(int(np.sum(batch[w * per_worker:(w + 1) * per_worker] // owned != w))
                             for w in range(workers)))
     result = {"windows": windows,
@@ -127,14 +163,43 @@ def _worker() -> None:
         json.dump(result, out)
 
 
-def _cluster(rows: int, bandwidth) -> dict:
-    """Runs this script as the program of 2 workers; returns the chief's result."""
-    directory = pathlib.Path(FLAGS.output_dir) / f"rows{rows}-{bandwidth or 'free'}"
+def _coordinator() -> None:
+    """The ps cluster's program: the table on 2 ps, 2 workers stepping."""
+    logging.set_verbosity(logging.WARNING)
+    import tfdist  # pylint: disable=import-outside-toplevel
+
+    strategy = tfdist.make_strategy("parameter_server", timeout_seconds=120)
+    _, stream = _data()
+    model = _model(strategy)
+    trainer = tfdist.Trainer(model, strategy)
+    windows = _timed_windows({PS_FORM: lambda steps: trainer.fit(
+        stream, epochs=1, steps_per_epoch=steps, verbose=0)})
+    by_ps = {}
+    for variable in model.weights + model.optimizer.variables:
+        for piece in tfdist.strategies.sharded.shards(variable):
+            by_ps[piece.device] = by_ps.get(piece.device, 0) + (
+                int(piece.shape.num_elements()) * piece.dtype.size)
+    ids_per_step = FLAGS.batch_size * FLAGS.ids
+    result = {"windows": windows,
+              "held_mb": {PS_FORM: max(by_ps.values()) / 2**20},  # the fuller ps
+              "ids_and_vectors_bytes": ids_per_step * (4 + 2 * 4 * FLAGS.width),
+              "table_bytes": 2 * FLAGS.table_rows * FLAGS.width * 4}
+    with open(os.path.join(FLAGS.worker_output, "worker-0.json"), "w", encoding="utf-8") as out:
+        json.dump(result, out)
+
+
+def _cluster(rows: int, bandwidth, parameter_servers=False) -> dict:
+    """Runs this script as the program of 2 workers (with 2 ps: as their
+    coordinator); returns the chief's result."""
+    directory = pathlib.Path(FLAGS.output_dir) / (
+        f"rows{rows}-{bandwidth or 'free'}" + ("-ps" if parameter_servers else ""))
     directory.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "tfdist.launch", "--num_workers=2"] + (
+        ["--num_ps=2"] if parameter_servers else []) + (
         [f"--bandwidth={bandwidth}"] if bandwidth else []) + [
         "--", sys.executable, __file__, f"--worker_output={directory}",
-        f"--table_rows={rows}"] + [f"--{name}={getattr(FLAGS, name)}" for name in (
+        f"--table_rows={rows}", f"--coordinator={parameter_servers}"] + [
+        f"--{name}={getattr(FLAGS, name)}" for name in (
             "width", "ids", "batch_size", "rounds", "window_steps")]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(command, cwd=REPO, timeout=3600, check=False, env=env)
@@ -143,18 +208,30 @@ def _cluster(rows: int, bandwidth) -> dict:
     return json.loads((directory / "worker-0.json").read_text())
 
 
+def run_forms(run: dict) -> list:
+    """The forms a cluster pair measured, in the table's order."""
+    return [form for form in FORMS + (PS_FORM,) if form in run["windows"]]
+
+
 def _rows() -> list:
     rows = []
     for size in (int(r) for r in FLAGS.rows):
         limited, free = _cluster(size, FLAGS.bandwidth), _cluster(size, None)
-        for form in FORMS:
+        if FLAGS.parameter_servers:
+            for run, bandwidth in ((limited, FLAGS.bandwidth), (free, None)):
+                ps_run = _cluster(size, bandwidth, parameter_servers=True)
+                for key in ("windows", "held_mb"):
+                    run[key].update(ps_run[key])
+                run.setdefault("by_form", {})[PS_FORM] = ps_run["ids_and_vectors_bytes"]
+        for form in run_forms(limited):
             def median(run, key, form=form):
                 return statistics.median(w[key] for w in run["windows"][form])
             rows.append({"rows": size, "form": form,
                          "ms_per_step": 1000 * median(limited, "seconds_per_step"),
                          "unlimited_ms_per_step": 1000 * median(free, "seconds_per_step"),
                          "link_mb_per_step": median(limited, "bytes_per_step") / 1e6,
-                         "ids_and_vectors_mb": limited["ids_and_vectors_bytes"] / 1e6,
+                         "ids_and_vectors_mb": limited.get("by_form", {}).get(
+                             form, limited["ids_and_vectors_bytes"]) / 1e6,
                          "table_mb": limited["table_bytes"] / 1e6,
                          "held_mb_per_worker": limited["held_mb"][form]})
             print(rows[-1], flush=True)
@@ -166,10 +243,10 @@ def main(argv) -> None:
     if FLAGS.quick:
         FLAGS.rows, FLAGS.rounds, FLAGS.window_steps = ["10000"], 1, 2
     if FLAGS.worker_output:
-        _worker()
+        _coordinator() if FLAGS.coordinator else _worker()
         return
     rows = _rows()
-    lines = [f"| rows | form | weights + state MB per worker | MB on the link per step | "
+    lines = [f"| rows | form | weights + state MB per worker (per ps) | MB on the link per step | "
              f"ids + vectors MB | table MB | ms per step at {FLAGS.bandwidth} | "
              "ms per step unlimited |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['rows']:,} | {r['form']} | {r['held_mb_per_worker']:.1f} | "

@@ -228,18 +228,22 @@ def test_tables_benchmark_quick_times_every_form(tmp_path):
 
 @needs_namespaces
 @pytest.mark.full_form
-def test_tables_cluster_benchmark_quick_measures_both_forms_on_both_networks(tmp_path):
+def test_tables_cluster_benchmark_quick_measures_every_form_on_both_networks(tmp_path):
     """scripts/tables_cluster_benchmark.py --quick: 2 workers, the table
-    replicated and sharded in turn, on a limited network and unlimited (no
-    timing asserts): sharded, each worker holds half the table and its
-    state, and a step moves less than the table's bytes."""
+    replicated and sharded in turn, then 2 workers and 2 ps, on a limited
+    network and unlimited (no timing asserts): sharded, each worker holds
+    half the table and its state; on ps, each ps holds half and every id
+    crosses the link; a step moves less than the table's bytes."""
     _run_benchmark(tmp_path, ["--quick"], 900, "tables_cluster_benchmark.py")
     rows = {r["form"]: r for r in
             json.loads((tmp_path / "tables_cluster_benchmark.json").read_text())["rows"]}
-    assert set(rows) == {"replicated", "sharded"}
+    assert set(rows) == {"replicated", "sharded", "parameter servers"}
     table_and_state = 2 * 10000 * 32 * 4 / 2**20  # (MB: the table and Adagrad's accumulator)
     assert rows["replicated"]["held_mb_per_worker"] == pytest.approx(table_and_state, rel=0.01)
     assert rows["sharded"]["held_mb_per_worker"] == pytest.approx(table_and_state / 2, rel=0.02)
+    on_ps = rows["parameter servers"]
+    assert on_ps["held_mb_per_worker"] == pytest.approx(table_and_state / 2, rel=0.02)
+    assert on_ps["ids_and_vectors_mb"] > rows["sharded"]["ids_and_vectors_mb"]
     for row in rows.values():
         assert 0 < row["ids_and_vectors_mb"] < row["table_mb"], row
         assert 0 < row["link_mb_per_step"] and row["ms_per_step"] > 0, row
