@@ -57,7 +57,7 @@ def synthetic_data_dir(tmp_path_factory) -> str:
 # Everything else runs two tests at a time (`-n 2 -m "not serial"`).
 # CONTRIBUTING.md.
 SERIAL_MODULES = {
-    "test_chaos", "test_clusters", "test_launcher", "test_multi_worker",
+    "test_chaos", "test_clusters", "test_gossip_workers", "test_launcher", "test_multi_worker",
     "test_parameter_server", "test_pipeline_on_tasks", "test_reliability", "test_soak",
     "test_tensor_parallel_on_workers", "test_tpu_connect",
 }

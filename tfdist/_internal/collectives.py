@@ -29,6 +29,7 @@ vocabulary).
 
 import contextlib
 import functools
+from typing import Optional
 
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_utils as _cross_device_utils
@@ -121,6 +122,64 @@ def group_launcher(strategy: tf.distribute.Strategy, devices, replica: int):
         groups[devices] = [_cross_device_utils.CollectiveReplicaLauncher(
             group_key, first._group_size, keys, device, first._options) for device in devices]
     return groups[devices][replica % len(devices)]
+
+
+def subgroup_launcher(strategy: tf.distribute.Strategy, devices, member: Optional[int]):
+    """The collective launcher of ``devices[member]`` in a group of
+    ``len(devices)`` members over ``devices`` (full names, in this process
+    or another: `replica_devices`), a subset of the strategy's replicas
+    (`tfdist.communication.gossip`'s pairs of neighbours). ``member``
+    None: only the group's key, for a group without a device here. None
+    when the strategy does not reduce with collective ops
+    (`replica_launcher`).
+
+    Every worker must ask for every group, its own or not, in the same
+    order: TensorFlow numbers a new group's key by the order it is first
+    asked for (`group_launcher`)."""
+    cross_device_ops = getattr(strategy.extended, "_cross_device_ops", None)
+    launchers = getattr(cross_device_ops, "_launchers", None)
+    if not launchers:
+        return None
+    # pylint: disable=protected-access
+    devices = tuple(_full_name(d) for d in devices)
+    keys = cross_device_ops._collective_keys
+    groups = cross_device_ops.__dict__.setdefault("_tfdist_subgroups", {})
+    if devices not in groups:  # (the key now; a member's launcher when first asked for)
+        # A new key even where a group over the same devices exists: two
+        # replicas of one worker are a pair, and also the strategy's group
+        # there (TensorFlow keys groups by their local devices).
+        groups[devices] = [keys.get_group_key(devices + ("tfdist-subgroup",))] + [
+            None] * len(devices)
+    group = groups[devices]
+    if member is None:
+        return None
+    if group[1 + member] is None:
+        group[1 + member] = _cross_device_utils.CollectiveReplicaLauncher(
+            group[0], len(devices), keys, devices[member], launchers[0]._options)
+    return group[1 + member]
+
+
+def replica_devices(strategy: tf.distribute.Strategy) -> list:
+    """Every replica's device, full names, in the order of the replicas'
+    ids (``replica_id_in_sync_group``): this process's replicas under
+    MirroredStrategy; under MultiWorkerMirroredStrategy each task's (the
+    chief first, then the workers by index: TensorFlow's ids in the
+    cluster), each task with the same local devices as this one."""
+    local = [tf.DeviceSpec.from_string(_full_name(d)) for d in strategy.extended.worker_devices]
+    resolver = getattr(strategy, "cluster_resolver", None)
+    spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    tasks = [("chief", 0)] if spec.get("chief") else []
+    tasks += [("worker", index) for index in range(len(spec.get("worker", [])))]
+    if len(tasks) < 2:
+        return [device.to_string() for device in local]
+    return [device.replace(job=job, task=task).to_string()
+            for job, task in tasks for device in local]
+
+
+def local_replica_ids(strategy: tf.distribute.Strategy) -> list:
+    """The ids of this process's replicas (positions in `replica_devices`)."""
+    local = {_full_name(d) for d in strategy.extended.worker_devices}
+    return [index for index, device in enumerate(replica_devices(strategy)) if device in local]
 
 
 def _full_name(device: str) -> str:

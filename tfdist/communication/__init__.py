@@ -3,7 +3,9 @@
 `Compression` halves the bytes of the gradient all-reduce by casting
 gradients to bfloat16 or float16 for the exchange (`tfdist.communication.compression`).
 `LocalSGD` all-reduces the weights every H steps instead of the gradients
-every step (`tfdist.communication.local_sgd`). `ShardedOptimizerState`
+every step (`tfdist.communication.local_sgd`); `Gossip` averages each
+replica's weights with its neighbours' after every step, never with
+everyone (`tfdist.communication.gossip`). `ShardedOptimizerState`
 keeps 1/N of the optimizer's state on each replica (`tfdist.communication.sharding`);
 `FullySharded` also 1/N of every weight and gradient (`tfdist.communication.fully_sharded`).
 Pass one (or a tuple) as
@@ -20,6 +22,7 @@ from tfdist._internal import lazy
 
 _NAMES = {"Compression": "tfdist.communication.compression",
           "FullySharded": "tfdist.communication.fully_sharded",
+          "Gossip": "tfdist.communication.gossip",
           "LocalSGD": "tfdist.communication.local_sgd",
           "ShardedOptimizerState": "tfdist.communication.sharding"}
 __all__ = sorted(_NAMES)
