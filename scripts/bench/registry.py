@@ -65,6 +65,10 @@ TOOLS: Dict[str, Tool] = {
                            "an embedding table on 2 workers, replicated and sharded by rows: "
                            "bytes on the link against the ids' and vectors', step time on a "
                            "slow network"),
+    "gossip": Tool("gossip_benchmark.py", "benchmark",
+                   "decentralized SGD (ring, exponential graph) against all-reduce SGD and "
+                   "local SGD on 4 workers of a slow network: time to accuracy, bytes per "
+                   "worker, the workers' spread"),
     "data_service": Tool("data_service_benchmark.py", "benchmark",
                          "input preprocessing on tf.data service workers"),
     "keras_vs_tfdist": Tool("keras_vs_tfdist.py", "benchmark",

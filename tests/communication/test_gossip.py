@@ -33,7 +33,8 @@ def _linear_model(momentum):
     return model
 
 
-def _numpy_gossip(initial, x, y, matrices, momentum, global_average_every=None, pieces=None):
+def _numpy_gossip(initial, x, y, matrices, momentum, global_average_every=None, pieces=None,
+                  save_every=None):
     """Adapt-then-combine D-PSGD in float64, one copy per replica.
 
     Replica r steps on piece ``pieces[r]`` (default: r) of each global
@@ -44,7 +45,8 @@ def _numpy_gossip(initial, x, y, matrices, momentum, global_average_every=None, 
     errors over the global count G, times N; then w_r <- sum_j W[r, j] w_j
     with W = matrices[(t - 1) % period] after step t, or, every
     ``global_average_every`` steps and at each epoch's end, every replica
-    takes the average of the weights and of the momenta."""
+    takes the average of the weights and of the momenta; so after the
+    exchange of every ``save_every``-th step (a checkpoint's save)."""
     replicas = matrices[0].shape[0]
     pieces = list(range(replicas)) if pieces is None else pieces
     weights = [[np.array(w, np.float64) for w in initial] for _ in range(replicas)]
@@ -79,6 +81,8 @@ def _numpy_gossip(initial, x, y, matrices, momentum, global_average_every=None, 
                 matrix = matrices[(step - 1) % len(matrices)]
                 weights = [[sum(matrix[r, j] * weights[j][i] for j in range(replicas))
                             for i in range(len(initial))] for r in range(replicas)]
+            if save_every and step % save_every == 0:
+                average()
             spreads.append(gossip_graphs.spread([np.concatenate([w.ravel() for w in ws])
                                                  for ws in weights]))
         average()

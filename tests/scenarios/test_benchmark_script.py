@@ -376,6 +376,29 @@ def test_time_to_accuracy_quick_times_every_configuration_to_its_target(tmp_path
     assert "| synchronous |" in table and "| LocalSGD(H=16) |" in table
 
 
+@needs_namespaces
+@pytest.mark.full_form
+def test_gossip_benchmark_quick_measures_every_configuration_on_four_workers(tmp_path):
+    """Under tfdist-run --bandwidth=1gbit, 4 workers: synchronous, local SGD
+    and gossip on a ring and the exponential graph, each with an accuracy
+    after its epoch, bytes per worker per step near the algorithm's count,
+    and (gossip) the workers' spread, which is not 0 between epoch ends
+    (no timing asserts)."""
+    _run_benchmark(tmp_path, ["--quick", f"--data_dir={tmp_path / 'tensorflow_datasets'}"],
+                   900, "gossip_benchmark.py")
+    rows = json.loads((tmp_path / "gossip_benchmark.json").read_text())["runs"]["1gbit"]
+    assert list(rows) == ["synchronous", "LocalSGD(H=4)", "Gossip(ring)", "Gossip(exponential)"]
+    for name, row in rows.items():
+        assert len(row["curve"]) == 1 and 0 <= row["curve"][0]["accuracy"] <= 1, name
+        # The algorithm's bytes, and at most the reports, the epoch's end and TensorFlow's
+        # own messages on top.
+        assert row["algorithm_mb_per_worker_per_step"] <= row["mb_per_worker_per_step"], name
+        assert row["mb_per_worker_per_step"] < 3 * row["algorithm_mb_per_worker_per_step"], name
+    for name in ("Gossip(ring)", "Gossip(exponential)"):
+        assert rows[name]["largest_spread"] > 0, name
+    assert rows["synchronous"]["largest_spread"] is None
+
+
 def test_time_to_accuracy_table_reads_the_first_evaluation_at_the_target(monkeypatch):
     """Hand-made curves: the first evaluation at or above the target is
     taken (not the best), a run that never reaches it says so, and the
@@ -431,7 +454,7 @@ def test_every_benchmark_declares_the_common_flags_once():
                  "compression_benchmark", "data_service_benchmark", "memory_budget_benchmark",
                  "sharding_benchmark",
                  "sharding_cluster_benchmark", "tables_cluster_benchmark",
-                 "time_to_accuracy"):
+                 "time_to_accuracy", "gossip_benchmark"):
         source = (REPO / "scripts" / f"{name}.py").read_text()
         assert 'DEFINE_bool("quick"' not in source and 'DEFINE_string("output_dir"' not in source
         assert f'define_common(\n    "{name}"' in source or f'define_common("{name}"' in source

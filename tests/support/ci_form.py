@@ -199,6 +199,10 @@ WHOLE = {
         "(test_keras_overrides)",
     ("test_fully_sharded", "test_mixed_precision_embedding_and_lstm_equal_one_device"):
         "test_mixed_precision's embedding and LSTM and every FullySharded test in CI",
+    ("test_gossip_workers",
+     "test_a_killed_worker_restarts_from_the_checkpoint_and_ends_as_the_simulation"):
+        "test_multi_worker's killed worker (serial pass): the same restart from a checkpoint; "
+        "gossip on two workers against the simulation (same module)",
     ("test_local_sgd", "test_mixed_precision_every_step_equals_one_device"):
         "test_mixed_precision and test_local_sgd's other tests",
     ("test_fully_sharded",

@@ -34,7 +34,8 @@ its neighbours.
   all of a replica's weights in one flat tensor of each dtype, each pair
   its own collective group, pairs in rounds where no replica is in two
   (the same order on every worker: no cycle of waits). Each exchange is
-  bounded by the strategy's collective timeout.
+  bounded by the strategy's collective timeout, and TensorFlow's error
+  when one fails names the op ``gossip_replica_<i>_with_replica_<j>``.
 
 Refused, with the reason: parameter servers and TPUs, gradient
 accumulation, and ``Compression`` with it (as for `LocalSGD`).
@@ -179,8 +180,10 @@ class Gossip(LocalSGD):
                 for dtype, value in flat.items():
                     # (rows in the order of the pair's devices: TensorFlow
                     # ranks a group's members by job, task and device index,
-                    # the order of the replicas' ids)
-                    both = collectives.all_gather_rows(launcher, value[None])
+                    # the order of the replicas' ids; the scope names the
+                    # neighbour in TensorFlow's error if the exchange fails)
+                    with tf.name_scope(f"gossip_replica_{replica}_with_replica_{other}"):
+                        both = collectives.all_gather_rows(launcher, value[None])
                     weight = matrix[replica, other]
                     if weight:
                         mixed[dtype] += tf.cast(weight, dtype) * both[pair.index(other)]
