@@ -6,6 +6,7 @@ threads, resident memory and open files are sampled from /proc.
     python scripts/soak.py --mode=pipeline --minutes=3   # a Pipeline, one stage per process
     python scripts/soak.py --mode=composed --minutes=3   # data x pipeline x fully sharded, 2 workers
     python scripts/soak.py --mode=mesh --minutes=3   # data x pipeline x model, 2 workers x 4 CPUs
+    python scripts/soak.py --mode=gossip --minutes=3   # Gossip("ring") over 4 workers
     python scripts/soak.py --mode=mwms --minutes=1 --epoch_steps=512   # short form (tests/scenarios/test_soak.py)
     python scripts/soak.py --mode=mwms --minutes=10 --epoch_steps=512  # epoch ends: iterators made and freed
     python scripts/soak.py --mode=mwms --minutes=10 --endless_data     # executions without an end check
@@ -94,7 +95,8 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
                  ["--fully_sharded"] if fully_sharded else []) + [f"--model={model}"]
     cluster = {"mwms": ["--num_workers=2"], "ps": ["--num_workers=1", "--num_ps=1"],
                "pipeline": ["--num_workers=1", "--workers_serve"],
-               "composed": ["--num_workers=2"], "mesh": ["--num_workers=2"]}[mode]
+               "composed": ["--num_workers=2"], "mesh": ["--num_workers=2"],
+               "gossip": ["--num_workers=4"]}[mode]
     if mode == "ps":
         train.append("--strategy=parameter_server")
     if mode == "pipeline":  # the chief trains stage 1, a worker's server holds stage 2
@@ -103,6 +105,8 @@ def launcher_command(mode: str, workdir: str, steps: int, steps_per_execution: i
         train += ["--strategy=pipeline_per_worker", "--fully_sharded"]
     if mode == "mesh":  # each worker's 2 stages of 2 model devices (tensor parallel)
         train.append("--strategy=mesh_per_worker")
+    if mode == "gossip":  # 4 workers on a ring: each exchanges with 2 neighbours per step
+        train.append("--gossip=ring")
     if bandwidth:  # tfdist-run --bandwidth: every task on one limited loopback
         cluster.append(f"--bandwidth={bandwidth}")
     if data_service_workers:  # a dispatcher and service workers, sampled like the others
@@ -247,13 +251,13 @@ class Soak:
 def define_flags() -> None:
     """The soak's flags; defined when it runs as a program (the tests import
     this module for `judge` alongside other tools' flags)."""
-    flags.DEFINE_enum("mode", "mwms", ["mwms", "ps", "pipeline", "composed", "mesh"],
+    flags.DEFINE_enum("mode", "mwms", ["mwms", "ps", "pipeline", "composed", "mesh", "gossip"],
                       "The cluster: 2 workers, 1 worker + 1 ps, a pipeline of 2 stages "
                       "(the chief and a worker's server: tfdist-run --workers_serve), or "
                       "composed: 2 workers, each a pipeline of 2 stages over its 2 CPUs, "
                       "each stage's weights fully sharded over the workers; mesh: 2 workers, "
                       "each 2 stages of 2 model devices over its 4 CPUs (data x pipeline x "
-                      "model).")
+                      "model); gossip: 4 workers, Gossip('ring').")
     flags.DEFINE_float("minutes", 1.0, "How long the cluster trains.")
     flags.DEFINE_float("interval", 2.0, "Seconds between samples of every task.")
     flags.DEFINE_integer("steps", 10_000_000, "Training steps (the run stops at --minutes first).")
@@ -293,7 +297,7 @@ def main(argv) -> int:
     max_rss_kb_per_step = args.max_rss_kb_per_step
     if max_rss_kb_per_step is None:
         max_rss_kb_per_step = {"mwms": 1.0, "ps": 8.0, "pipeline": 1.0,
-                               "composed": 1.0, "mesh": 1.0}[args.mode]
+                               "composed": 1.0, "mesh": 1.0, "gossip": 1.0}[args.mode]
     with tempfile.TemporaryDirectory(prefix="tfdist-soak-") as workdir:
         soak = Soak(args.mode, args.minutes, args.interval, workdir, args.steps,
                     args.steps_per_execution, args.checkpoint_every_steps, args.epoch_steps,

@@ -47,6 +47,8 @@ flags.DEFINE_string("data_service", None,
                     "DataOptions(data_service=...): 'auto' under --data_service_workers.")
 flags.DEFINE_integer("local_sgd", 0,
                      "Trainer(communication=LocalSGD(every_steps=N)) (0: synchronous).")
+flags.DEFINE_string("gossip", "",
+                    "Trainer(communication=Gossip(TOPOLOGY)) (empty: synchronous).")
 flags.DEFINE_bool("sharded_state", False, "Trainer(communication=ShardedOptimizerState()); its "
                   "checkpoints gather the state whole.")
 flags.DEFINE_bool("fully_sharded", False, "Trainer(communication=FullySharded()); its "
@@ -148,6 +150,8 @@ def main(argv) -> None:
     communication = None
     if args.local_sgd:
         communication = tfdist.communication.LocalSGD(args.local_sgd)
+    elif args.gossip:
+        communication = tfdist.communication.Gossip(args.gossip)
     elif args.sharded_state:
         communication = tfdist.communication.ShardedOptimizerState()
     elif args.fully_sharded:

@@ -227,3 +227,33 @@ def test_bad_gossip_arguments_are_clear_errors(make_strategy):
     trainer = tfdist.Trainer(model, no_collectives, communication=Gossip())
     with pytest.raises(ConfigurationError, match="needs TensorFlow's collective ops"):
         trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("topology,replicas", [
+    ("ring", 5), ("exponential", 5), ("exponential", 4), (TIME_VARYING, 3)])
+def test_an_exchange_of_rank_valued_weights_gives_the_analytic_averages(
+        make_strategy, topology, replicas):
+    """Each replica's weights set to its rank r (every entry); after the
+    exchange of matrix k, replica i holds sum_j W_k[i, j] j: on a ring of
+    5, the mean of (i - 1) mod 5, i and (i + 1) mod 5; one peer, the mean
+    of i and (i + 2^k) mod N (not of i - 2^k: the graph is directed)."""
+    strategy = make_strategy(replicas)
+    with strategy.scope():
+        model = _linear_model(0.0)
+    gossip = Gossip(topology)
+    tfdist.Trainer(model, strategy, communication=gossip).fit(
+        *_data(), batch_size=BATCH, epochs=1, verbose=0)  # (built and prepared)
+    for index, matrix in enumerate(gossip.matrices):
+        for variable in model.trainable_variables:  # replica r's copy: all r
+            ranks = strategy.experimental_distribute_values_from_function(
+                lambda context, v=variable: tf.fill(
+                    v.shape, tf.cast(context.replica_id_in_sync_group, v.dtype)))
+            strategy.extended.update(variable.value, lambda v, x: v.assign(x), args=(ranks,),
+                                     group=False)
+        tf.function(lambda index=index: gossip._mix(index))()  # pylint: disable=protected-access
+        expected = matrix @ np.arange(replicas)
+        for variable in model.trainable_variables:
+            copies = [c.numpy() for c in strategy.experimental_local_results(variable.value)]
+            for replica, copy in enumerate(copies):
+                np.testing.assert_allclose(copy, np.full(copy.shape, expected[replica]),
+                                           rtol=1e-6, err_msg=f"replica {replica}")

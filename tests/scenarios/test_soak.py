@@ -63,7 +63,8 @@ def test_judge_tells_a_bounded_spike_of_threads_from_a_leak():
 @pytest.mark.soak
 @pytest.mark.full_form
 @pytest.mark.parametrize("mode", ["mwms", "ps", pytest.param("mwms-1gbit", marks=needs_namespaces),
-                                  "mwms-fully_sharded", "pipeline", "composed", "mesh"])
+                                  "mwms-fully_sharded", "pipeline", "composed", "mesh",
+                                  "gossip"])
 def test_short_soak_keeps_every_task_flat_and_stops_on_sigterm(tmp_path, mode):
     """MWMS in epochs of 512 steps: per-step and per-epoch work (a fresh
     iterator each epoch, the old one freed on `tfdist.data.iterator_release`'s
@@ -77,7 +78,9 @@ def test_short_soak_keeps_every_task_flat_and_stops_on_sigterm(tmp_path, mode):
     data x pipeline x fully sharded (2 workers, each a pipeline of 2 stages
     over its 2 logical CPUs, each stage's weights sharded over the workers),
     for 3 minutes. ``mesh``: data x pipeline x model (2 workers, each 2
-    stages of 2 model devices over its 4 logical CPUs), for 3 minutes."""
+    stages of 2 model devices over its 4 logical CPUs), for 3 minutes.
+    ``gossip``: `tfdist.communication.Gossip` on a ring of 4 workers (each
+    step two pair exchanges per worker), for 3 minutes."""
     report = tmp_path / "soak.json"
     # "mwms-1gbit": under tfdist-run --bandwidth=1gbit
     mode, _, variant = mode.partition("-")
@@ -86,7 +89,7 @@ def test_short_soak_keeps_every_task_flat_and_stops_on_sigterm(tmp_path, mode):
     epochs = ["--epoch_steps=512"] if mode == "mwms" else []
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "soak.py"), f"--mode={mode}",
-         f"--minutes={3 if sharding or mode in ('pipeline', 'composed', 'mesh') else 1}",
+         f"--minutes={3 if sharding or mode in ('pipeline', 'composed', 'mesh', 'gossip') else 1}",
          f"--json={report}", *epochs, *sharding,
          *([f"--bandwidth={bandwidth}"] if bandwidth else [])],
         cwd=REPO, timeout=420, capture_output=True, text=True,
@@ -99,4 +102,5 @@ def test_short_soak_keeps_every_task_flat_and_stops_on_sigterm(tmp_path, mode):
     assert tasks == {"mwms": {"worker-0", "worker-1"}, "ps": {"chief-0", "worker-0", "ps-0"},
                      "pipeline": {"chief-0", "worker-0"},
                      "composed": {"worker-0", "worker-1"},
-                     "mesh": {"worker-0", "worker-1"}}[mode]
+                     "mesh": {"worker-0", "worker-1"},
+                     "gossip": {f"worker-{i}" for i in range(4)}}[mode]
