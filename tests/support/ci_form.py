@@ -103,6 +103,13 @@ ONE_ROW = {
     ("test_model_split",
      "test_fully_sharded_weights_of_a_model_built_on_its_first_batch_equal_one_device"):
         ("subclassed",),
+    ("test_gossip", "test_gossip_equals_a_numpy_simulation_of_d_psgd"):
+        ("exponential-4-momentum", "given-3-momentum"),
+    ("test_gossip", "test_the_complete_graph_is_synchronous_sgd_on_one_device"): ("attach",),
+    ("test_gossip", "test_an_exchange_is_one_pair_gather_per_neighbour_and_no_all_reduce"):
+        ("exponential-gathers_per_matrix1",),
+    ("test_gossip", "test_an_exchange_of_rank_valued_weights_gives_the_analytic_averages"):
+        ("ring-4", "exponential-3"),
 }
 
 # Conformance matrices whose short-form rows CI thins: of each function's
