@@ -144,6 +144,10 @@ def test_epoch_seed_differs_per_epoch_and_repeats_per_seed():
         (tf.data.Dataset.from_tensor_slices((np.zeros((4, 2)), np.zeros(4))), "no batch dimension"),
         (tf.data.Dataset.from_tensors((np.zeros((4, 2)),) * 4), r"tuple of 4"),
         (tf.data.Dataset.from_tensors((np.zeros((4, 2)), np.zeros((3,)))), "disagree on the batch"),
+        # Ragged ids from outside the model: refused, naming the fix (pad them
+        # outside, make them ragged inside: tests/communication/test_table_lookups.py).
+        (tf.data.Dataset.from_tensor_slices((tf.ragged.constant([[1], [2, 3]]), np.zeros(2)))
+         .batch(2), r"RaggedTensorSpec; tfdist needs dense .*x.to_tensor\(\).*from_tensor"),
     ],
 )
 def test_bad_elements_are_rejected(dataset, message):

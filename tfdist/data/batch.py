@@ -203,6 +203,17 @@ def _leaves_with_paths(structure):
     ]
 
 
+_DENSE_FIX = {
+    "RaggedTensorSpec": (
+        " Pad it (`dataset.map(lambda x, y: (x.to_tensor(), y))`, ids padded with 0) "
+        "and make it ragged inside the model (`tf.RaggedTensor.from_tensor(t, padding=0)` "
+        "in a layer): docs/guides/recommenders.md."),
+    "SparseTensorSpec": (
+        " Make it dense (`tf.sparse.to_dense`), or ragged inside the model from padded "
+        "ids (`tf.RaggedTensor.from_tensor(t, padding=0)`)."),
+}
+
+
 def validate_element_spec(element_spec, what: str = "dataset") -> None:
     """Checks that elements are batched ``x``, ``(x,)``, ``(x, y)`` or
     ``(x, y, sample_weight)``, as Keras reads them (x-only data serves models
@@ -227,7 +238,8 @@ def validate_element_spec(element_spec, what: str = "dataset") -> None:
             if not isinstance(spec, tf.TensorSpec):
                 raise ConfigurationError(
                     f"The {what}'s {name} component {path} is a "
-                    f"{type(spec).__name__}; tfdist needs dense tensors."
+                    f"{type(spec).__name__}; tfdist needs dense tensors (it splits, pads "
+                    "and masks each batch by rows)." + _DENSE_FIX.get(type(spec).__name__, "")
                 )
             if spec.shape.rank == 0:
                 raise ConfigurationError(
