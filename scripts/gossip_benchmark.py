@@ -39,9 +39,7 @@ Outputs in ``--output_dir``: gossip_benchmark.json and .md.
 """
 
 import json
-import os
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -183,23 +181,6 @@ def _algorithm_bytes(name: str, model_bytes: float, workers: int) -> float:
     return sum(pairs) / len(pairs) * model_bytes
 
 
-def _cluster(bandwidth: str) -> dict:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    subprocess.run([sys.executable, "-m", "tfdist.data.datasets.prepare",
-                    f"--data_dir={FLAGS.data_dir}"], cwd=REPO, check=True, timeout=600, env=env)
-    raw = pathlib.Path(FLAGS.output_dir) / f"workers-{bandwidth}.json"
-    raw.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "tfdist.launch", f"--bandwidth={bandwidth}",
-               f"--num_workers={FLAGS.num_workers}", "--", sys.executable, __file__,
-               f"--worker_output={raw}"] + [f"--{name}={getattr(FLAGS, name)}" for name in (
-                   "data_dir", "width", "epochs", "learning_rate", "global_batch_size",
-                   "spread_every")]
-    done = subprocess.run(command, cwd=REPO, timeout=7200, check=False, env=env)
-    if done.returncode != 0:
-        raise SystemExit(f"the cluster at {bandwidth} failed (exit {done.returncode})")
-    return json.loads(raw.read_text())
-
-
 def main(argv) -> None:
     del argv  # every option is a flag
     if FLAGS.quick:
@@ -213,7 +194,11 @@ def main(argv) -> None:
         "bandwidths", "num_workers", "width", "epochs", "target_accuracy", "learning_rate",
         "global_batch_size", "spread_every")}, "runs": {}}, []
     for bandwidth in FLAGS.bandwidths:
-        results = _cluster(bandwidth)
+        results = limited_cluster.run(
+            __file__, bandwidth=bandwidth, data_dir=FLAGS.data_dir, output_dir=FLAGS.output_dir,
+            flags={name: getattr(FLAGS, name) for name in (
+                "width", "epochs", "learning_rate", "global_batch_size", "spread_every")},
+            timeout=7200, num_workers=FLAGS.num_workers)
         rows = {}
         for name, result in results.items():
             rows[name] = {

@@ -28,18 +28,19 @@ def loopback_bytes() -> int:
 
 
 def run(script: str, *, bandwidth: str, data_dir: str, output_dir: str, flags: dict,
-        timeout: float) -> dict:
+        timeout: float, num_workers: int = 2) -> dict:
     """Generates the embedded dataset in ``data_dir`` (once), runs ``script``
-    with ``flags`` (``{name: value}``) on 2 workers under ``--bandwidth``,
-    and returns the JSON its chief wrote; a failed cluster exits with its
-    code."""
+    with ``flags`` (``{name: value}``) on ``num_workers`` workers under
+    ``--bandwidth``, and returns the JSON its chief wrote; a failed cluster
+    exits with its code."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     subprocess.run([sys.executable, "-m", "tfdist.data.datasets.prepare",
                     f"--data_dir={data_dir}"], cwd=REPO, check=True, timeout=600, env=env)
     os.makedirs(output_dir, exist_ok=True)
     raw = os.path.join(output_dir, "worker_result.json")
     command = [sys.executable, "-m", "tfdist.launch", f"--bandwidth={bandwidth}",
-               "--num_workers=2", "--", sys.executable, script, f"--worker_output={raw}",
+               f"--num_workers={num_workers}", "--", sys.executable, script,
+               f"--worker_output={raw}",
                f"--data_dir={data_dir}"] + [f"--{name}={value}" for name, value in flags.items()]
     done = subprocess.run(command, cwd=REPO, timeout=timeout, check=False, env=env)
     if done.returncode != 0:
