@@ -82,8 +82,7 @@ class Gossip(LocalSGD):
             raise ConfigurationError(
                 f"`global_average_every` ({global_average_every!r}) must be None or a "
                 "positive integer: the steps between two global averages.")
-        if isinstance(topology, str) and topology not in gossip_graphs.TOPOLOGIES:
-            gossip_graphs.matrices(topology, 1)  # (raises, naming the choices)
+        gossip_graphs.check_name(topology)
         super().__init__(every_steps=1)
         self.topology, self.global_average_every = topology, global_average_every
         self.matrices = None  # per step of the period, once attached

@@ -47,15 +47,22 @@ TOPOLOGIES = ("ring", "exponential", "complete")
 _TOLERANCE = 1e-6
 
 
+def check_name(topology) -> None:
+    """Raises, naming the choices, if ``topology`` is a string that is not
+    one of `TOPOLOGIES` (matrices are checked once the replicas are known:
+    `matrices`)."""
+    if isinstance(topology, str) and topology not in TOPOLOGIES:
+        raise ConfigurationError(
+            f"Gossip topology {topology!r} is not one of {list(TOPOLOGIES)}; or give a "
+            "doubly stochastic matrix (N x N, N = replicas) or a list of them.")
+
+
 def matrices(topology, replicas: int) -> List[np.ndarray]:
     """The mixing matrices of ``topology`` (a name of `TOPOLOGIES`, a
     matrix or a list of matrices) over ``replicas`` replicas, one per step
     of its period; each checked doubly stochastic."""
     if isinstance(topology, str):
-        if topology not in TOPOLOGIES:
-            raise ConfigurationError(
-                f"Gossip topology {topology!r} is not one of {list(TOPOLOGIES)}; or give a "
-                "doubly stochastic matrix (N x N, N = replicas) or a list of them.")
+        check_name(topology)
         return {"ring": _ring, "exponential": _exponential,
                 "complete": _complete}[topology](replicas)
     given = np.asarray(topology, dtype=np.float64)
