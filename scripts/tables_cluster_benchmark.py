@@ -174,11 +174,7 @@ def _coordinator() -> None:
     trainer = tfdist.Trainer(model, strategy)
     windows = _timed_windows({PS_FORM: lambda steps: trainer.fit(
         stream, epochs=1, steps_per_epoch=steps, verbose=0)})
-    by_ps = {}
-    for variable in model.weights + model.optimizer.variables:
-        for piece in tfdist.strategies.sharded.shards(variable):
-            by_ps[piece.device] = by_ps.get(piece.device, 0) + (
-                int(piece.shape.num_elements()) * piece.dtype.size)
+    by_ps = measure.kept_by_device(model.weights + model.optimizer.variables)
     ids_per_step = FLAGS.batch_size * FLAGS.ids
     result = {"windows": windows,
               "held_mb": {PS_FORM: max(by_ps.values()) / 2**20},  # the fuller ps

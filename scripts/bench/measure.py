@@ -41,11 +41,16 @@ def held_mb(strategy, variables) -> float:
 
 def kept_by_device(variables) -> dict:
     """Bytes of ``variables`` (Keras variables; every replica's copy or
-    slice) that each device keeps, by device name."""
+    slice, or every piece a ParameterServerStrategy's ps tasks hold) that
+    each device keeps, by device name."""
+    from tfdist.strategies import sharded  # pylint: disable=import-outside-toplevel
+
     kept = {}
     for variable in variables:
         value = variable.value
-        for copy in getattr(value, "values", [value]):
+        copies = sharded.shards(variable) if sharded.is_sharded(variable) else \
+            getattr(value, "values", [value])
+        for copy in copies:
             size = int(copy.shape.num_elements()) * copy.dtype.size
             kept[copy.device] = kept.get(copy.device, 0) + size
     return kept
